@@ -1,0 +1,1 @@
+"""The job service: FastAPI routes, schemas, services, persistence and settings."""

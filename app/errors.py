@@ -1,0 +1,87 @@
+"""The service's exceptions, in one hierarchy, each with an HTTP status and a stable code.
+
+::
+
+    ServiceError                      every error the service raises on purpose
+    ├── AuthenticationError       401 a missing, malformed or unknown API key
+    ├── NotFoundError             404 no such job, upload or artifact *for this key*
+    ├── ConflictError             409 the request contradicts the resource's state
+    │   └── JobFinishedError      409 cancelling a job that already succeeded or failed
+    ├── PayloadTooLargeError      413 an upload over ``CAHP_MAX_UPLOAD_BYTES``
+    ├── InvalidRequestError       422 input the caller must change
+    │   ├── InvalidReferenceError 422 a model or dataset URI that cannot be used
+    │   ├── InvalidUploadError    422 an upload of an unknown kind, or a bad archive
+    │   └── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
+    └── UnavailableError          503 the database or the broker cannot be reached
+
+Engine errors (:mod:`cahp_engine.errors`) keep their own hierarchy; the problem handler in
+:mod:`app.problems` maps ``InvalidInputError`` to 422 with the engine's code. The worker records the
+``code`` of either hierarchy on a failed job, so one vocabulary of codes covers submit-time and
+run-time failures.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base class of the service's deliberate errors."""
+
+    status = 500
+    code = "internal_error"
+    title = "Internal error"
+
+
+class AuthenticationError(ServiceError):
+    status = 401
+    code = "unauthenticated"
+    title = "Authentication required"
+
+
+class NotFoundError(ServiceError):
+    status = 404
+    code = "not_found"
+    title = "Not found"
+
+
+class ConflictError(ServiceError):
+    status = 409
+    code = "conflict"
+    title = "Conflict"
+
+
+class JobFinishedError(ConflictError):
+    code = "job_finished"
+    title = "Job already finished"
+
+
+class PayloadTooLargeError(ServiceError):
+    status = 413
+    code = "payload_too_large"
+    title = "Payload too large"
+
+
+class InvalidRequestError(ServiceError, ValueError):
+    status = 422
+    code = "invalid_request"
+    title = "Invalid request"
+
+
+class InvalidReferenceError(InvalidRequestError):
+    code = "invalid_reference"
+    title = "Invalid model or dataset reference"
+
+
+class InvalidUploadError(InvalidRequestError):
+    code = "invalid_upload"
+    title = "Invalid upload"
+
+
+class IdempotencyKeyReusedError(InvalidRequestError):
+    code = "idempotency_key_reused"
+    title = "Idempotency key reused with a different request"
+
+
+class UnavailableError(ServiceError):
+    status = 503
+    code = "service_unavailable"
+    title = "Service unavailable"

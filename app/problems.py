@@ -1,0 +1,81 @@
+"""One place that turns every error into an ``application/problem+json`` response (RFC 9457).
+
+Each body has ``type``, ``title``, ``status``, ``detail`` and ``code``; ``code`` is the stable
+snake_case name clients branch on (the same codes a failed job carries). Validation errors add
+``errors``: one ``{loc, msg, type}`` per problem found.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.errors import AuthenticationError, ServiceError, UnavailableError
+from cahp_engine.errors import InvalidInputError
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+_HTTP_CODES = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 413: "payload_too_large",
+               415: "unsupported_media_type", 422: "invalid_request", 429: "too_many_requests"}
+
+
+def problem(
+    *, status: int, code: str, title: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    body = {"type": f"urn:cahp:problem:{code}", "title": title, "status": status, "detail": detail,
+            "code": code, **extra}
+    return JSONResponse(jsonable_encoder(body), status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def _service_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    headers = None
+    if isinstance(exc, AuthenticationError):
+        headers = {"WWW-Authenticate": 'Bearer realm="cahp"'}
+    elif isinstance(exc, UnavailableError):
+        headers = {"Retry-After": "5"}
+    return problem(status=exc.status, code=exc.code, title=exc.title, detail=str(exc), headers=headers)
+
+
+def _engine_input_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidInputError)
+    return problem(status=422, code=exc.code, title="Invalid job settings", detail=str(exc))
+
+
+def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in exc.errors()]
+    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
+    return problem(status=422, code="invalid_request", title="Invalid request",
+                   detail=shown or "the request is not valid", errors=errors)
+
+
+def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    title = code.replace("_", " ").capitalize()
+    return problem(status=exc.status_code, code=code, title=title, detail=str(exc.detail),
+                   headers=dict(exc.headers) if exc.headers else None)
+
+
+def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error", exc_info=exc)
+    return problem(status=500, code="internal_error", title="Internal error",
+                   detail="the server failed to handle the request; the error is in its log")
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(InvalidInputError, _engine_input_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

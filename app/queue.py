@@ -1,0 +1,41 @@
+"""Sending job ids to the workers through the Celery broker."""
+
+from __future__ import annotations
+
+import logging
+
+from app.errors import UnavailableError
+from app.settings import Settings
+from worker.celery_app import TASK_NAME, make_celery
+
+logger = logging.getLogger(__name__)
+
+
+class JobQueue:
+    """The broker as the API sees it: a place to send job ids, and something to ping."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.queue = settings.queue
+        self._celery = make_celery(settings)
+
+    def enqueue(self, job_id: str) -> None:
+        """Send ``job_id`` to the workers; UnavailableError when the broker cannot be reached."""
+        try:
+            self._celery.send_task(TASK_NAME, args=[job_id], queue=self.queue)
+        except Exception as exc:  # kombu raises transport-specific errors
+            logger.warning("could not enqueue job %s: %s", job_id, exc)
+            raise UnavailableError(
+                "the job queue cannot be reached, so the job was not recorded; try again shortly"
+            ) from exc
+
+    def ping(self) -> None:
+        """Raise UnavailableError unless the broker accepts a connection."""
+        try:
+            with self._celery.connection_for_write() as connection:
+                connection.ensure_connection(max_retries=1, timeout=3)
+                connection.default_channel  # noqa: B018 - opening a channel proves the broker answers
+        except Exception as exc:
+            raise UnavailableError(f"the broker cannot be reached: {exc}") from exc
+
+    def close(self) -> None:
+        self._celery.close()

@@ -1,0 +1,1 @@
+"""HTTP routes: each validates, calls one service function and returns a schema."""

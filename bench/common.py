@@ -1,0 +1,124 @@
+"""What every benchmark needs: thread pinning, a peak-memory sampler, machine facts, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+SST5 = SHARED / "data" / "sst5"
+
+
+def pin_threads(threads: int) -> None:
+    """Fix torch's intra-op threads (OpenMP/MKL follow the environment set before import)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1) if not getattr(pin_threads, "_interop", False) else None
+    pin_threads._interop = True  # type: ignore[attr-defined]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """Samples the resident set size every ``interval`` seconds on a thread; ``peak - start`` is the
+    extra memory a block needed at its worst moment."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.start = self.peak = 0
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def extra_mib(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+@contextmanager
+def timed() -> Iterator[dict[str, float]]:
+    box: dict[str, float] = {}
+    start = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box["s"] = time.perf_counter() - start
+
+
+def median_of(runs: int, fn: Callable[[], float]) -> tuple[float, list[float]]:
+    values = [fn() for _ in range(runs)]
+    return statistics.median(values), values
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for name in ("torch", "transformers", "scikit-learn", "kmedoids", "kneed", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": versions,
+    }
+
+
+def save(name: str, payload: dict[str, Any], *, command: str, protocol: str) -> Path:
+    """Write ``bench/results/<name>`` with the machine, command, date and protocol."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "protocol": protocol,
+        "machine": machine(),
+        **payload,
+    }
+    path = RESULTS / name
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path

@@ -1,0 +1,209 @@
+"""Cost of every selection stage on random BERT-shaped models, and how the signature stage compares
+with the forward passes it cannot avoid.
+
+Run: ``python -m bench stages [--threads 1] [--samples 2000] [--repeats 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import transformers as tf
+
+from bench.common import PeakRss, pin_threads, save
+from cahp_engine.adapters import eager_attention
+from cahp_engine.data import EncodedDataset, draw_subset, iterate_batches, length_grouped_batches
+from cahp_engine.graph_space import embed_heads
+from cahp_engine.knee import knees_by_degree
+from cahp_engine.salience import gradient_salience, minmax
+from cahp_engine.selection import select_representatives
+from cahp_engine.separation import separation_features
+from cahp_engine.signatures import extract_signatures
+from cahp_engine.sweep import mss_sweep
+
+SHAPES = ((6, 12), (12, 12), (24, 16))
+RESOLUTION = 32
+NUM_CLASSES = 5
+
+
+def synthetic_data(n: int, *, vocab: int, seed: int = 0) -> EncodedDataset:
+    """Random token sequences whose lengths follow SST-5's shape (mean ~25 tokens, p95 ~45, max 64)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(mean=3.1, sigma=0.45, size=n)), 4, 64).astype(np.int64)
+    ids = tuple((101, *rng.integers(1000, vocab, size=int(k) - 2).tolist(), 102) for k in lengths)
+    labels = np.arange(n) % NUM_CLASSES
+    rng.shuffle(labels)
+    return EncodedDataset(input_ids=ids, token_type_ids=None, labels=labels.astype(np.int64), lengths=lengths,
+                          num_classes=NUM_CLASSES, pad_token_id=0)
+
+
+def bert_shaped(layers: int, heads: int, head_dim: int, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    hidden = heads * head_dim
+    config = tf.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                           intermediate_size=4 * hidden, num_labels=NUM_CLASSES, vocab_size=8000)
+    return tf.BertForSequenceClassification(config).eval()
+
+
+def plain_forward(model: torch.nn.Module, data: EncodedDataset, batches: list[np.ndarray]) -> float:
+    """An eager no-grad forward with attentions over the same batches: the floor for signatures."""
+    start = time.perf_counter()
+    with eager_attention(model), torch.no_grad():
+        for batch in iterate_batches(data, batches):
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_attentions=True)
+    return time.perf_counter() - start
+
+
+def forward_backward(model: torch.nn.Module, data: EncodedDataset, batches: list[np.ndarray]) -> float:
+    """Forward and backward to the input embeddings (weights frozen): the floor for salience."""
+    start = time.perf_counter()
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        emb = model.get_input_embeddings()
+        for batch in iterate_batches(data, batches):
+            x = emb(batch["input_ids"]).detach().requires_grad_(True)
+            out = model(inputs_embeds=x, attention_mask=batch["attention_mask"], labels=batch["labels"])
+            torch.autograd.grad(out.loss, x)
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+    return time.perf_counter() - start
+
+
+def signature_run(model: torch.nn.Module, data: EncodedDataset, batches: list[np.ndarray]) -> tuple[float, Any, float]:
+    gc.collect()
+    with PeakRss() as mem:
+        start = time.perf_counter()
+        sig = extract_signatures(model, iterate_batches(data, batches), num_classes=NUM_CLASSES,
+                                 resolution=RESOLUTION)
+        elapsed = time.perf_counter() - start
+    return elapsed, sig, mem.extra_mib
+
+
+def profile_shape(layers: int, heads: int, *, samples: int, head_dim: int, repeats: int, seed: int) -> dict[str, Any]:
+    model = bert_shaped(layers, heads, head_dim, seed)
+    data = synthetic_data(samples, vocab=8000, seed=seed)
+    idx = np.arange(samples)
+    batches = length_grouped_batches(data.lengths, idx, 32)
+    plain, sig_times, mems = [], [], []
+    sig = None
+    for _ in range(repeats):  # interleaved so machine noise hits both alike
+        plain.append(plain_forward(model, data, batches))
+        t, sig, mib = signature_run(model, data, batches)
+        sig_times.append(t)
+        mems.append(mib)
+    assert sig is not None
+    out: dict[str, Any] = {
+        "layers": layers, "heads": heads, "head_dim": head_dim, "heads_total": layers * heads,
+        "samples": samples, "mean_tokens": float(data.lengths.mean()), "resolution": RESOLUTION,
+        "plain_forward_s": {"median": statistics.median(plain), "runs": plain},
+        "signatures_s": {"median": statistics.median(sig_times), "runs": sig_times},
+        "signatures_peak_extra_mib": {"median": statistics.median(mems), "runs": mems},
+    }
+    out["signature_to_forward_ratio"] = out["signatures_s"]["median"] / out["plain_forward_s"]["median"]
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    feats = separation_features(sig)
+    timings["separation"] = time.perf_counter() - t
+    t = time.perf_counter()
+    graph = embed_heads(feats.matrix, seed=seed)
+    timings["graph_space"] = time.perf_counter() - t
+    t = time.perf_counter()
+    curve = mss_sweep(graph.points, seed=seed)
+    timings["sweep"] = time.perf_counter() - t
+    t = time.perf_counter()
+    knees = knees_by_degree(curve.ks, curve.mss, (2, 3, 4, 5, 6))
+    timings["knee"] = time.perf_counter() - t
+    cal = draw_subset(samples, 0.25, seed=seed + 1, labels=data.labels)
+    cal_batches = length_grouped_batches(data.lengths, cal, 32)
+    t = time.perf_counter()
+    sal = minmax(gradient_salience(model, iterate_batches(data, cal_batches))).numpy()
+    timings["salience"] = time.perf_counter() - t
+    timings["salience_floor_forward_backward"] = forward_backward(model, data, cal_batches)
+    t = time.perf_counter()
+    k = knees[2].k
+    select_representatives(curve.at(k).labels, sal)
+    timings["selection"] = time.perf_counter() - t
+    out["stage_s"] = timings
+    out["k_star_degree2"] = k
+    selection_total = out["signatures_s"]["median"] + sum(
+        v for name, v in timings.items() if name != "salience_floor_forward_backward")
+    out["selection_total_s"] = selection_total
+    out["floor_ratio"] = selection_total / (out["plain_forward_s"]["median"]
+                                            + timings["salience_floor_forward_backward"])
+    return out
+
+
+def sweep_384(seed: int, repeats: int) -> dict[str, Any]:
+    """The k sweep on N = 384 points (a BERT-large head count), from a clustered random graph space."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=20, size=(40, 2))
+    points = centres[rng.integers(0, 40, size=384)] + rng.normal(size=(384, 2))
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        mss_sweep(points, seed=seed)
+        runs.append(time.perf_counter() - t)
+    return {"n": 384, "ks": "2..383", "median_s": statistics.median(runs), "runs": runs}
+
+
+def memory_flatness(samples: tuple[int, ...], *, head_dim: int, seed: int) -> dict[str, Any]:
+    """Peak extra memory of the signature stage as the sample count grows (6x12 model)."""
+    model = bert_shaped(6, 12, head_dim, seed)
+    rows = []
+    for n in samples:
+        data = synthetic_data(n, vocab=8000, seed=seed)
+        batches = length_grouped_batches(data.lengths, np.arange(n), 32)
+        signature_run(model, data, batches)  # warm the allocator once per size
+        t, _, mib = signature_run(model, data, batches)
+        rows.append({"samples": n, "signatures_s": t, "peak_extra_mib": mib})
+    base = rows[0]["peak_extra_mib"]
+    for row in rows:
+        row["relative_to_first"] = row["peak_extra_mib"] / base if base else None
+    return {"model": "6x12", "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench stages")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--head-dim", type=int, default=32, help="hidden = head_dim x heads (32: as in all-MiniLM-L6-v2)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--shapes", default=",".join(f"{layers}x{heads}" for layers, heads in SHAPES))
+    p.add_argument("--memory-samples", default="1000,2000,4000,8000")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    pin_threads(args.threads)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    results: dict[str, Any] = {"shapes": []}
+    for layers, heads in shapes:
+        row = profile_shape(layers, heads, samples=args.samples, head_dim=args.head_dim, repeats=args.repeats,
+                            seed=args.seed)
+        results["shapes"].append(row)
+        print(f"{layers}x{heads}: signatures {row['signatures_s']['median']:.2f} s vs plain forward "
+              f"{row['plain_forward_s']['median']:.2f} s (x{row['signature_to_forward_ratio']:.2f}); "
+              f"peak extra {row['signatures_peak_extra_mib']['median']:.0f} MiB; "
+              + ", ".join(f"{k} {v:.3f} s" for k, v in row["stage_s"].items())
+              + f"; floor ratio {row['floor_ratio']:.2f}", flush=True)
+    results["sweep_384"] = sweep_384(args.seed, args.repeats)
+    print(f"sweep N=384: {results['sweep_384']['median_s']:.3f} s", flush=True)
+    mem_samples = tuple(int(v) for v in args.memory_samples.split(",") if v)
+    if mem_samples:
+        results["memory"] = memory_flatness(mem_samples, head_dim=args.head_dim, seed=args.seed)
+        for row in results["memory"]["rows"]:
+            print(f"memory {row['samples']} samples: peak extra {row['peak_extra_mib']:.1f} MiB "
+                  f"(x{row['relative_to_first']:.2f} of the first)", flush=True)
+    cmd = "python -m bench stages " + " ".join(argv or [])
+    path = save("stages.json", results, command=cmd.strip(),
+                protocol=f"random BERT-shaped models (head_dim {args.head_dim}, 5 classes), {args.samples} "
+                f"synthetic samples with SST-5-like lengths, B={RESOLUTION}, batch 32 length-grouped, "
+                f"{args.threads} torch thread(s), medians of {args.repeats} interleaved runs")
+    print(f"saved {path}")

@@ -1,0 +1,65 @@
+"""The engine's exceptions, in one hierarchy.
+
+::
+
+    CahpError                      every error the engine raises on purpose
+    ├── InvalidInputError          the caller must change something (CLI exit 2, HTTP 4xx)
+    │   ├── ConfigError            a PruningConfig value is out of range
+    │   ├── DatasetError           a dataset is missing, empty, mislabelled or lacks a column/split
+    │   ├── ModelLoadError         a model path or hub id that cannot be loaded, or is not a classifier
+    │   └── UnsupportedModelError  a model family with no adapter in the registry
+    ├── JobCancelledError          a cancellation request was seen between two steps
+    └── PipelineError              a stage could not produce its result (a bug or an environment fault)
+
+Each class carries a stable snake_case ``code`` that the service stores with a failed job.
+"""
+
+from __future__ import annotations
+
+
+class CahpError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+    code = "internal_error"
+
+
+class InvalidInputError(CahpError, ValueError):
+    """Input the caller must change; the message says what to change."""
+
+    code = "invalid_input"
+
+
+class ConfigError(InvalidInputError):
+    """A :class:`~cahp_engine.config.PruningConfig` value is out of range."""
+
+    code = "invalid_config"
+
+
+class DatasetError(InvalidInputError):
+    """A dataset is missing, empty, mislabelled, or lacks a named column or split."""
+
+    code = "invalid_dataset"
+
+
+class ModelLoadError(InvalidInputError):
+    """A model reference cannot be loaded, or does not name a sequence classifier."""
+
+    code = "model_not_loadable"
+
+
+class UnsupportedModelError(InvalidInputError):
+    """The model's family has no adapter in :mod:`cahp_engine.adapters`."""
+
+    code = "unsupported_model"
+
+
+class JobCancelledError(CahpError):
+    """Raised between two steps when the caller's cancellation check answers True."""
+
+    code = "cancelled"
+
+
+class PipelineError(CahpError):
+    """A stage could not produce its result for a reason that is not the caller's input."""
+
+    code = "pipeline_error"

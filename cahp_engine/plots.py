@@ -1,0 +1,294 @@
+"""Figures of a pruning run, written as PNG files: the MSS curve with its knees, and the head map.
+
+Every figure is a :class:`matplotlib.figure.Figure` drawn on its own Agg canvas, never through
+``pyplot``: a worker or a notebook that imports the engine keeps whatever backend it chose, and no
+figure lingers in pyplot's global registry.
+
+References
+----------
+Paper Section III-D (MSS curve, Kneedle knee k*, representatives, layer safety) and Section IV-B.2
+(knees of polynomial degrees 2..6).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+from cahp_engine.errors import InvalidInputError
+
+Head = tuple[int, int]
+
+_DPI = 110
+_KEPT, _PRUNED = "#2b83ba", "#d9d9d9"
+_REPRESENTATIVE, _SAFETY, _CHOSEN = "black", "#d7191c", "#d7191c"
+# tab20, tab20b and tab20c: 60 distinguishable colours for cluster ids, repeated beyond that.
+_CLUSTER_COLOURS = np.concatenate([colormaps[name](np.arange(20))[:, :3] for name in ("tab20", "tab20b", "tab20c")])
+_MAX_LABELLED_CELLS = 400  # cluster ids are written into the cells up to this many heads
+
+
+def _save(fig: Figure, path: str | os.PathLike[str]) -> None:
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas
+    fig.savefig(os.fspath(path), format="png", dpi=_DPI)
+
+
+# --- the MSS curve ------------------------------------------------------------------------------------
+
+
+def plot_mss_curve(
+    ks: Sequence[int],
+    mss: Sequence[float],
+    knees_by_degree: Mapping[int, int | None],
+    chosen_k: int,
+    path: str | os.PathLike[str],
+    *,
+    chosen_degree: int | None = None,
+    title: str | None = None,
+) -> None:
+    """Plot MSS(k) with a dashed vertical line at the knee of each polynomial degree.
+
+    Parameters
+    ----------
+    ks : sequence of int, shape (K,)
+        Cluster counts swept.
+    mss : sequence of float, shape (K,)
+        Mean simplified silhouette at each k.
+    knees_by_degree : mapping of int to int or None
+        Knee k of each polynomial degree; None where no knee was found (the legend says so).
+    chosen_k : int
+        The k* the run used, drawn as a bold line with a star on the curve.
+    path : str or path
+        PNG file to write; its folder must exist.
+    chosen_degree : int, optional
+        Degree that produced ``chosen_k``, named in the legend.
+    title : str, optional
+        Figure title; the default names the curve.
+
+    References
+    ----------
+    Paper Section III-D and IV-B.2.
+    """
+    x = np.asarray(ks, dtype=np.float64)
+    y = np.asarray(mss, dtype=np.float64)
+    if x.ndim != 1 or x.shape != y.shape or x.size == 0:
+        raise InvalidInputError(f"`ks` and `mss` must be 1-D of one non-zero length, got {x.shape} and {y.shape}")
+
+    fig = Figure(figsize=(7.5, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(x, y, color="#404040", marker="o", ms=2.5 if x.size > 60 else 4, lw=1.2, label="MSS(k)", zorder=2)
+
+    degrees = sorted(knees_by_degree)
+    cmap = colormaps["viridis"]
+    for i, degree in enumerate(degrees):
+        knee = knees_by_degree[degree]
+        if knee is None:
+            # An empty handle keeps the degree in the legend, so a missing knee is visible.
+            ax.plot([], [], ls="none", label=f"d={degree}: no knee")
+            continue
+        colour = cmap(0.85 * i / max(len(degrees) - 1, 1))
+        ax.axvline(knee, color=colour, ls="--", lw=1.2, label=f"d={degree}: k={knee}", zorder=1)
+
+    chosen = f"chosen k*={chosen_k}" + (f" (d={chosen_degree})" if chosen_degree is not None else "")
+    ax.axvline(chosen_k, color=_CHOSEN, lw=2.4, alpha=0.8, label=chosen, zorder=1.5)
+    ax.plot([chosen_k], [np.interp(chosen_k, x, y)], marker="*", ms=16, color=_CHOSEN, mec="white", zorder=3)
+
+    ax.set_xlabel("k (number of clusters = heads kept)")
+    ax.set_ylabel("mean simplified silhouette (MSS)")
+    ax.set_title(title if title is not None else "MSS curve and the knee of each polynomial degree")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    low, high = ax.get_xlim()
+    if high - low < 2:  # a curve of one or two points: leave room for whole-number ticks
+        ax.set_xlim(low - 1, high + 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8, framealpha=0.9)
+    _save(fig, path)
+
+
+# --- the head map -------------------------------------------------------------------------------------
+
+
+def plot_head_map(
+    kept: np.ndarray,
+    salience: np.ndarray,
+    cluster: np.ndarray,
+    path: str | os.PathLike[str],
+    *,
+    representatives: Iterable[Head] = (),
+    layer_safety_added: Iterable[Head] = (),
+) -> None:
+    """Three panels over the layer x head grid: kept or pruned, salience, and cluster id.
+
+    Representatives are outlined in black and heads kept by the layer-safety rule in red, on every
+    panel. Cluster ids get categorical colours and are written into the cells when the grid has at
+    most 400 heads.
+
+    Parameters
+    ----------
+    kept : ndarray of shape (L, H), bool
+    salience : ndarray of shape (L, H)
+    cluster : ndarray of shape (L, H) or (L * H,), int
+        Cluster id of each head; a flat array is read row-major (head ``n = l * H + h``).
+    path : str or path
+        PNG file to write; its folder must exist.
+    representatives, layer_safety_added : iterables of (layer, head)
+
+    References
+    ----------
+    Paper Section III-D (representatives and layer safety).
+    """
+    mask = _kept_grid(kept)
+    shape = mask.shape
+    heat = np.asarray(salience, dtype=np.float64)
+    ids = np.asarray(cluster)
+    if heat.shape != shape:
+        raise InvalidInputError(f"`salience` must have the shape of `kept` {shape}, got {heat.shape}")
+    if ids.size != mask.size or ids.ndim not in (1, 2) or (ids.ndim == 2 and ids.shape != shape):
+        raise InvalidInputError(f"`cluster` must have shape {shape} or ({mask.size},), got {ids.shape}")
+    ids = ids.reshape(shape)
+    reps = _heads(representatives, shape, "representatives")
+    safety = _heads(layer_safety_added, shape, "layer_safety_added")
+
+    layers, heads = shape
+    # Square cells of at least 0.34 inch, and panels at least 2.2 inches wide so the titles fit.
+    cell = max(0.34, 2.2 / heads)
+    fig = Figure(figsize=(3 * heads * cell + 2.6, layers * cell + 1.9), layout="constrained")
+    ax_kept, ax_heat, ax_ids = fig.subplots(1, 3)
+
+    ax_kept.imshow(mask.astype(int), cmap=ListedColormap([_PRUNED, _KEPT]), vmin=0, vmax=1)
+    ax_kept.set_title(f"kept {int(mask.sum())} of {mask.size} heads ({mask.mean():.0%})")
+
+    image = ax_heat.imshow(heat, cmap="magma")
+    # An inset colour bar follows the image's own height; fig.colorbar(ax=...) would span the whole
+    # subplot box, which is taller or wider than an aspect-locked image.
+    fig.colorbar(image, cax=ax_heat.inset_axes((1.04, 0.0, 0.05, 1.0)), label="salience")
+    ax_heat.set_title("salience")
+
+    rank = np.unique(ids, return_inverse=True)[1].reshape(shape)
+    colours = _CLUSTER_COLOURS[rank % len(_CLUSTER_COLOURS)]
+    ax_ids.imshow(colours)
+    ax_ids.set_title(f"cluster ({len(np.unique(ids))} clusters)")
+    if mask.size <= _MAX_LABELLED_CELLS:
+        size = 7 if max(len(str(v)) for v in ids.ravel()) <= 2 else 5.5
+        for (layer, head), value in np.ndenumerate(ids):
+            dark = float(np.dot(colours[layer, head], (0.299, 0.587, 0.114))) < 0.5
+            ax_ids.text(
+                head,
+                layer,
+                str(value),
+                ha="center",
+                va="center",
+                fontsize=size,
+                color="white" if dark else "black",
+            )
+
+    for ax in (ax_kept, ax_heat, ax_ids):
+        _grid_axes(ax, shape)
+        _outline(ax, reps, _REPRESENTATIVE)
+        _outline(ax, safety, _SAFETY)
+
+    legend = [
+        Patch(color=_KEPT, label="kept"),
+        Patch(color=_PRUNED, label="pruned"),
+        _frame_handle(_REPRESENTATIVE, f"representative ({len(reps)})"),
+        _frame_handle(_SAFETY, f"kept by layer safety ({len(safety)})"),
+    ]
+    fig.legend(handles=legend, loc="outside lower center", ncols=4, fontsize=8, frameon=False)
+    _save(fig, path)
+
+
+def _kept_grid(kept: np.ndarray) -> np.ndarray:
+    mask = np.asarray(kept)
+    if mask.ndim != 2 or mask.size == 0:
+        raise InvalidInputError(f"`kept` must be a non-empty (layers, heads) array, got shape {mask.shape}")
+    if mask.dtype != bool and not np.isin(mask, (0, 1)).all():
+        raise InvalidInputError("`kept` must hold booleans (or 0/1) saying which heads are kept")
+    return mask.astype(bool)
+
+
+def _heads(heads: Iterable[Head], shape: tuple[int, ...], name: str) -> list[Head]:
+    out = [(int(layer), int(head)) for layer, head in heads]
+    outside = [h for h in out if not (0 <= h[0] < shape[0] and 0 <= h[1] < shape[1])]
+    if outside:
+        raise InvalidInputError(f"`{name}` holds heads {outside[:5]} outside the {shape[0]} x {shape[1]} grid")
+    return out
+
+
+def _grid_axes(ax: Axes, shape: tuple[int, ...]) -> None:
+    layers, heads = shape
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(_index_ticks(heads, 16))
+    ax.set_yticks(_index_ticks(layers, 24))
+    # Thin white lines between cells make single heads easy to count.
+    ax.set_xticks(np.arange(-0.5, heads, 1.0), minor=True)
+    ax.set_yticks(np.arange(-0.5, layers, 1.0), minor=True)
+    ax.grid(which="minor", color="white", lw=0.6)
+    ax.tick_params(which="minor", length=0)
+
+
+def _frame_handle(colour: str, label: str) -> Line2D:
+    return Line2D([], [], color=colour, marker="s", mfc="none", ls="none", ms=9, mew=1.8, label=label)
+
+
+def _index_ticks(n: int, most: int) -> np.ndarray:
+    return np.arange(0, n, -(-n // most))
+
+
+def _outline(ax: Axes, heads: Sequence[Head], colour: str) -> None:
+    # A white halo under the coloured frame keeps it visible on dark and light cells alike.
+    for layer, head in heads:
+        for edge, width in (("white", 3.4), (colour, 1.7)):
+            ax.add_patch(Rectangle((head - 0.42, layer - 0.42), 0.84, 0.84, fill=False, ec=edge, lw=width))
+
+
+# --- retention per layer ------------------------------------------------------------------------------
+
+
+def plot_layer_retention(kept: np.ndarray, path: str | os.PathLike[str]) -> None:
+    """Bar chart of the share of heads kept in each layer, with the overall share as a dashed line.
+
+    Parameters
+    ----------
+    kept : ndarray of shape (L, H), bool
+    path : str or path
+        PNG file to write; its folder must exist.
+
+    References
+    ----------
+    Paper Section IV-C (where in depth the kept heads lie).
+    """
+    mask = _kept_grid(kept)
+    layers, heads = mask.shape
+    share = mask.mean(axis=1)
+    fig = Figure(figsize=(max(4.5, 0.42 * layers + 2.0), 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    bars = ax.bar(np.arange(layers), share, color=_KEPT, width=0.75, zorder=2)
+    counts = mask.sum(axis=1)
+    # Drawn under the bars, and the count labels on a white box, so the line never hides a count.
+    ax.axhline(mask.mean(), color=_SAFETY, ls="--", lw=1.2, zorder=1)
+    ax.bar_label(
+        bars,
+        labels=[f"{c}/{heads}" for c in counts],
+        fontsize=7 if layers <= 24 else 5.5,
+        padding=2,
+        bbox={"fc": "white", "ec": "none", "pad": 0.6},
+    )
+    ax.set_ylim(0, 1.12)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    ax.set_xticks(_index_ticks(layers, 24))
+    ax.set_xlim(-0.6, layers - 0.4)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("heads kept")
+    ax.set_title(f"share of heads kept per layer\n(dashed line: all layers, {mask.mean():.0%})", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)

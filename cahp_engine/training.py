@@ -1,0 +1,264 @@
+"""Fine-tuning of a sequence classifier: dense training and recovery after pruning.
+
+A plain torch loop rather than the transformers ``Trainer``: the loop is short, needs no
+``accelerate`` at run time, and lets the caller see every step (progress and cancellation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import get_linear_schedule_with_warmup
+
+from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
+from cahp_engine.errors import ConfigError, DatasetError, JobCancelledError, PipelineError
+from cahp_engine.evaluation import as_device, model_inputs
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What one fine-tuning run did.
+
+    ``epochs`` is the number of passes over the data actually made (``steps`` over the batches of
+    one epoch). ``loss_per_epoch`` and ``seconds_per_epoch`` have one entry per epoch begun, the
+    last one possibly partial. ``precision`` is ``bf16``, ``fp16`` (with loss scaling) or ``fp32``.
+    """
+
+    steps: int
+    epochs: float
+    loss_per_epoch: tuple[float, ...]
+    wall_s: float
+    seconds_per_epoch: tuple[float, ...]
+    device: str
+    precision: str
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["loss_per_epoch"] = list(self.loss_per_epoch)
+        out["seconds_per_epoch"] = list(self.seconds_per_epoch)
+        return out
+
+
+def _check_recipe(epochs: float, lr: float, batch_size: int, warmup_ratio: float, weight_decay: float,
+                  max_grad_norm: float) -> None:
+    def real(value: Any) -> bool:
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
+            and math.isfinite(value)
+
+    if not real(epochs) or epochs < 0:
+        raise ConfigError(f"`epochs` must be a number >= 0, got {epochs!r}")
+    if not real(lr) or lr <= 0:
+        raise ConfigError(f"`lr` must be a number > 0, got {lr!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ConfigError(f"`batch_size` must be an integer >= 1, got {batch_size!r}")
+    if not real(warmup_ratio) or not 0 <= warmup_ratio <= 1:
+        raise ConfigError(f"`warmup_ratio` must be a number in [0, 1], got {warmup_ratio!r}")
+    if not real(weight_decay) or weight_decay < 0:
+        raise ConfigError(f"`weight_decay` must be a number >= 0, got {weight_decay!r}")
+    if not real(max_grad_norm) or max_grad_norm <= 0:
+        raise ConfigError(f"`max_grad_norm` must be a number > 0, got {max_grad_norm!r}")
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay matrices only: biases and LayerNorm scales are left out, as in BERT's recipe."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:  # tied weights appear under several modules
+                continue
+            seen.add(id(param))
+            exempt = name == "bias" or isinstance(module, nn.LayerNorm)
+            (no_decay if exempt else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    # A SeedSequence keeps (seed, epoch) pairs apart; seed + epoch would give seed 1 epoch 0 the
+    # same batch order as seed 0 epoch 1.
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def _precision(dev: torch.device) -> str:
+    if dev.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def finetune(
+    model: nn.Module,
+    data: EncodedDataset,
+    *,
+    epochs: float,
+    lr: float,
+    batch_size: int,
+    warmup_ratio: float,
+    weight_decay: float,
+    max_grad_norm: float,
+    seed: int,
+    device: torch.device | str = "cpu",
+    progress: Callable[[int, int], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> TrainingResult:
+    """Fine-tune every parameter of ``model`` on ``data`` with AdamW and a linear warm-up/decay.
+
+    Parameters
+    ----------
+    model : a ``*ForSequenceClassification`` model with at least ``data.num_classes`` labels
+        Trained in place on ``device`` (where it stays). It is in train mode during the run and in
+        eval mode after it, also after an error; its ``requires_grad`` flags are restored and its
+        gradients cleared.
+    data : EncodedDataset of n samples
+    epochs : float >= 0
+        Passes over the data; a fraction runs that share of one epoch's batches (0.25 is a quarter),
+        and 0 returns at once without touching the model.
+    lr, warmup_ratio, weight_decay, max_grad_norm, batch_size
+        The recipe. Warm-up lasts ``ceil(warmup_ratio * steps)`` steps. Weight decay skips biases
+        and LayerNorm weights.
+    seed : int
+        Seeds the batch order (a different order each epoch) and dropout; the caller's global torch
+        random state is left as it was.
+    device : str or torch.device
+        On CUDA the forward pass runs under bf16 autocast, or fp16 with loss scaling where bf16 is
+        not supported; on CPU in fp32.
+    progress : callable (step, total_steps), optional
+        Called after every optimiser step; ``step`` counts from 1.
+    should_cancel : callable () -> bool, optional
+        Asked before every step.
+
+    Returns
+    -------
+    TrainingResult
+
+    Raises
+    ------
+    JobCancelledError
+        When ``should_cancel()`` answers True.
+    PipelineError
+        When the loss becomes NaN or infinite.
+
+    References
+    ----------
+    Paper Section IV-B.5: recovery fine-tuning for 3 epochs at lr 2e-5, linear decay with 10%
+    warm-up, weight decay 0.01, max gradient norm 1.0, batch size 32.
+    """
+    _check_recipe(epochs, lr, batch_size, warmup_ratio, weight_decay, max_grad_norm)
+    dev = as_device(device)
+    precision = _precision(dev)
+    n = len(data)
+    if n == 0:
+        raise DatasetError("the training split has no rows; give at least one labelled sample per class")
+    batches_per_epoch = math.ceil(n / batch_size)
+    # Half-up rounding (not Python's round-half-even), and at least one step for any epochs > 0.
+    total = 0 if epochs == 0 else max(1, math.floor(epochs * batches_per_epoch + 0.5))
+    if total == 0:
+        return TrainingResult(steps=0, epochs=0.0, loss_per_epoch=(), wall_s=0.0, seconds_per_epoch=(),
+                              device=str(dev), precision=precision)
+    num_labels = int(getattr(model.config, "num_labels", data.num_classes))
+    if int(data.labels.max()) >= num_labels:
+        raise DatasetError(
+            f"the data has labels up to {int(data.labels.max())} but the model has {num_labels} outputs; "
+            "give a model with one output per class"
+        )
+
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    # fork_rng keeps dropout reproducible under `seed` without disturbing the caller's generator.
+    rng_devices: list[int] = []
+    if dev.type == "cuda":
+        rng_devices = [dev.index if dev.index is not None else torch.cuda.current_device()]
+    try:
+        with torch.random.fork_rng(devices=rng_devices):
+            torch.manual_seed(seed)
+            for p, _ in flags:
+                p.requires_grad_(True)
+            model.to(dev).train()
+            return _loop(model, data, dev, precision, total, batch_size, lr=lr,
+                         warmup_ratio=warmup_ratio, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                         seed=seed, progress=progress, should_cancel=should_cancel)
+    finally:
+        model.eval()
+        for p, flag in flags:
+            p.grad = None
+            p.requires_grad_(flag)
+
+
+def _loop(model: nn.Module, data: EncodedDataset, dev: torch.device, precision: str, total: int,
+          batch_size: int, *, lr: float, warmup_ratio: float, weight_decay: float, max_grad_norm: float,
+          seed: int, progress: Callable[[int, int], None] | None,
+          should_cancel: Callable[[], bool] | None) -> TrainingResult:
+    optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(warmup_ratio * total), total)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16))
+        if dev.type == "cuda" else contextlib.nullcontext
+    )
+    batches_per_epoch = math.ceil(len(data) / batch_size)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    losses: list[float] = []
+    seconds: list[float] = []
+    step = 0
+    start = time.perf_counter()
+    for epoch in range(math.ceil(total / batches_per_epoch)):
+        epoch_start = time.perf_counter()
+        batches = length_grouped_batches(data.lengths, np.arange(len(data)), batch_size,
+                                         shuffle_seed=_epoch_seed(seed, epoch))
+        batches = batches[: total - step]
+        loss_sum = 0.0
+        for batch in iterate_batches(data, batches, dev):
+            if should_cancel is not None and should_cancel():
+                raise JobCancelledError(f"fine-tuning was cancelled after {step} of {total} steps")
+            with autocast():
+                logits = model(**model_inputs(model, batch)).logits
+            # The loss in fp32: half-precision cross-entropy loses the small differences late in training.
+            loss = F.cross_entropy(logits.float(), batch["labels"])
+            value = float(loss.detach())  # one sync per step, needed for the NaN check anyway
+            if not math.isfinite(value):
+                raise PipelineError(
+                    f"the training loss became {value} at step {step + 1} of {total}; lower the learning "
+                    f"rate (now {optimizer.defaults['lr']:g}) or check the model's weights for NaN/inf"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is None:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                with warnings.catch_warnings():
+                    # A step skipped for fp16 overflow makes torch warn that the schedule moved
+                    # before the optimiser; like the Trainer, keep the schedule on the step count.
+                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+                    scheduler.step()
+            step += 1
+            loss_sum += value
+            if progress is not None:
+                progress(step, total)
+        losses.append(loss_sum / len(batches))
+        seconds.append(time.perf_counter() - epoch_start)
+    return TrainingResult(
+        steps=step,
+        epochs=step / batches_per_epoch,
+        loss_per_epoch=tuple(losses),
+        wall_s=time.perf_counter() - start,
+        seconds_per_epoch=tuple(seconds),
+        device=str(dev),
+        precision=precision,
+    )

@@ -1,0 +1,29 @@
+"""Probes and the published OpenAPI document."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from cahp_engine.config import PruningConfig
+import dataclasses
+
+
+def test_health_and_readiness_need_no_key(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ok", "database": "ok", "broker": "ok"}
+
+
+def test_openapi_documents_the_v1_api(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/logs",
+            "/v1/jobs/{job_id}/artifacts", "/v1/jobs/{job_id}/artifacts/{name}", "/v1/uploads",
+            "/healthz", "/readyz"} <= set(paths)
+    upload = paths["/v1/uploads"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert upload["required"] == ["file"]
+    assert "application/problem+json" in paths["/v1/jobs"]["post"]["responses"]["422"]["content"]
+    assert any("HTTPBearer" in scheme for scheme in spec["components"]["securitySchemes"])
+    params = spec["components"]["schemas"]["JobParams"]
+    expected = {f.name for f in dataclasses.fields(PruningConfig)} - {"device"}
+    assert set(params["properties"]) == expected and params["additionalProperties"] is False
+    assert client.get("/docs").status_code == 200

@@ -1,0 +1,256 @@
+"""The persistence layer, the same tests on SQLite and on the PostgreSQL server at 127.0.0.1:5432."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, inspect
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import repository
+from app.db import Base, make_engine, make_session_factory, transaction, upgrade_database
+from app.models import Job, JobStatus, Upload
+from app.repository import ArtifactRecord
+from app.security import generate_key
+from tests.api.helpers import postgres_schema_url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        engine = make_engine(f"sqlite:///{tmp_path / 'repo.db'}")
+        upgrade_database(engine)
+        yield engine
+        engine.dispose()
+        return
+    with postgres_schema_url() as url:
+        engine = make_engine(url)
+        upgrade_database(engine)
+        yield engine
+        engine.dispose()
+
+
+@pytest.fixture
+def sessions(db: Engine) -> sessionmaker[Session]:
+    return make_session_factory(db)
+
+
+def _owner(sessions: sessionmaker[Session], name: str = "owner") -> str:
+    new = generate_key()
+    with transaction(sessions) as session:
+        repository.add_api_key(session, key_id=new.id, name=name, key_hash=new.key_hash)
+    return new.id
+
+
+def _job(sessions: sessionmaker[Session], owner: str, *, key: str | None = None, when: dt.datetime | None = None,
+         job_id: str | None = None) -> str:
+    import uuid
+
+    job = Job(id=job_id or uuid.uuid4().hex, owner_id=owner, model_uri="hf://org/name",
+              dataset={"uri": "hf://datasets/org/data"}, params={"epochs": 1}, idempotency_key=key,
+              request_hash="0" * 64)
+    if when is not None:
+        job.created_at = when
+    with transaction(sessions) as session:
+        repository.add_job(session, job)
+    return job.id
+
+
+def test_migrations_match_the_models(db: Engine) -> None:
+    with db.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}), Base.metadata)
+    assert diff == []
+    names = set(inspect(db).get_table_names())
+    assert {"jobs", "job_logs", "artifacts", "uploads", "api_keys", "alembic_version"} <= names
+
+
+def test_upgrade_is_idempotent_and_downgrade_removes_everything(db: Engine) -> None:
+    upgrade_database(db)  # a second upgrade at head changes nothing
+    from alembic import command
+    from alembic.config import Config
+
+    from app.db import migrations_dir
+
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    with db.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "base")
+    assert set(inspect(db).get_table_names()) <= {"alembic_version"}
+
+
+def test_a_job_round_trips_with_aware_utc_times(sessions: sessionmaker[Session]) -> None:
+    owner = _owner(sessions)
+    job_id = _job(sessions, owner)
+    with sessions() as session:
+        job = repository.get_job(session, job_id=job_id, owner_id=owner)
+        assert job is not None
+        assert job.status == "queued" and job.progress == 0.0 and job.attempts == 0
+        assert job.created_at.tzinfo is not None and job.created_at.utcoffset() == dt.timedelta(0)
+        assert job.dataset == {"uri": "hf://datasets/org/data"} and job.params == {"epochs": 1}
+        assert repository.get_job(session, job_id=job_id, owner_id=_owner(sessions, "other")) is None
+
+
+def test_idempotency_key_is_unique_per_owner(sessions: sessionmaker[Session]) -> None:
+    alice, bob = _owner(sessions, "alice"), _owner(sessions, "bob")
+    first = _job(sessions, alice, key="k-1")
+    _job(sessions, bob, key="k-1")  # another owner may reuse the key
+    _job(sessions, alice)  # jobs without a key never collide
+    _job(sessions, alice)
+    with pytest.raises(IntegrityError):
+        _job(sessions, alice, key="k-1")
+    with sessions() as session:
+        found = repository.find_job_by_idempotency_key(session, owner_id=alice, key="k-1")
+        assert found is not None and found.id == first
+
+
+def test_listing_is_newest_first_with_a_stable_cursor(sessions: sessionmaker[Session]) -> None:
+    owner = _owner(sessions)
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    # Two jobs share a timestamp: the id breaks the tie, so no job is skipped or repeated.
+    ids = [_job(sessions, owner, when=base + dt.timedelta(seconds=i // 2), job_id=f"{i:032x}") for i in range(5)]
+    _job(sessions, _owner(sessions, "other"))
+    seen: list[str] = []
+    before = None
+    with sessions() as session:
+        while True:
+            page = repository.list_jobs(session, owner_id=owner, limit=2, before=before)
+            if not page:
+                break
+            seen.extend(job.id for job in page)
+            before = (page[-1].created_at, page[-1].id)
+    assert seen == list(reversed(ids))
+
+
+def test_claim_succeeds_once_and_only_from_queued(sessions: sessionmaker[Session]) -> None:
+    job_id = _job(sessions, _owner(sessions))
+    with transaction(sessions) as session:
+        claimed = repository.claim_job(session, job_id=job_id, worker_id="w1")
+        assert claimed is not None and claimed.status == "running" and claimed.attempts == 1
+        assert claimed.worker_id == "w1" and claimed.started_at is not None
+    with transaction(sessions) as session:
+        assert repository.claim_job(session, job_id=job_id, worker_id="w2") is None
+        assert repository.claim_job(session, job_id="missing", worker_id="w2") is None
+
+
+def test_concurrent_claims_have_exactly_one_winner(sessions: sessionmaker[Session]) -> None:
+    job_id = _job(sessions, _owner(sessions))
+    winners: list[str] = []
+    barrier = threading.Barrier(4)
+
+    def claim(worker: str) -> None:
+        barrier.wait()
+        with transaction(sessions) as session:
+            if repository.claim_job(session, job_id=job_id, worker_id=worker) is not None:
+                winners.append(worker)
+
+    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1
+    with sessions() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and job.worker_id == winners[0] and job.attempts == 1
+
+
+def test_progress_is_written_only_by_the_holder(sessions: sessionmaker[Session]) -> None:
+    job_id = _job(sessions, _owner(sessions))
+    with transaction(sessions) as session:
+        repository.claim_job(session, job_id=job_id, worker_id="w1")
+    with transaction(sessions) as session:
+        ack = repository.report_progress(session, job_id=job_id, worker_id="w1", stage="signatures", progress=0.3)
+        assert ack == repository.ProgressAck(held=True, cancel_requested=False)
+        other = repository.report_progress(session, job_id=job_id, worker_id="w2", stage="sweep", progress=0.9)
+        assert other.held is False
+    with sessions() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and (job.stage, job.progress) == ("signatures", 0.3)
+
+
+def test_cancel_finishes_a_queued_job_and_flags_a_running_one(sessions: sessionmaker[Session]) -> None:
+    owner = _owner(sessions)
+    queued, running = _job(sessions, owner), _job(sessions, owner)
+    with transaction(sessions) as session:
+        repository.claim_job(session, job_id=running, worker_id="w1")
+    with transaction(sessions) as session:
+        repository.request_cancel(session, job_id=queued, owner_id=owner)
+        repository.request_cancel(session, job_id=running, owner_id=owner)
+    with transaction(sessions) as session:
+        q = repository.get_job(session, job_id=queued)
+        r = repository.get_job(session, job_id=running)
+        assert q is not None and q.status == "cancelled" and q.finished_at is not None
+        assert r is not None and r.status == "running" and r.cancel_requested
+        # A queued job cancelled before a worker saw it cannot be claimed any more.
+        assert repository.claim_job(session, job_id=queued, worker_id="w2") is None
+        assert repository.job_control(session, job_id=running, worker_id="w1") == repository.ProgressAck(
+            held=True, cancel_requested=True)
+
+
+def test_finish_records_artifacts_atomically_and_only_for_the_holder(sessions: sessionmaker[Session]) -> None:
+    job_id = _job(sessions, _owner(sessions))
+    with transaction(sessions) as session:
+        repository.claim_job(session, job_id=job_id, worker_id="w1")
+    records = [ArtifactRecord(name=n, size=3, sha256="a" * 64, media_type="application/json",
+                              storage_key=f"jobs/{job_id}/1/{n}") for n in ("report.json", "head_map.json")]
+    with transaction(sessions) as session:
+        assert not repository.finish_job(session, job_id=job_id, worker_id="w2", status=JobStatus.succeeded,
+                                         artifacts=records)
+    with sessions() as session:
+        assert repository.list_artifacts(session, job_id=job_id) == []
+    with transaction(sessions) as session:
+        assert repository.finish_job(session, job_id=job_id, worker_id="w1", status=JobStatus.succeeded,
+                                     result={"k_star": 2}, artifacts=records)
+    with sessions() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and job.status == "succeeded" and job.progress == 1.0 and job.result == {"k_star": 2}
+        assert [a.name for a in repository.list_artifacts(session, job_id=job_id)] == ["head_map.json", "report.json"]
+        assert repository.get_artifact(session, job_id=job_id, name="report.json") is not None
+    with transaction(sessions) as session:  # a finished job cannot be finished again
+        assert not repository.finish_job(session, job_id=job_id, worker_id="w1", status=JobStatus.failed)
+
+
+def test_logs_append_in_order_and_page_by_offset(sessions: sessionmaker[Session]) -> None:
+    job_id = _job(sessions, _owner(sessions))
+    with transaction(sessions) as session:
+        assert repository.next_log_line(session, job_id=job_id) == 0
+        after = repository.append_logs(session, job_id=job_id, first_line=0, messages=["a", "b", "c"])
+        assert after == 3
+        repository.append_logs(session, job_id=job_id, first_line=after, messages=["d"])
+    with sessions() as session:
+        assert repository.next_log_line(session, job_id=job_id) == 4
+        assert [r.message for r in repository.read_logs(session, job_id=job_id, offset=1, limit=2)] == ["b", "c"]
+        assert [r.line for r in repository.read_logs(session, job_id=job_id, offset=3, limit=10)] == [3]
+        assert repository.read_logs(session, job_id=job_id, offset=4, limit=10) == []
+    with transaction(sessions) as session, pytest.raises(IntegrityError):
+        repository.append_logs(session, job_id=job_id, first_line=2, messages=["clash"])
+
+
+def test_uploads_are_visible_only_to_their_owner(sessions: sessionmaker[Session]) -> None:
+    alice, bob = _owner(sessions, "alice"), _owner(sessions, "bob")
+    with transaction(sessions) as session:
+        repository.add_upload(session, Upload(id="f" * 32, owner_id=alice, kind="data", filename="train.csv",
+                                              suffix=".csv", media_type="text/csv", size=10, sha256="b" * 64,
+                                              storage_key="uploads/x.csv"))
+    with sessions() as session:
+        assert repository.get_upload(session, upload_id="f" * 32, owner_id=alice) is not None
+        assert repository.get_upload(session, upload_id="f" * 32, owner_id=bob) is None
+
+
+def test_status_and_progress_are_constrained(sessions: sessionmaker[Session]) -> None:
+    owner = _owner(sessions)
+    with transaction(sessions) as session:
+        repository.ensure_local_principal(session)
+        repository.ensure_local_principal(session)  # idempotent
+    bad = Job(id="e" * 32, owner_id=owner, status="exploded", model_uri="x", dataset={}, params={},
+              request_hash="0" * 64)
+    with pytest.raises(IntegrityError), transaction(sessions) as session:
+        repository.add_job(session, bad)

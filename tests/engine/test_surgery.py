@@ -1,0 +1,259 @@
+"""Physical head removal: the pruned model computes what the gated unpruned model computes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers as tf
+
+from cahp_engine.adapters import eager_attention, gate_heads, get_adapter, heads_per_layer
+from cahp_engine.errors import InvalidInputError, ModelLoadError, PipelineError
+from cahp_engine.surgery import current_kept_heads, prune_heads, pruning_record
+from tests.tiny_models import FAMILIES, make_classifier, make_tokenizer
+
+LAYERS, HEADS, HEAD_DIM = 3, 4, 8
+HIDDEN = HEADS * HEAD_DIM
+TEXTS = ["good movie", "the plot was very boring and not fun at all", "fun", "a weak story but strong actor"]
+# Layer 1 loses every head: the zero-head path is part of the main equivalence test.
+KEPT = {0: [1, 3], 1: [], 2: [0, 2, 3]}
+
+
+def _batch(padding_side: str) -> dict[str, torch.Tensor]:
+    tokenizer = make_tokenizer()
+    tokenizer.padding_side = padding_side
+    encoded = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    assert (encoded["attention_mask"] == 0).any()  # the batch really is padded
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def _gates(kept: list[tuple[int, ...]] | dict[int, list[int]]) -> list[torch.Tensor]:
+    layers = dict(enumerate(kept)) if isinstance(kept, list) else kept
+    return [torch.tensor([1.0 if h in layers.get(layer, range(HEADS)) else 0.0 for h in range(HEADS)])
+            for layer in range(LAYERS)]
+
+
+def _model(family: str) -> torch.nn.Module:
+    model = make_classifier(family, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM)
+    # The default init (std 0.02) gives nearly constant logits; wider weights make every head matter.
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.2, generator=generator)
+    return model
+
+
+@torch.no_grad()
+def _logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(**batch).logits
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pruned_logits_equal_gated_logits(family: str, padding_side: str) -> None:
+    model = _model(family)
+    batch = _batch(padding_side)
+    unpruned = _logits(model, batch)
+    with gate_heads(model, _gates(KEPT)):
+        gated = _logits(model, batch)
+    assert not torch.allclose(gated, unpruned, atol=1e-4)  # the gates matter, so equality below means something
+
+    result = prune_heads(model, KEPT)
+
+    torch.testing.assert_close(_logits(model, batch), gated, atol=1e-5, rtol=0)
+    assert heads_per_layer(model) == [2, 0, 3]
+    assert result.kept == ((1, 3), (), (0, 2, 3))
+    assert (result.heads_before, result.heads_after) == (LAYERS * HEADS, 5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parameter_count_drops_by_the_sliced_rows_and_columns(family: str) -> None:
+    model = _model(family)
+    before = sum(p.numel() for p in model.parameters())
+    result = prune_heads(model, KEPT)
+    removed = LAYERS * HEADS - 5
+    # Per head: d rows of W_q, W_k, W_v (each HIDDEN wide) and their biases, d columns of W_o.
+    per_head = HEAD_DIM * (3 * HIDDEN + 3) + HEAD_DIM * HIDDEN
+    assert result.params_before == before
+    assert result.params_before - result.params_after == removed * per_head
+    assert result.params_after == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eager_attentions_keep_one_entry_per_layer_with_the_kept_heads(family: str) -> None:
+    model = _model(family)
+    batch = _batch("right")
+    with eager_attention(model), torch.no_grad():
+        full = model(**batch, output_attentions=True, output_hidden_states=True).attentions
+        prune_heads(model, KEPT)
+        pruned = model(**batch, output_attentions=True, output_hidden_states=True)
+    assert len(pruned.attentions) == LAYERS
+    assert len(pruned.hidden_states) == LAYERS + 1
+    for layer, heads in KEPT.items():
+        assert pruned.attentions[layer].shape[1] == len(heads)
+        # Heads before the first pruned layer see identical inputs, so their maps are identical.
+        if layer == 0:
+            torch.testing.assert_close(pruned.attentions[0], full[0][:, heads], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_zero_head_layer_adds_only_the_output_bias(family: str) -> None:
+    model = _model(family)
+    adapter = get_adapter(model)
+    prune_heads(model, {0: []})
+    layer = adapter.layers(model)[0]
+    parts = adapter.attention(layer)
+    assert parts.output.weight.shape == (HIDDEN, 0)
+    seen: list[torch.Tensor] = []
+    handle = parts.output.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        _logits(model, _batch("left"))
+    finally:
+        handle.remove()
+    (out,) = seen
+    torch.testing.assert_close(out, parts.output.bias.expand_as(out), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_second_pruning_composes_with_the_first(family: str) -> None:
+    model = _model(family)
+    batch = _batch("right")
+    final = {0: [3], 1: [2], 2: []}
+    with gate_heads(model, _gates(final)):
+        expected = _logits(model, batch)
+
+    prune_heads(model, {0: [0, 1, 3], 1: [2]})
+    result = prune_heads(model, {0: [3], 2: []})  # layer 1 keeps what it has, in original numbering
+
+    assert result.kept == ((3,), (2,), ())
+    assert (result.heads_before, result.heads_after) == (3 + 1 + 4, 2)
+    torch.testing.assert_close(_logits(model, batch), expected, atol=1e-5, rtol=0)
+    assert model.config.cahp == {"format_version": 1, "num_heads": HEADS,
+                                 "kept_heads": {"0": [3], "1": [2], "2": []}}
+
+
+def test_keeping_a_removed_head_is_refused_and_changes_nothing() -> None:
+    model = _model("bert")
+    prune_heads(model, {0: [0, 2]})
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(InvalidInputError, match=r"head 1 of layer 0 was already removed.*\[0, 2\]"):
+        prune_heads(model, {2: [1], 0: [1, 2]})
+    assert current_kept_heads(model) == [(0, 2), (0, 1, 2, 3), (0, 1, 2, 3)]
+    assert {k: v.shape for k, v in model.state_dict().items()} == {k: v.shape for k, v in state.items()}
+
+
+@pytest.mark.parametrize(
+    ("kept", "message"),
+    [
+        ({LAYERS: [0]}, r"layer index must be in \[0, 3\), got 3"),
+        ({-1: [0]}, r"layer index must be in \[0, 3\), got -1"),
+        ({0: [HEADS]}, r"head index in layer 0 must be in \[0, 4\).*got 4"),
+        ({0: [-1]}, r"head index in layer 0 must be in \[0, 4\).*got -1"),
+        ({0: [1, 1]}, r"repeat an index"),
+        ({0: ["1"]}, r"must be an int"),
+        ({0: 1}, r"must be a sequence of ints"),
+        ([[0]], r"`kept` must map layer index"),
+    ],
+)
+def test_invalid_indices_raise_before_anything_changes(kept: object, message: str) -> None:
+    model = _model("distilbert")
+    with pytest.raises(InvalidInputError, match=message):
+        prune_heads(model, kept)  # type: ignore[arg-type]
+    assert heads_per_layer(model) == [HEADS] * LAYERS
+    assert getattr(model.config, "cahp", None) is None
+
+
+def test_numpy_and_tensor_indices_are_accepted() -> None:
+    np = pytest.importorskip("numpy")
+    model = _model("bert")
+    result = prune_heads(model, {np.int64(0): np.array([3, 1]), 1: torch.tensor([0])})
+    assert result.kept[:2] == ((1, 3), (0,))
+
+
+def test_record_survives_config_dict_and_json_round_trips(tmp_path) -> None:
+    model = _model("roberta")
+    prune_heads(model, KEPT)
+    config = model.config
+    again = type(config).from_dict(config.to_dict())
+    assert again.cahp == config.cahp
+    config.save_pretrained(tmp_path)
+    loaded = tf.AutoConfig.from_pretrained(tmp_path)
+    assert pruning_record(loaded) == {0: (1, 3), 1: (), 2: (0, 2, 3)}
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"format_version": 2, "num_heads": HEADS, "kept_heads": {}}, "format_version 2"),
+        ({"format_version": 1, "num_heads": 12, "kept_heads": {}}, "num_heads=12"),
+        ({"format_version": 1, "num_heads": HEADS, "kept_heads": {"0": [0]}}, "must list all 3 layers"),
+        ({"format_version": 1, "num_heads": HEADS, "kept_heads": {"0": [9], "1": [], "2": []}}, r"\[0, 4\)"),
+        ({"format_version": 1, "num_heads": HEADS, "kept_heads": {"x": [0]}}, "non-integer"),
+        ([1, 2], "must be a mapping"),
+    ],
+)
+def test_malformed_records_are_rejected(record: object, message: str) -> None:
+    config = _model("bert").config
+    config.cahp = record
+    with pytest.raises(ModelLoadError, match=message):
+        pruning_record(config)
+
+
+def test_deepcopy_of_a_model_with_an_empty_layer_runs_on_its_own_modules() -> None:
+    model = _model("distilbert")  # its output projection lives inside the attention module
+    prune_heads(model, {1: []})
+    batch = _batch("right")
+    twin = copy.deepcopy(model)
+    twin_attention = get_adapter(twin).attention(get_adapter(twin).layers(twin)[1]).module
+    assert twin_attention.forward.args[0] is twin_attention
+    torch.testing.assert_close(_logits(twin, batch), _logits(model, batch), atol=0, rtol=0)
+    with torch.no_grad():
+        get_adapter(twin).attention(get_adapter(twin).layers(twin)[1]).output.bias.add_(torch.linspace(-1, 1, HIDDEN))
+    assert not torch.allclose(_logits(twin, batch), _logits(model, batch))
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_pruned_model_trains_and_gates_with_an_empty_layer(family: str) -> None:
+    model = _model(family)
+    prune_heads(model, KEPT)
+    batch = _batch("right")
+    model.train()
+    loss = model(**batch, labels=torch.tensor([0, 1, 2, 0])).loss
+    loss.backward()
+    query = get_adapter(model).attention(get_adapter(model).layers(model)[0]).query
+    assert query.weight.grad is not None and query.weight.grad.shape == (2 * HEAD_DIM, HIDDEN)
+    model.eval()
+    gates = [torch.ones(n) for n in heads_per_layer(model)]
+    with gate_heads(model, gates):
+        gated = _logits(model, batch)
+    torch.testing.assert_close(gated, _logits(model, batch), atol=0, rtol=0)
+
+
+def test_a_record_that_disagrees_with_the_shapes_is_a_pipeline_error() -> None:
+    model = _model("electra")
+    prune_heads(model, {0: [1]})
+    del model.config.cahp  # sliced, but the original numbering is lost
+    with pytest.raises(PipelineError, match="carries no `cahp` record"):
+        prune_heads(model, {1: [0]})
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_empty_layer_never_reaches_the_attention_kernel(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fused GPU kernels (flash, cuDNN) reject zero-size inputs; emulate that refusal on CPU.
+    kernel = torch.nn.functional.scaled_dot_product_attention
+
+    def strict_kernel(query: torch.Tensor, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if query.numel() == 0:
+            raise RuntimeError("zero-size input")
+        return kernel(query, *args, **kwargs)
+
+    model = _model(family)
+    assert model.config._attn_implementation == "sdpa"
+    batch = _batch("left")
+    with gate_heads(model, _gates(KEPT)):
+        expected = _logits(model, batch)
+    prune_heads(model, KEPT)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", strict_kernel)
+    torch.testing.assert_close(_logits(model, batch), expected, atol=1e-5, rtol=0)

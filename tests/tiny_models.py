@@ -1,0 +1,64 @@
+"""Small random models, a word-level tokenizer and tiny datasets for tests (no network)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import transformers as tf
+
+FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+
+WORDS = (
+    "good great fine bad awful terrible movie film plot actor story boring fun dull "
+    "brilliant weak strong the a is was very not and but it this of"
+).split()
+
+
+def make_tokenizer() -> tf.PreTrainedTokenizerFast:
+    """A WordPiece tokenizer over :data:`WORDS` (``vocab_file=`` is ignored by transformers 5)."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {w: i for i, w in enumerate(specials + list(WORDS))}
+    return tf.BertTokenizerFast(vocab=vocab, do_lower_case=True)
+
+
+VOCAB_SIZE = 5 + len(WORDS)
+
+
+def make_config(family: str, *, num_labels: int = 3, layers: int = 2, heads: int = 4, head_dim: int = 8):
+    hidden = heads * head_dim
+    common = {"num_labels": num_labels, "vocab_size": VOCAB_SIZE, "pad_token_id": 0}
+    if family == "distilbert":
+        return tf.DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden,
+                                   max_position_embeddings=128, **common)
+    bert_like = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=2 * hidden, max_position_embeddings=130, **common)
+    if family == "bert":
+        return tf.BertConfig(**bert_like)
+    if family == "roberta":
+        return tf.RobertaConfig(**bert_like)
+    if family == "xlm-roberta":
+        return tf.XLMRobertaConfig(**bert_like)
+    if family == "electra":
+        return tf.ElectraConfig(embedding_size=max(8, hidden // 2), **bert_like)
+    raise ValueError(family)
+
+
+def make_classifier(family: str = "bert", *, seed: int = 0, **kwargs) -> torch.nn.Module:
+    """A randomly initialised ``AutoModelForSequenceClassification`` of ``family`` in eval mode."""
+    torch.manual_seed(seed)
+    model = tf.AutoModelForSequenceClassification.from_config(make_config(family, **kwargs))
+    return model.eval()
+
+
+def make_texts(n: int, *, num_classes: int = 3, seed: int = 0, min_len: int = 3, max_len: int = 14):
+    """Random sentences whose words depend on the class, so a model can learn the labels."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % num_classes
+    rng.shuffle(labels)
+    texts = []
+    for y in labels:
+        k = int(rng.integers(min_len, max_len + 1))
+        marker = WORDS[int(y) % len(WORDS)]
+        words = [marker if rng.random() < 0.4 else WORDS[int(rng.integers(len(WORDS)))] for _ in range(k)]
+        texts.append(" ".join(words))
+    return texts, labels.astype(np.int64)

@@ -1,0 +1,116 @@
+"""The engine's progress, log and cancellation hooks, backed by the job row and throttled.
+
+The engine calls ``progress`` and ``should_cancel`` often (every training step). Writing the row
+each time would load the database for nothing, so progress is written when the stage changes or
+``progress_interval_s`` has passed, log lines are written in batches on the same rhythm, and the
+cancel flag is read at most every ``cancel_check_interval_s``. Each write also tells whether this
+worker still holds the job; a worker that lost it stops, as it would for a cancel.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import repository
+from app.db import transaction
+
+logger = logging.getLogger(__name__)
+
+#: Longest log line kept; longer ones are cut (a stray tensor print should not fill the database).
+MAX_LOG_LINE = 4000
+StopReason = Literal["cancel_requested", "time_limit", "lost"]
+
+
+class JobReporter:
+    """Hooks for one run of one job by one worker (``progress``, ``log``, ``should_cancel``)."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        job_id: str,
+        worker_id: str,
+        progress_interval_s: float,
+        cancel_check_interval_s: float,
+        time_limit_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sessions = sessions
+        self.job_id = job_id
+        self.worker_id = worker_id
+        self._progress_interval = progress_interval_s
+        self._cancel_interval = cancel_check_interval_s
+        self._clock = clock
+        self._deadline = clock() + time_limit_s
+        self._stage: str | None = None
+        self._fraction = 0.0
+        self._last_write = float("-inf")
+        self._last_check = float("-inf")
+        self._pending: list[str] = []
+        with transaction(sessions) as session:
+            self._next_line = repository.next_log_line(session, job_id=job_id)
+        self.stop_reason: StopReason | None = None
+
+    # --- hooks the engine calls --------------------------------------------------------------------
+
+    def progress(self, stage: str, fraction: float) -> None:
+        now = self._clock()
+        changed = stage != self._stage
+        self._stage, self._fraction = stage, fraction
+        if changed or now - self._last_write >= self._progress_interval:
+            self._write(now)
+
+    def log(self, message: str) -> None:
+        for line in str(message).splitlines() or [""]:
+            self._pending.append(line if len(line) <= MAX_LOG_LINE else line[:MAX_LOG_LINE] + " [...]")
+        if self._clock() - self._last_write >= self._progress_interval:
+            self._write(self._clock())
+
+    def should_cancel(self) -> bool:
+        now = self._clock()
+        if self.stop_reason is None and now >= self._deadline:
+            self.stop_reason = "time_limit"
+        if self.stop_reason is None and now - self._last_check >= self._cancel_interval:
+            with transaction(self._sessions) as session:
+                ack = repository.job_control(session, job_id=self.job_id, worker_id=self.worker_id)
+            self._last_check = now
+            self._note(ack)
+        return self.stop_reason is not None
+
+    # --- plumbing ----------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write buffered log lines now (at the end of a run, whatever its outcome)."""
+        if self._pending:
+            with transaction(self._sessions) as session:
+                self._append(session)
+
+    def _append(self, session: Session) -> None:
+        lines, self._pending = self._pending, []
+        self._next_line = repository.append_logs(
+            session, job_id=self.job_id, first_line=self._next_line, messages=lines
+        )
+
+    def _write(self, now: float) -> None:
+        with transaction(self._sessions) as session:
+            if self._pending:
+                self._append(session)
+            ack = repository.report_progress(
+                session, job_id=self.job_id, worker_id=self.worker_id, stage=self._stage, progress=self._fraction
+            )
+        self._last_write = self._last_check = now
+        self._note(ack)
+
+    def _note(self, ack: repository.ProgressAck) -> None:
+        if self.stop_reason is not None:
+            return
+        if not ack.held:
+            logger.warning("job %s is no longer held by %s; stopping it", self.job_id, self.worker_id)
+            self.stop_reason = "lost"
+        elif ack.cancel_requested:
+            self.stop_reason = "cancel_requested"

@@ -1,0 +1,203 @@
+"""Running one job: claim it, fetch its inputs, run the engine, store the artifacts, record the end.
+
+:func:`execute_job` is what the Celery task calls and what the worker tests call directly. It is
+safe to call twice for the same job, at once or one after the other: only a ``queued`` job can be
+claimed, so a second delivery finds it running or finished and returns ``skipped``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import shutil
+import socket
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import repository
+from app.db import transaction
+from app.errors import ServiceError
+from app.models import JobStatus
+from app.repository import ArtifactRecord
+from app.settings import Settings
+from app.storage import ArtifactStore
+from cahp_engine.config import PruningConfig
+from cahp_engine.errors import CahpError, JobCancelledError, PipelineError
+from worker.artifacts import store_artifacts
+from worker.inputs import InputFetcher
+from worker.reporting import JobReporter
+
+logger = logging.getLogger(__name__)
+
+#: ``run_pruning``'s signature (see cahp_engine.run); tests may pass another real pipeline.
+Pipeline = Callable[..., dict[str, Any]]
+SUMMARY_KEYS = ("k_star", "heads_total", "heads_kept", "retention", "dense_accuracy", "pruned_accuracy",
+                "speedup")
+DATASET_OPTION_KEYS = ("text_column", "text_pair_column", "label_column", "train_split", "eval_split")
+
+
+class Outcome(enum.StrEnum):
+    skipped = "skipped"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a worker process needs to run jobs; built once per process."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    store: ArtifactStore
+    worker_id: str
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    """A plain copy of the claimed row, so no ORM object outlives its session."""
+
+    job_id: str
+    owner_id: str
+    attempt: int
+    model: dict[str, Any]
+    dataset: dict[str, Any]
+    params: dict[str, Any]
+
+
+def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | None = None) -> Outcome:
+    """Run the job ``job_id`` if it is queued, and record how it ended.
+
+    Parameters
+    ----------
+    job_id : str
+        The only thing the broker carries; everything else is re-read from the row.
+    context : WorkerContext
+        Settings, database, artifact store and this worker's id.
+    pipeline : callable, optional
+        ``cahp_engine.run.run_pruning`` unless given.
+
+    Returns
+    -------
+    Outcome
+        ``skipped`` when the job was not queued (already taken, finished or cancelled).
+    """
+    with transaction(context.sessions) as session:
+        job = repository.claim_job(session, job_id=job_id, worker_id=context.worker_id)
+        if job is None:
+            logger.info("job %s is not queued; nothing to do", job_id)
+            return Outcome.skipped
+        claimed = _Claimed(job_id=job.id, owner_id=job.owner_id, attempt=job.attempts,
+                           model={"uri": job.model_uri, "revision": job.model_revision},
+                           dataset=dict(job.dataset), params=dict(job.params))
+    settings = context.settings
+    reporter = JobReporter(
+        context.sessions, job_id=job_id, worker_id=context.worker_id,
+        progress_interval_s=settings.progress_interval_s,
+        cancel_check_interval_s=settings.cancel_check_interval_s,
+        time_limit_s=settings.job_time_limit_s,
+    )
+    workdir = settings.resolved_work_dir / f"{job_id}.{claimed.attempt}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        reporter.log(f"attempt {claimed.attempt} on worker {context.worker_id}, device {settings.device}")
+        report, artifacts = _run(claimed, context, reporter, workdir, pipeline)
+    except JobCancelledError as exc:
+        return _finish_stopped(context, reporter, claimed, exc)
+    except (CahpError, ServiceError) as exc:
+        reporter.log(f"failed: {exc.code}: {exc}")
+        return _finish(context, reporter, claimed, JobStatus.failed, code=exc.code, message=str(exc))
+    except Exception as exc:
+        reporter.log("failed with an unexpected error:\n" + traceback.format_exc())
+        logger.exception("job %s failed", job_id)
+        message = f"unexpected {type(exc).__name__}: {exc}; see the job log"
+        return _finish(context, reporter, claimed, JobStatus.failed, code="internal_error", message=message)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    summary = report.get("summary") or {}
+    result = {key: summary.get(key) for key in SUMMARY_KEYS}
+    reporter.log("succeeded; stored " + ", ".join(a.name for a in artifacts))
+    return _finish(context, reporter, claimed, JobStatus.succeeded, result=result, artifacts=artifacts)
+
+
+def _run(
+    claimed: _Claimed, context: WorkerContext, reporter: JobReporter, workdir: Path, pipeline: Pipeline | None
+) -> tuple[dict[str, Any], list[ArtifactRecord]]:
+    from cahp_engine.datasets_io import DatasetOptions
+
+    settings = context.settings
+    fetcher = InputFetcher(settings=settings, sessions=context.sessions, store=context.store,
+                           owner_id=claimed.owner_id, workdir=workdir / "inputs")
+    inputs = fetcher.prepare(model=claimed.model, dataset=claimed.dataset)
+    config = PruningConfig.from_dict({**claimed.params, "device": settings.device})
+    options = DatasetOptions(**{k: claimed.dataset[k] for k in DATASET_OPTION_KEYS if k in claimed.dataset})
+    output = workdir / "output"
+    if pipeline is None:
+        from cahp_engine.run import run_pruning
+
+        pipeline = run_pruning
+    report = pipeline(
+        inputs.model_ref, inputs.dataset_ref, output, config,
+        dataset_options=options,
+        revision=claimed.model.get("revision"),
+        hub_token=settings.hub_token.get_secret_value() if settings.hub_token else None,
+        cache_dir=str(settings.hub_cache_dir) if settings.hub_cache_dir else None,
+        progress=reporter.progress,
+        should_cancel=reporter.should_cancel,
+        log=reporter.log,
+    )
+    if not (output / "model").is_dir():
+        raise PipelineError("the run finished without writing the pruned model directory")
+    # The engine writes only its artifacts into ``output`` (model/ plus ARTIFACT_FILES).
+    files = sorted(p.name for p in output.iterdir() if p.is_file())
+    artifacts = store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
+                                attempt=claimed.attempt)
+    return report, artifacts
+
+
+def _finish_stopped(
+    context: WorkerContext, reporter: JobReporter, claimed: _Claimed, exc: JobCancelledError
+) -> Outcome:
+    if reporter.stop_reason == "time_limit":
+        limit = context.settings.job_time_limit_s
+        message = f"the job ran longer than the limit of {limit} s (CAHP_JOB_TIME_LIMIT_S) and was stopped"
+        reporter.log(message)
+        return _finish(context, reporter, claimed, JobStatus.failed, code="time_limit", message=message)
+    reporter.log("cancelled on request")
+    return _finish(context, reporter, claimed, JobStatus.cancelled, code=exc.code, message="cancelled on request")
+
+
+def _finish(
+    context: WorkerContext,
+    reporter: JobReporter,
+    claimed: _Claimed,
+    status: JobStatus,
+    *,
+    code: str | None = None,
+    message: str | None = None,
+    result: dict[str, Any] | None = None,
+    artifacts: list[ArtifactRecord] | None = None,
+) -> Outcome:
+    reporter.flush()
+    with transaction(context.sessions) as session:
+        recorded = repository.finish_job(
+            session, job_id=claimed.job_id, worker_id=context.worker_id, status=status, error_code=code,
+            error_message=message, result=result, artifacts=artifacts or (),
+        )
+    if not recorded:
+        # Another worker or an operator took the job over; what this run stored stays unreferenced.
+        logger.warning("job %s was no longer held by %s; its end (%s) was not recorded",
+                       claimed.job_id, context.worker_id, status)
+        return Outcome.skipped
+    return Outcome(status.value)

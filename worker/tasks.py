@@ -1,0 +1,34 @@
+"""The Celery task: a thin shell around :func:`worker.runner.execute_job`.
+
+The message carries only the job id. Everything the task needs is re-read from the job row, so a
+redelivered or duplicated message is harmless (see :func:`execute_job`), and a job's definition
+cannot differ between the database and the queue.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from app.db import make_engine, make_session_factory
+from app.settings import Settings
+from app.storage import open_store
+from worker.celery_app import TASK_NAME
+from worker.runner import WorkerContext, execute_job, new_worker_id
+
+
+@lru_cache(maxsize=4)
+def worker_context(settings: Settings) -> WorkerContext:
+    # Built on first use inside the process that runs jobs (after a prefork fork), never inherited.
+    engine = make_engine(settings.resolved_database_url)
+    return WorkerContext(settings=settings, sessions=make_session_factory(engine), store=open_store(settings),
+                         worker_id=new_worker_id())
+
+
+def register_tasks(app: Celery, settings: Settings) -> None:
+    """Register the job task on ``app``; it runs jobs with ``settings``."""
+
+    @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
+    def run_job(job_id: str) -> str:
+        return execute_job(job_id=job_id, context=worker_context(settings)).value

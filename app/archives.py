@@ -47,12 +47,12 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int, max_members: int) -> Pa
             _unpack_tar(archive, dest, max_bytes=max_bytes, max_members=max_members)
         else:
             raise InvalidUploadError(f"{archive.name} is not a tar or zip archive; pack the files with tar or zip")
+        entries = [p for p in dest.iterdir() if not p.name.startswith(".") and p.name != "__MACOSX"]
+        if not entries:
+            raise InvalidUploadError(f"{archive.name} is empty; pack the model or dataset files into it")
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
-    entries = [p for p in dest.iterdir() if not p.name.startswith(".") and p.name != "__MACOSX"]
-    if not entries:
-        raise InvalidUploadError(f"{archive.name} is empty; pack the model or dataset files into it")
     if len(entries) == 1 and entries[0].is_dir():
         return entries[0]
     return dest

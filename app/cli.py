@@ -54,19 +54,23 @@ def _upgrade(settings: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.main import create_app
     from app.settings import is_loopback
 
     settings = _settings(no_auth="true" if args.no_auth else None)
     if settings.no_auth and not is_loopback(args.host):
         return _fail(f"--no-auth is accepted only on a loopback address (127.0.0.1, ::1), not {args.host!r}")
+    import uvicorn
+
+    from app.main import create_app
+
     _upgrade(settings)
     workers = args.workers if args.workers is not None else (1 if settings.embedded_broker else 0)
     mode = "embedded (SQLite broker under CAHP_DATA_DIR)" if settings.embedded_broker else "team (external broker)"
     print(f"cahp: serving http://{args.host}:{args.port} in {mode} mode with {workers} local worker(s); "
           f"data in {settings.data_dir}", file=sys.stderr)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; turned into SystemExit here, it
+    # unwinds through the `finally` below instead of killing the process with its workers still running.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     children = [_start_worker(settings) for _ in range(workers)]
     try:
         uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
@@ -75,6 +79,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for child in children:
             _stop(child)
     return 0
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _start_worker(settings: Any) -> subprocess.Popen[bytes]:
@@ -101,7 +109,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     celery = make_celery(settings, with_tasks=True)
     argv = ["worker", f"--pool={args.pool}", f"--concurrency={args.concurrency}", f"--queues={settings.queue}",
-            f"--loglevel={args.log_level.upper()}", f"--hostname=cahp-{uuid.uuid4().hex[:6]}@%h",
+            f"--loglevel={args.log_level.upper()}", f"--hostname={args.name or f'cahp-{uuid.uuid4().hex[:6]}@%h'}",
             # No worker-to-worker chatter: jobs coordinate through the database, not through Celery.
             "--without-gossip", "--without-mingle", "--without-heartbeat"]
     celery.worker_main(argv)
@@ -281,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--queue", help="queue to consume (default: CAHP_QUEUE, else cahp)")
     worker.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"])
     worker.add_argument("--concurrency", type=int, default=1, help="jobs at once; keep 1 per GPU")
+    worker.add_argument("--name", help="Celery node name, e.g. gpu0@%%h (default: a random cahp-XXXXXX@host)")
     worker.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     worker.set_defaults(func=cmd_worker)
 

@@ -33,7 +33,9 @@ class JobQueue:
         try:
             with self._celery.connection_for_write() as connection:
                 connection.ensure_connection(max_retries=1, timeout=3)
-                connection.default_channel  # noqa: B018 - opening a channel proves the broker answers
+                # Declaring the job queue (as the workers do) is a round trip on every transport, and on
+                # the embedded broker it proves the SQLite file can be written.
+                connection.default_channel.queue_declare(queue=self.queue, durable=True, auto_delete=False)
         except Exception as exc:
             raise UnavailableError(f"the broker cannot be reached: {exc}") from exc
 

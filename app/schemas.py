@@ -64,7 +64,7 @@ def _params_model() -> type[BaseModel]:
         for f in dataclasses.fields(PruningConfig)
         if f.name not in SERVICE_ONLY_PARAMS
     }
-    return create_model(  # type: ignore[call-overload, no-any-return]
+    return create_model(
         "JobParams",
         __config__=ConfigDict(extra="forbid", strict=True),
         __doc__="Pruning settings, the same as the `cahp prune` options; unset ones take the engine's "

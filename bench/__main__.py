@@ -9,6 +9,8 @@ import sys
 BENCHMARKS = {
     "stages": "bench.stages",
     "sst5-selection": "bench.sst5_selection",
+    "speed": "bench.speed",
+    "quality": "bench.quality",
 }
 
 

@@ -170,8 +170,9 @@ def extract_signatures(
     Maps are captured in ``eval()`` mode under ``no_grad`` with the eager attention implementation
     (the only one that returns probabilities in transformers 5); the previous mode and
     implementation are restored afterwards. A forward hook on each layer's self-attention module
-    reduces that layer's (n, H, T, T) maps to (n, H, B * B) at once, so the full-size maps of all
-    layers are never held together, and the pass stops right after the last layer's attention.
+    reduces that layer's (n, H, T, T) maps to (n, H, B * B) and merges them into that layer's running
+    statistics at once, so the maps of different layers are never held together, and the pass stops
+    right after the last layer's attention.
 
     References
     ----------
@@ -180,11 +181,12 @@ def extract_signatures(
     adapter = get_adapter(model)
     layers = adapter.layers(model)
     n_layers, n_heads = len(layers), adapter.num_heads(model.config)
-    feats = n_layers * n_heads * resolution * resolution
     device = next(model.parameters()).device
-    moments = ClassMoments(num_classes, feats, device=device)
+    # One accumulator per layer, updated inside that layer's hook: the per-batch temporaries stay
+    # layer-sized (cache-friendly) instead of covering all N heads at once.
+    moments = [ClassMoments(num_classes, n_heads * resolution * resolution, device=device) for _ in layers]
     current: dict[str, torch.Tensor] = {}
-    captured: list[torch.Tensor | None] = [None] * n_layers
+    captured = [False] * n_layers
 
     def make_hook(index: int) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: object, output: object) -> None:
@@ -194,7 +196,9 @@ def extract_signatures(
                     "the attention module returned no attention probabilities; the eager attention "
                     "implementation is required and could not be enabled for this model"
                 )
-            captured[index] = crop_and_resize(weights, current["mask"], resolution)
+            resized = crop_and_resize(weights, current["mask"], resolution)
+            moments[index].update(resized.reshape(resized.shape[0], -1), current["labels"])
+            captured[index] = True
             if index == n_layers - 1:
                 # Nothing after the last attention block (its feed-forward, the pooler, the
                 # classifier) changes a signature: stop the pass here instead of computing them.
@@ -212,28 +216,27 @@ def extract_signatures(
                 if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
                     raise DatasetError(f"labels must be integers in 0..{num_classes - 1}")
                 current["mask"] = batch["attention_mask"]
+                current["labels"] = labels
                 inputs = {k: v for k, v in batch.items() if k != "labels"}
                 try:
                     model(**inputs)
                 except _AllLayersCaptured:
                     pass
-                if any(c is None for c in captured):
+                if not all(captured):
                     raise PipelineError("an attention layer did not run; cannot build its signature")
-                stacked = torch.stack([c for c in captured if c is not None], dim=1)  # (n, L, H, B*B)
-                moments.update(stacked.reshape(stacked.shape[0], -1), labels)
-                captured[:] = [None] * n_layers
+                captured[:] = [False] * n_layers
                 if on_batch is not None:
                     on_batch(int(labels.numel()))
     finally:
         for handle in handles:
             handle.remove()
         model.train(was_training)
-    mean, var, counts = moments.finalize()
+    parts = [m.finalize() for m in moments]
     shape = (num_classes, n_layers * n_heads, resolution * resolution)
     return Signatures(
-        mean=mean.reshape(shape),
-        var=var.reshape(shape),
-        counts=counts,
+        mean=np.concatenate([p[0] for p in parts], axis=1).reshape(shape),
+        var=np.concatenate([p[1] for p in parts], axis=1).reshape(shape),
+        counts=parts[0][2],
         resolution=resolution,
         num_layers=n_layers,
         num_heads=n_heads,

@@ -67,6 +67,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 def make_celery(settings: Settings, *, with_tasks: bool = False) -> Celery:
     """A Celery app for ``settings``; ``with_tasks`` registers the job task (for workers)."""
+    if settings.embedded_broker:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)  # SQLite creates the file, not its directory
     app = Celery("cahp", set_as_current=False)
     app.conf.update(celery_config(settings))
     if with_tasks:

@@ -174,7 +174,11 @@ def _finish_stopped(
         message = f"the job ran longer than the limit of {limit} s (CAHP_JOB_TIME_LIMIT_S) and was stopped"
         reporter.log(message)
         return _finish(context, reporter, claimed, JobStatus.failed, code="time_limit", message=message)
-    reporter.log("cancelled on request")
+    if reporter.stop_reason == "lost":
+        reporter.log(f"stopped: worker {context.worker_id} no longer holds this job")
+    else:
+        reporter.log("cancelled on request")
+    # For a lost job, _finish records nothing: the job is no longer held by this worker.
     return _finish(context, reporter, claimed, JobStatus.cancelled, code=exc.code, message="cancelled on request")
 
 

@@ -83,7 +83,9 @@ def list_artifacts(job_id: str, session: SessionDep, key: ApiKeyDep) -> Page[Art
     responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes"},
                **problem_responses(401, 404)},
 )
-def download_artifact(job_id: str, name: str, session: SessionDep, store: StoreDep, key: ApiKeyDep) -> StreamingResponse:
+def download_artifact(
+    job_id: str, name: str, session: SessionDep, store: StoreDep, key: ApiKeyDep
+) -> StreamingResponse:
     """Stream one artifact; ``ETag`` is its sha256."""
     artifact, stream = jobs.open_artifact(session=session, store=store, owner_id=key.id, job_id=job_id, name=name)
     headers = {

@@ -20,13 +20,12 @@ router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 #: Room for the multipart boundaries and part headers around the file itself.
 MULTIPART_OVERHEAD = 64 * 1024
 
+_FILE = {"type": "string", "format": "binary",
+         "description": "A .csv/.jsonl/.parquet split file or a .tar.gz/.tgz/.tar/.zip archive"}
 _BODY = {
     "required": True,
-    "content": {"multipart/form-data": {"schema": {
-        "type": "object", "required": ["file"],
-        "properties": {"file": {"type": "string", "format": "binary",
-                                "description": "A .csv/.jsonl/.parquet split file or a .tar.gz/.tgz/.tar/.zip archive"}},
-    }}},
+    "content": {"multipart/form-data": {"schema": {"type": "object", "required": ["file"],
+                                                   "properties": {"file": _FILE}}}},
 }
 
 

@@ -7,6 +7,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -93,7 +94,7 @@ def submit_job(
         raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
 
     job = Job(
-        id=_new_id(), owner_id=owner_id, status=JobStatus.queued.value, model_uri=body.model.uri,
+        id=uuid.uuid4().hex, owner_id=owner_id, status=JobStatus.queued.value, model_uri=body.model.uri,
         model_revision=body.model.revision, dataset=body.dataset.model_dump(mode="json"), params=params,
         idempotency_key=idempotency_key, request_hash=digest,
     )
@@ -147,12 +148,6 @@ def _same_request(earlier: Job, digest: str) -> Job:
             "use a new key for a new request"
         )
     return earlier
-
-
-def _new_id() -> str:
-    import uuid
-
-    return uuid.uuid4().hex
 
 
 def get_job(*, session: Session, owner_id: str, job_id: str) -> Job:

@@ -26,7 +26,7 @@ def service_settings(tmp_path: Path, **overrides: Any) -> Settings:
     local = tmp_path / "local"
     local.mkdir(exist_ok=True)
     values: dict[str, Any] = {
-        "data_dir": tmp_path / "data",
+        "data_dir": tmp_path / "cahp-data",
         "allowed_local_roots": (local,),
         "max_upload_bytes": 512 * 1024,
         "progress_interval_s": 0.0,
@@ -122,3 +122,17 @@ def postgres_schema_url() -> Iterator[str]:
         with admin.begin() as connection:
             connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@contextmanager
+def moto_s3_server() -> Iterator[str]:
+    """moto's S3-compatible HTTP server on a free loopback port; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()

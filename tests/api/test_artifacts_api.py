@@ -22,7 +22,8 @@ from worker.artifacts import store_artifacts
 
 def _finished_job(client: TestClient, auth: dict[str, str], engine: Engine, settings: Settings, out: Path) -> str:
     dataset = write_tiny_dataset(settings.allowed_local_roots[0] / "data")
-    job_id: str = client.post("/v1/jobs", json=job_body("hf://org/model", f"file://{dataset}"), headers=auth).json()["id"]
+    submitted = client.post("/v1/jobs", json=job_body("hf://org/model", f"file://{dataset}"), headers=auth)
+    job_id: str = submitted.json()["id"]
     (out / "model").mkdir(parents=True)
     (out / "model" / "config.json").write_text('{"model_type": "bert"}')
     (out / "report.json").write_text(json.dumps({"summary": {"k_star": 2}}))

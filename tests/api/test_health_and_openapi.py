@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from fastapi.testclient import TestClient
 
 from cahp_engine.config import PruningConfig
-import dataclasses
 
 
 def test_health_and_readiness_need_no_key(client: TestClient) -> None:

@@ -136,7 +136,7 @@ def test_uploaded_archives_can_be_used_in_a_job(
     client: TestClient, auth: dict[str, str], tmp_path: Path
 ) -> None:
     model_tar = tar_directory(write_tiny_model(tmp_path / "model"), tmp_path / "model.tar.gz")
-    data_tar = tar_directory(write_tiny_dataset(tmp_path / "data"), tmp_path / "data.tar.gz")
+    data_tar = tar_directory(write_tiny_dataset(tmp_path / "ds"), tmp_path / "ds.tar.gz")
     uris = []
     for path in (model_tar, data_tar):
         with open(path, "rb") as handle:

@@ -1,0 +1,93 @@
+"""Real processes: a Celery worker against the local Redis, and ``cahp serve`` in embedded mode."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+REDIS_URL = os.environ.get("CAHP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def child_env(**cahp: str) -> dict[str, str]:
+    """The environment of a service process: pinned threads, no hub, and the given CAHP_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAHP_")}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1")
+    env.update({f"CAHP_{k.upper()}": v for k, v in cahp.items()})
+    return env
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``python -m app.cli ARGS`` in its own process group, output to ``log``."""
+    with open(log, "wb") as handle:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "app.cli", *args], env=env, stdout=handle,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=Path(__file__).parents[2])
+
+
+def stop(process: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+    """SIGTERM the process (it stops its own children), then SIGKILL its whole group if needed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # anything left in the group, e.g. a stuck worker child
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` is still running (zombies excepted)."""
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def wait_for(condition: Callable[[], bool], *, timeout: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    tail = log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n--- log ---\n{tail}")
+
+
+def poll_job(client: httpx.Client | object, job_id: str, until: Callable[[dict], bool], *, timeout: float,
+             log: Path | None = None) -> dict:
+    seen: dict = {}
+
+    def check() -> bool:
+        nonlocal seen
+        seen = client.get(f"/v1/jobs/{job_id}").json()  # type: ignore[attr-defined]
+        return until(seen)
+
+    wait_for(check, timeout=timeout, what=f"job {job_id} (last seen {seen})", log=log)
+    return seen
+
+
+@pytest.fixture(scope="session")
+def redis_available() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"Redis at {REDIS_URL} is unreachable ({exc}); start it (see .ci/run) to run this")
+    return REDIS_URL

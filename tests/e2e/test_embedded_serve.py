@@ -1,0 +1,97 @@
+"""``cahp serve`` with no configuration (embedded broker, SQLite, local artifacts), driven by the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cli import main
+from cahp_engine import load_pruned
+from cahp_engine.run import ARTIFACT_FILES
+from tests.api.helpers import free_port, write_split, write_tiny_dataset, write_tiny_model
+from tests.e2e.conftest import child_env, group_alive, start, stop, wait_for
+
+
+def test_embedded_service_runs_a_job_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = child_env(data_dir=str(tmp_path / "cahp-data"))
+    created = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
+                             capture_output=True, text=True, check=True, timeout=120)
+    key = created.stdout.strip()
+    assert re.fullmatch(r"cahp_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", key) and created.stdout == key + "\n"
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    server = start(["serve", "--port", str(port)], env, log)
+    try:
+        wait_for(lambda: _ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
+                 what="cahp serve and its worker", log=log)
+        model = write_tiny_model(tmp_path / "inputs" / "model")
+        dataset = write_tiny_dataset(tmp_path / "inputs" / "dataset")
+        common = ["--url", url, "--api-key", key]
+
+        # Local directories are packed and uploaded by `cahp submit` itself.
+        assert main(["submit", "--model", str(model), "--dataset", str(dataset), "--param", "epochs=1",
+                     "--param", "dense_finetune=\"never\"", "--param", "max_length=32", "--json",
+                     "--idempotency-key", "build-17", *common]) == 0
+        job = json.loads(capsys.readouterr().out)
+        assert job["status"] == "queued" and job["model"]["uri"].startswith("upload://")
+
+        assert main(["wait", job["id"], "--timeout", "180", "--interval", "0.5", *common]) == 0, log.read_text()
+        assert main(["status", job["id"], "--json", *common]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["status"] == "succeeded" and status["result"]["heads_total"] == 8
+
+        out = tmp_path / "downloads"
+        assert main(["download", job["id"], "-o", str(out), *common]) == 0
+        assert {p.name for p in out.iterdir()} == {"model.tar.gz", *ARTIFACT_FILES}
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
+            for entry in http.get(f"/v1/jobs/{job['id']}/artifacts").json()["data"]:
+                assert hashlib.sha256((out / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
+        with tarfile.open(out / "model.tar.gz") as tar:
+            tar.extractall(tmp_path / "checkpoint", filter="data")
+        assert load_pruned(tmp_path / "checkpoint" / "model") is not None
+
+        # A dataset without the label column: the job fails, and `cahp wait` says why and exits 1.
+        bad = tmp_path / "inputs" / "bad"
+        for split, n in (("train", 30), ("test", 10)):
+            path = write_split(bad / f"{split}.csv", n, seed=3)
+            path.write_text(path.read_text().replace("text,label", "text,category"))
+        capsys.readouterr()
+        assert main(["submit", "--model", str(model), "--dataset", str(bad), *common]) == 0
+        failed_id = capsys.readouterr().out.strip()
+        assert main(["wait", failed_id, "--timeout", "180", "--interval", "0.5", "--quiet", *common]) == 1
+        assert "invalid_dataset" in capsys.readouterr().err
+
+        # SIGTERM stops the API and the worker it started: nothing of the group is left running.
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+        wait_for(lambda: not group_alive(server.pid), timeout=30, what="the embedded worker to stop", log=log)
+        assert "Warm shutdown" in log.read_text(errors="replace")
+    finally:
+        stop(server)
+
+
+def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:
+    env = child_env(data_dir=str(tmp_path / "cahp-data"))
+    refused = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--host", "0.0.0.0", "--no-auth"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "loopback" in refused.stderr
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,134 @@
+"""The benchmarks' code paths on tiny random models (the benchmarks themselves never run in tests)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import common, quality, speed
+from cahp_engine.adapters import heads_per_layer
+from cahp_engine.checkpoint import save_pruned
+from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+
+
+def _write_split(path: Path, n: int, seed: int) -> None:
+    texts, labels = make_texts(n, num_classes=5, seed=seed)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(zip(texts, labels.tolist(), strict=True))
+
+
+@pytest.fixture()
+def tiny_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_split(data / "train.csv", 60, seed=1)
+    _write_split(data / "test.csv", 30, seed=2)
+    base = tmp_path / "base"
+    save_pruned(make_classifier("bert", num_labels=5, layers=3, heads=4), make_tokenizer(), base)
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    protocol = quality.Protocol(name="tiny", model="tiny", seeds=(1, 2), degrees=(2, 6), dense_epochs=1,
+                                dense_lr=1e-3, recovery_lr=1e-3)
+    return {"data": data, "base": str(base), "cache": tmp_path / "cache", "protocol": protocol}
+
+
+def _run(setup: dict[str, object], **kwargs: object) -> dict:
+    return quality.run(setup["protocol"], base=setup["base"], data_dir=setup["data"],  # type: ignore[arg-type]
+                       cache=setup["cache"], device=torch.device("cpu"), say=lambda _line: None, **kwargs)
+
+
+def test_quality_protocol_compares_the_three_methods_at_the_same_head_count(tiny_setup):
+    payload = _run(tiny_setup)
+    assert payload["complete"]
+    cells = payload["cells"]
+    assert len(cells) == 2 * 2 * 3
+    for seed in (1, 2):
+        for degree in (2, 6):
+            group = [c for c in cells if c["seed"] == seed and c["degree"] == degree]
+            assert {c["strategy"] for c in group} == set(quality.STRATEGIES)
+            kept = payload["selections"][str(seed)]["degrees"][str(degree)]
+            counts = {len(kept["kept"][s]) for s in quality.STRATEGIES}
+            assert counts == {kept["heads_kept"]}  # the baselines keep exactly CAHP's count
+            assert kept["retention"] == pytest.approx(kept["heads_kept"] / 12)
+            assert all(0.0 <= c["accuracy"] <= 1.0 and c["accuracy_before_recovery"] is not None for c in group)
+    summary = payload["summary"]["2"]["cahp"]
+    assert summary["seeds"] == [1, 2] and len(summary["jaccard"]["pairs"]) == 1
+    assert summary["accuracy_std"] is not None
+
+
+def test_quality_rerun_skips_finished_cells_and_redoes_a_missing_one(tiny_setup, monkeypatch):
+    first = _run(tiny_setup)
+    cells_file = tiny_setup["cache"] / tiny_setup["protocol"].cells_file()
+    cells = json.loads(cells_file.read_text())
+    dropped = quality._cell_key(2, 6, "random")
+    del cells[dropped]
+    cells_file.write_text(json.dumps(cells))
+    calls = []
+    real = quality.finetune
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["seed"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quality, "finetune", counting)
+    second = _run(tiny_setup)
+    assert calls == [2]  # only the dropped cell was trained again: no dense fine-tuning, no other cell
+    assert second["complete"]
+    same = [c for c in first["cells"] if c["strategy"] != "random" or c["seed"] != 2 or c["degree"] != 6]
+    assert all(c in second["cells"] for c in same)
+
+
+def test_quality_refuses_a_cache_of_another_dense_recipe(tiny_setup):
+    tiny_setup["cache"].mkdir(parents=True)
+    (tiny_setup["cache"] / "manifest.json").write_text(json.dumps({"model": "something else"}))
+    with pytest.raises(SystemExit, match="another protocol"):
+        _run(tiny_setup)
+
+
+def test_quality_report_files(tiny_setup):
+    payload = _run(tiny_setup)
+    path = common.save("tiny.json", payload, command="test", protocol=tiny_setup["protocol"].describe())
+    doc = json.loads(path.read_text())
+    table = quality.markdown(doc)
+    for label in quality.LABELS.values():
+        assert f"| {label} |" in table
+    assert "Poly 2" in table and "Poly 6" in table and "Public CAHP" not in table
+    png = path.with_suffix(".png")
+    quality.plot(doc, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pairwise_jaccard():
+    a, b, c = {(0, 0), (0, 1)}, {(0, 1), (1, 1)}, {(0, 0), (0, 1)}
+    result = quality.pairwise_jaccard([a, b, c])
+    assert result["pairs"] == pytest.approx([1 / 3, 1.0, 1 / 3])
+    assert result["min"] == pytest.approx(1 / 3) and result["max"] == 1.0
+    assert quality.pairwise_jaccard([a])["mean"] is None
+
+
+def test_flops_per_token_counts_each_block():
+    dense = speed.EncoderShape(heads_per_layer=(2, 2), head_dim=4, hidden=8, intermediate=16)
+    flops = speed.flops_per_token(dense, seq_len=10)
+    # per layer: projections 8*8*8 = 512, scores 4*10*8 = 320, feed-forward 4*8*16 = 512
+    assert flops == {"projections": 1024.0, "scores": 640.0, "feed_forward": 1024.0, "total": 2688.0}
+    half = speed.EncoderShape(heads_per_layer=(1, 1), head_dim=4, hidden=8, intermediate=16)
+    assert speed.predicted_speedup(dense, half, 10) == pytest.approx(2688 / (512 + 320 + 1024))
+
+
+def test_pruned_copy_keeps_the_count_with_a_head_in_every_layer():
+    model = make_classifier("bert", layers=3, heads=4)
+    pruned, kept = speed.pruned_copy(model, 0.25, seed=0)
+    assert kept == 3 and heads_per_layer(pruned) == [1, 1, 1]
+    assert heads_per_layer(model) == [4, 4, 4]
+    shape = speed.encoder_shape(pruned)
+    assert shape.heads_per_layer == (1, 1, 1) and shape.head_dim == 8
+    counts = [len(v) for v in speed.random_heads(6, 12, 11, seed=3).values()]
+    assert sum(counts) == 11 and min(counts) >= 1
+    with pytest.raises(ValueError):
+        speed.random_heads(6, 12, 5, seed=0)
+    assert speed.random_heads(6, 12, 11, seed=3) == speed.random_heads(6, 12, 11, seed=3)

@@ -61,9 +61,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _fail(f"--no-auth is accepted only on a loopback address (127.0.0.1, ::1), not {args.host!r}")
     import uvicorn
 
+    from app.errors import OutboundUrlRefusedError
     from app.main import create_app
 
     _upgrade(settings)
+    try:
+        app = create_app(settings)
+    except OutboundUrlRefusedError as exc:
+        return _fail(str(exc))
     workers = args.workers if args.workers is not None else (1 if settings.embedded_broker else 0)
     mode = "embedded (SQLite broker under CAHP_DATA_DIR)" if settings.embedded_broker else "team (external broker)"
     print(f"cahp: serving http://{args.host}:{args.port} in {mode} mode with {workers} local worker(s); "
@@ -73,8 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     children = [_start_worker(settings) for _ in range(workers)]
     try:
-        uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=10)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
     finally:
         for child in children:
             _stop(child)
@@ -105,7 +109,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import uuid
 
     settings = _settings(device=args.device, queue=args.queue)
+    from app.errors import OutboundUrlRefusedError
+    from app.storage import open_store
     from worker.celery_app import make_celery
+
+    try:
+        open_store(settings)  # an artifact store the worker may not reach is refused before any job is taken
+    except OutboundUrlRefusedError as exc:
+        return _fail(str(exc))
 
     celery = make_celery(settings, with_tasks=True)
     argv = ["worker", f"--pool={args.pool}", f"--concurrency={args.concurrency}", f"--queues={settings.queue}",

@@ -51,7 +51,13 @@ def _api_key(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> ApiKey:
     if credentials is not None:
-        return keys.authenticate(session=session, key=credentials.credentials)
+        key = keys.authenticate(session=session, key=credentials.credentials)
+        # End the read transaction so its pooled connection goes back now. FastAPI runs this
+        # dependency and the route in separate threadpool turns; a connection held across the gap
+        # lets 40 waiting requests (the threadpool) starve the 15 the pool has, and every request
+        # then waits for the pool timeout. An upload would also hold it while its body arrives.
+        session.commit()
+        return key
     if settings.no_auth:
         return keys.local_principal(session=session)
     raise AuthenticationError("send an API key as `Authorization: Bearer <key>`")

@@ -11,7 +11,9 @@
     ├── InvalidRequestError       422 input the caller must change
     │   ├── InvalidReferenceError 422 a model or dataset URI that cannot be used
     │   ├── InvalidUploadError    422 an upload of an unknown kind, or a bad archive
-    │   └── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
+    │   ├── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
+    │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
+    │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
     └── UnavailableError          503 the database or the broker cannot be reached
 
 Engine errors (:mod:`cahp_engine.errors`) keep their own hierarchy; the problem handler in
@@ -85,3 +87,8 @@ class UnavailableError(ServiceError):
     status = 503
     code = "service_unavailable"
     title = "Service unavailable"
+
+
+class OutboundUrlRefusedError(InvalidRequestError):
+    code = "outbound_url_refused"
+    title = "Outbound address refused"

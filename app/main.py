@@ -15,6 +15,7 @@ from app.repository import ensure_local_principal
 from app.routes import health, jobs, uploads
 from app.settings import Settings, get_settings
 from app.storage import open_store
+from app.sweeper import Sweeper
 
 API_VERSION = "1.0.0"
 
@@ -29,7 +30,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.no_auth:
             await run_in_threadpool(_ensure_local_principal)
+        # Takes over jobs of lost workers and re-sends lost messages; see app.sweeper.
+        sweeper = None
+        if settings.sweep_interval_s > 0:
+            sweeper = Sweeper(sessions=sessions, queue=app.state.queue, store=app.state.store,
+                              settings=settings).start()
         yield
+        if sweeper is not None:
+            await run_in_threadpool(sweeper.stop)
         app.state.queue.close()
         engine.dispose()
 

@@ -1,7 +1,9 @@
 """The database tables (SQLAlchemy 2 declarative mapping). Every change here needs a migration.
 
 The ``jobs`` row is the source of truth for a job: the broker only carries its id. Statuses move
-``queued -> running -> succeeded | failed | cancelled``; ``queued -> cancelled`` is also allowed.
+``queued -> running -> succeeded | failed | cancelled``; ``queued -> cancelled`` is also allowed, and
+a running job whose worker stopped renewing its lease goes back to ``queued`` (or ends ``failed`` or
+``cancelled``) through the sweeper (:mod:`app.sweeper`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class Upload(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     storage_key: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Set once the object is stored; until then the upload is invisible, and the sweeper removes
+    # one left incomplete by a crash (row and object) after CAHP_UPLOAD_STALE_S.
+    completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class Job(Base):
@@ -94,9 +99,14 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
     request_hash: Mapped[str] = mapped_column(String(64))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    # How many times a worker has claimed the job, and which one holds it now.
+    # How many times a worker has claimed the job, which one holds it now, and until when: the
+    # worker renews the lease with heartbeats; past it, the job may be taken over.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # When the job id was last sent to the broker (None: not sent); the sweeper re-sends a queued
+    # job whose message is gone.
+    enqueued_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
     error_code: Mapped[str | None] = mapped_column(String(64), default=None)
     error_message: Mapped[str | None] = mapped_column(Text, default=None)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)

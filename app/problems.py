@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import AuthenticationError, ServiceError, UnavailableError
@@ -50,20 +51,47 @@ def _engine_input_error(_request: Request, exc: Exception) -> JSONResponse:
     return problem(status=422, code=exc.code, title="Invalid job settings", detail=str(exc))
 
 
+def _advice(error: dict[str, Any]) -> str:
+    """One validation error as a sentence that says what to change."""
+    where = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "json_invalid":
+        at = error["loc"][-1] if error["loc"] and isinstance(error["loc"][-1], int) else "?"
+        return (f"the body is not valid JSON (it breaks at character {at}); send one JSON object, "
+                'like {"model": {"uri": ...}, "dataset": {"uri": ...}, "params": {...}}')
+    if error["type"] == "extra_forbidden":
+        return f"`{where}` is not a field this API knows; remove it (the schema is at /docs)"
+    if error["type"] == "missing":
+        return f"`{where}` is required; add it"
+    return f"`{where}`: {error['msg']}"
+
+
 def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
               for e in exc.errors()]
-    shown = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors[:5])
+    shown = "; ".join(_advice(e) for e in errors[:5])
     return problem(status=422, code="invalid_request", title="Invalid request",
                    detail=shown or "the request is not valid", errors=errors)
+
+
+def _database_error(_request: Request, exc: Exception) -> JSONResponse:
+    # Connection failures, and SQLite still locked after its busy timeout under heavy load.
+    logger.warning("database error: %s", exc)
+    return problem(status=503, code="service_unavailable", title="Service unavailable",
+                   detail="the job database is unreachable or overloaded; try again shortly",
+                   headers={"Retry-After": "5"})
 
 
 def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     title = code.replace("_", " ").capitalize()
-    return problem(status=exc.status_code, code=code, title=title, detail=str(exc.detail),
+    detail = str(exc.detail)
+    if exc.status_code == 400 and "parsing the body" in detail:
+        # FastAPI's words for a body it cannot decode at all (e.g. bytes that are not UTF-8).
+        detail = ("the request body cannot be read; send UTF-8 JSON with Content-Type: application/json "
+                  "(uploads: multipart/form-data with the field `file`)")
+    return problem(status=exc.status_code, code=code, title=title, detail=detail,
                    headers=dict(exc.headers) if exc.headers else None)
 
 
@@ -78,4 +106,5 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidInputError, _engine_input_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OperationalError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from app.broker_probe import waiting_job_ids
 from app.errors import UnavailableError
 from app.settings import Settings
 from worker.celery_app import TASK_NAME, make_celery
@@ -16,6 +17,7 @@ class JobQueue:
 
     def __init__(self, settings: Settings) -> None:
         self.queue = settings.queue
+        self._broker_url = settings.resolved_broker_url
         self._celery = make_celery(settings)
 
     def enqueue(self, job_id: str) -> None:
@@ -24,9 +26,11 @@ class JobQueue:
             self._celery.send_task(TASK_NAME, args=[job_id], queue=self.queue)
         except Exception as exc:  # kombu raises transport-specific errors
             logger.warning("could not enqueue job %s: %s", job_id, exc)
-            raise UnavailableError(
-                "the job queue cannot be reached, so the job was not recorded; try again shortly"
-            ) from exc
+            raise UnavailableError("the job queue cannot be reached; the job stays queued and is sent later") from exc
+
+    def waiting_job_ids(self) -> set[str] | None:
+        """Ids of jobs with a message waiting in the queue (None: this broker cannot be listed)."""
+        return waiting_job_ids(self._broker_url, self.queue)
 
     def ping(self) -> None:
         """Raise UnavailableError unless the broker accepts a connection."""

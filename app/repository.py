@@ -2,8 +2,10 @@
 
 The API's services and the worker both go through here, so each state change of a job is one
 conditional ``UPDATE`` in one place: a transition happens only from the state it starts from
-(``WHERE status = 'queued'``...), which is what makes two workers, or a worker and a cancel request,
-safe to race. Functions never commit; the caller owns the transaction.
+(``WHERE status = 'queued'``...), which is what makes two workers, a worker and a cancel request, or
+a worker and the sweeper safe to race. A running job is held by one worker under a lease that the
+worker renews; only the holder may write its progress, logs and end, and once the lease has expired
+the job may be taken over. Functions never commit; the caller owns the transaction.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sqlalchemy.orm import Session
 from app.db import utcnow
 from app.models import ApiKey, Artifact, Job, JobLog, JobStatus, Upload
 from app.security import LOCAL_PRINCIPAL_ID, hash_key
+from app.settings import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS
 
 # --- API keys ---------------------------------------------------------------------------------------
 
@@ -47,13 +50,30 @@ def ensure_local_principal(session: Session) -> ApiKey:
 
 
 def add_upload(session: Session, upload: Upload) -> Upload:
+    """Record an upload; it stays invisible until :func:`complete_upload` (its object is not stored yet)."""
     session.add(upload)
     session.flush()
     return upload
 
 
+def complete_upload(session: Session, *, upload_id: str) -> None:
+    session.execute(update(Upload).where(Upload.id == upload_id).values(completed_at=utcnow()))
+
+
 def get_upload(session: Session, *, upload_id: str, owner_id: str) -> Upload | None:
-    return session.scalar(select(Upload).where(Upload.id == upload_id, Upload.owner_id == owner_id))
+    """A complete upload of ``owner_id``, or None."""
+    return session.scalar(select(Upload).where(Upload.id == upload_id, Upload.owner_id == owner_id,
+                                               Upload.completed_at.is_not(None)))
+
+
+def stale_uploads(session: Session, *, started_before: dt.datetime, limit: int = 100) -> list[Upload]:
+    """Uploads recorded before ``started_before`` and never completed: their API process died."""
+    query = select(Upload).where(Upload.completed_at.is_(None), Upload.created_at < started_before)
+    return list(session.scalars(query.order_by(Upload.created_at).limit(limit)))
+
+
+def delete_upload(session: Session, *, upload_id: str) -> None:
+    session.execute(delete(Upload).where(Upload.id == upload_id))
 
 
 # --- jobs -------------------------------------------------------------------------------------------
@@ -117,21 +137,51 @@ def request_cancel(session: Session, *, job_id: str, owner_id: str) -> None:
     )
 
 
-def claim_job(session: Session, *, job_id: str, worker_id: str) -> Job | None:
-    """Move a queued job to running for ``worker_id``; None when it is not queued (any more).
+def _lease_expired(now: dt.datetime) -> Any:
+    # A running row without a lease comes from before leases existed; it counts as expired.
+    return or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now)
 
-    Only one of several concurrent claims can succeed: the ``UPDATE`` is conditional on the status.
+
+def claim_job(
+    session: Session,
+    *,
+    job_id: str,
+    worker_id: str,
+    lease_s: float = DEFAULT_LEASE_S,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> Job | None:
+    """Start an attempt at the job for ``worker_id``, holding it for ``lease_s`` seconds.
+
+    A job can be claimed when it is ``queued``, or ``running`` under a lease that has expired (its
+    worker died or lost the database) and was not asked to cancel, and it has attempts left. Only
+    one of several concurrent claims can succeed: the ``UPDATE`` is conditional. None otherwise.
     """
     now = utcnow()
+    takeable = or_(
+        Job.status == JobStatus.queued.value,
+        and_(Job.status == JobStatus.running.value, _lease_expired(now), Job.cancel_requested.is_(False)),
+    )
     claimed = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.queued.value)
+        .where(Job.id == job_id, takeable, Job.attempts < max_attempts)
         .values(status=JobStatus.running.value, worker_id=worker_id, attempts=Job.attempts + 1,
-                started_at=now, updated_at=now, stage=None, progress=0.0)
+                lease_expires_at=now + dt.timedelta(seconds=lease_s), started_at=now, updated_at=now,
+                stage=None, progress=0.0)
     )
     if _rowcount(claimed) != 1:
         return None
     return get_job(session, job_id=job_id)
+
+
+def renew_lease(session: Session, *, job_id: str, worker_id: str, lease_s: float) -> bool:
+    """Extend the lease of the running job ``worker_id`` holds; False when it holds it no more."""
+    now = utcnow()
+    renewed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
+        .values(lease_expires_at=now + dt.timedelta(seconds=lease_s))
+    )
+    return _rowcount(renewed) == 1
 
 
 @dataclass(frozen=True)
@@ -143,9 +193,18 @@ class ProgressAck:
 
 
 def report_progress(
-    session: Session, *, job_id: str, worker_id: str, stage: str | None, progress: float
+    session: Session,
+    *,
+    job_id: str,
+    worker_id: str,
+    stage: str | None,
+    progress: float,
+    messages: Sequence[str] = (),
 ) -> ProgressAck:
-    """Write stage and progress of a running job held by ``worker_id`` and read its cancel flag."""
+    """Write stage, progress and log ``messages`` of a running job held by ``worker_id``; read its cancel flag.
+
+    A worker that no longer holds the job writes nothing, log lines included.
+    """
     values: dict[str, Any] = {"progress": min(1.0, max(0.0, progress)), "updated_at": utcnow()}
     if stage is not None:
         values["stage"] = stage
@@ -154,7 +213,10 @@ def report_progress(
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
         .values(**values)
     )
-    return ProgressAck(held=_rowcount(written) == 1, cancel_requested=cancel_requested(session, job_id=job_id))
+    held = _rowcount(written) == 1
+    if held and messages:
+        append_logs(session, job_id=job_id, messages=messages)
+    return ProgressAck(held=held, cancel_requested=cancel_requested(session, job_id=job_id))
 
 
 def job_control(session: Session, *, job_id: str, worker_id: str) -> ProgressAck:
@@ -191,8 +253,9 @@ def finish_job(
     error_message: str | None = None,
     result: dict[str, Any] | None = None,
     artifacts: Sequence[ArtifactRecord] = (),
+    messages: Sequence[str] = (),
 ) -> bool:
-    """Record the end of a running job held by ``worker_id``, with its artifacts, in one transaction.
+    """Record the end of a running job held by ``worker_id``, with its artifacts and last log lines.
 
     Returns False (and writes nothing) when the job is no longer running under this worker.
     """
@@ -200,7 +263,8 @@ def finish_job(
         raise ValueError(f"finish_job needs a final status, got {status}")
     now = utcnow()
     values: dict[str, Any] = {"status": status.value, "finished_at": now, "updated_at": now,
-                              "error_code": error_code, "error_message": error_message, "result": result}
+                              "error_code": error_code, "error_message": error_message, "result": result,
+                              "lease_expires_at": None}
     if status is JobStatus.succeeded:
         values.update(progress=1.0)
     done = session.execute(
@@ -210,6 +274,8 @@ def finish_job(
     )
     if _rowcount(done) != 1:
         return False
+    if messages:
+        append_logs(session, job_id=job_id, messages=messages)
     session.add_all(
         Artifact(job_id=job_id, name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
                  storage_key=a.storage_key)
@@ -217,6 +283,96 @@ def finish_job(
     )
     session.flush()
     return True
+
+
+# --- the sweeper: lost workers and lost messages -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LostJob:
+    """A running job whose lease has expired, as it was when the sweeper found it."""
+
+    id: str
+    worker_id: str | None
+    attempts: int
+    cancel_requested: bool
+
+
+def jobs_with_expired_leases(session: Session, *, limit: int = 100) -> list[LostJob]:
+    query = (
+        select(Job.id, Job.worker_id, Job.attempts, Job.cancel_requested)
+        .where(Job.status == JobStatus.running.value, _lease_expired(utcnow()))
+        .order_by(Job.lease_expires_at)
+        .limit(limit)
+    )
+    return [LostJob(id=r.id, worker_id=r.worker_id, attempts=r.attempts, cancel_requested=bool(r.cancel_requested))
+            for r in session.execute(query)]
+
+
+def release_lost_job(session: Session, *, job: LostJob, max_attempts: int) -> JobStatus | None:
+    """End the attempt of a worker that stopped renewing its lease; returns the job's new status.
+
+    ``cancelled`` when a cancel was asked for, ``failed`` with ``worker_lost`` when no attempt is
+    left, else ``queued`` again (the caller sends it to the broker). None when the job changed in
+    the meantime (its worker renewed the lease, or another sweeper got there first).
+    """
+    now = utcnow()
+    holder = job.worker_id or "an unknown worker"
+    values: dict[str, Any] = {"updated_at": now, "lease_expires_at": None, "worker_id": None}
+    if job.cancel_requested:
+        status = JobStatus.cancelled
+        message = f"cancelled on request; its worker {holder} stopped answering before it could stop the job"
+        values.update(status=status.value, finished_at=now, error_code="cancelled", error_message=message)
+    elif job.attempts >= max_attempts:
+        status = JobStatus.failed
+        message = (f"the worker running attempt {job.attempts} ({holder}) stopped renewing its lease (it crashed, "
+                   f"was killed or lost the database), and the job has had all {max_attempts} attempts "
+                   "(CAHP_MAX_ATTEMPTS); check the worker's log, e.g. for running out of memory, and submit it again")
+        values.update(status=status.value, finished_at=now, error_code="worker_lost", error_message=message)
+    else:
+        status = JobStatus.queued
+        message = f"worker {holder} stopped renewing its lease during attempt {job.attempts}; queued again"
+        values.update(status=status.value, stage=None, progress=0.0, enqueued_at=None)
+    released = session.execute(
+        update(Job)
+        .where(Job.id == job.id, Job.status == JobStatus.running.value, Job.attempts == job.attempts,
+               Job.worker_id == job.worker_id if job.worker_id is not None else Job.worker_id.is_(None),
+               _lease_expired(now))
+        .values(**values)
+    )
+    if _rowcount(released) != 1:
+        return None
+    append_logs(session, job_id=job.id, messages=[message])
+    return status
+
+
+def queued_jobs_to_send(session: Session, *, sent_before: dt.datetime, limit: int = 500) -> list[tuple[str, bool]]:
+    """Queued jobs never sent, or last sent before ``sent_before``: ``(id, ever_sent)``, oldest first."""
+    query = (
+        select(Job.id, Job.enqueued_at)
+        .where(Job.status == JobStatus.queued.value,
+               or_(Job.enqueued_at.is_(None), Job.enqueued_at < sent_before))
+        .order_by(Job.created_at)
+        .limit(limit)
+    )
+    return [(row.id, row.enqueued_at is not None) for row in session.execute(query)]
+
+
+def mark_enqueued(session: Session, *, job_id: str, sent_before: dt.datetime | None = None) -> bool:
+    """Note that the job is being sent now; with ``sent_before``, only if no one sent it since.
+
+    The condition makes concurrent sweepers (several API replicas) send a lost job once.
+    """
+    query = update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value)
+    if sent_before is not None:
+        query = query.where(or_(Job.enqueued_at.is_(None), Job.enqueued_at < sent_before))
+    return _rowcount(session.execute(query.values(enqueued_at=utcnow()))) == 1
+
+
+def mark_not_enqueued(session: Session, *, job_id: str) -> None:
+    """The send failed: leave the job for the next sweep to send."""
+    session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value)
+                    .values(enqueued_at=None))
 
 
 # --- logs -------------------------------------------------------------------------------------------
@@ -227,8 +383,14 @@ def next_log_line(session: Session, *, job_id: str) -> int:
     return 0 if last is None else last + 1
 
 
-def append_logs(session: Session, *, job_id: str, first_line: int, messages: Sequence[str]) -> int:
-    """Append ``messages`` as lines ``first_line``...; returns the next free line number."""
+def append_logs(session: Session, *, job_id: str, messages: Sequence[str]) -> int:
+    """Append ``messages`` after the job's last line; returns the next free line number.
+
+    Line numbers are taken inside the transaction, so two writers must not append to one job at
+    once: callers first update the job row (a conditional ``UPDATE``), which serialises them on its
+    row lock (PostgreSQL) or the database write lock (SQLite).
+    """
+    first_line = next_log_line(session, job_id=job_id)
     session.add_all(
         JobLog(job_id=job_id, line=first_line + i, message=message) for i, message in enumerate(messages)
     )

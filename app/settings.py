@@ -21,6 +21,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 #: Largest job time limit accepted, so a mistyped value cannot hold a GPU for months.
 MAX_JOB_TIME_LIMIT_S = 30 * 24 * 3600
+#: Defaults of the lease on a running job and of the attempts a job gets (see docs/operations.md).
+DEFAULT_LEASE_S = 120.0
+DEFAULT_MAX_ATTEMPTS = 3
 
 
 class Settings(BaseSettings):
@@ -66,6 +69,27 @@ class Settings(BaseSettings):
         Worker scratch space for inputs and outputs of running jobs; None means ``data_dir/work``.
     no_auth : bool
         Accept requests without an API key (``cahp serve --no-auth``, loopback binding only).
+    lease_s, heartbeat_interval_s : float
+        A running job is held by its worker for ``lease_s`` seconds past the last heartbeat; the
+        worker renews the lease every ``heartbeat_interval_s`` (at most a third of the lease, so
+        two missed beats do not lose a healthy job).
+    sweep_interval_s : float
+        How often the API's sweeper takes over jobs with expired leases, re-sends queued jobs whose
+        message is gone, and removes abandoned uploads. It also runs once at start-up; 0 turns the
+        sweeper off in this process (another API process must then run one).
+    requeue_after_s : float
+        A queued job is re-sent only when no message for it is waiting in the broker and its last
+        send is at least this old (a message can be in flight between the API and the broker).
+    max_attempts : int
+        How many times a job may be started; a job whose worker is lost on its last attempt fails
+        with ``worker_lost``.
+    upload_stale_s : float
+        An upload not completed within this time (the API died while storing it) is removed, with
+        its partial files.
+    allowed_outbound_hosts : tuple of str
+        Host names, addresses or networks (CIDR) that outbound requests (S3 endpoint, hub) may reach
+        even though they are loopback, link-local or cloud-metadata addresses, which are refused
+        otherwise (``,``-separated in the environment).
     """
 
     model_config = SettingsConfigDict(env_prefix="CAHP_", extra="ignore", frozen=True)
@@ -90,12 +114,26 @@ class Settings(BaseSettings):
     cancel_check_interval_s: float = Field(default=2.0, ge=0)
     work_dir: Path | None = None
     no_auth: bool = False
+    lease_s: float = Field(default=DEFAULT_LEASE_S, gt=0)
+    heartbeat_interval_s: float = Field(default=20.0, gt=0)
+    sweep_interval_s: float = Field(default=30.0, ge=0)
+    requeue_after_s: float = Field(default=60.0, ge=0)
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=100)
+    upload_stale_s: float = Field(default=3600.0, gt=0)
+    allowed_outbound_hosts: Annotated[tuple[str, ...], NoDecode] = ()
 
     @field_validator("allowed_local_roots", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part for part in value.split(os.pathsep) if part.strip()]
+        return value
+
+    @field_validator("allowed_outbound_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
     @field_validator("data_dir", "hub_cache_dir", "work_dir")
@@ -132,6 +170,11 @@ class Settings(BaseSettings):
                 f"CAHP_BROKER_VISIBILITY_TIMEOUT_S ({timeout}) must exceed CAHP_JOB_TIME_LIMIT_S "
                 f"({self.job_time_limit_s}); otherwise the broker hands a running job to a second worker"
             )
+        if self.heartbeat_interval_s * 3 > self.lease_s:
+            raise ValueError(
+                f"CAHP_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}) must be at most a third of CAHP_LEASE_S "
+                f"({self.lease_s}), so that one late heartbeat does not cost a healthy job its lease"
+            )
         return self
 
     # --- values with defaults derived from data_dir ------------------------------------------------
@@ -166,6 +209,16 @@ class Settings(BaseSettings):
     def visibility_timeout_s(self) -> int:
         return self.broker_visibility_timeout_s or self.job_time_limit_s + 3600
 
+    @property
+    def spool_dir(self) -> Path:
+        """Where the API writes an upload while it arrives (partial files are swept after a crash)."""
+        return self.data_dir / "spool"
+
+    @property
+    def takeover_bound_s(self) -> float:
+        """Longest a job stays ``running`` after its worker died: the lease, plus one sweep."""
+        return self.lease_s + self.sweep_interval_s
+
     def child_environment(self) -> dict[str, str]:
         """``CAHP_*`` variables that make another process (an embedded worker) see these settings."""
         env = {
@@ -182,6 +235,10 @@ class Settings(BaseSettings):
             "CAHP_MAX_ARCHIVE_MEMBERS": str(self.max_archive_members),
             "CAHP_WORK_DIR": str(self.resolved_work_dir),
             "CAHP_ALLOWED_LOCAL_ROOTS": os.pathsep.join(str(p) for p in self.allowed_local_roots),
+            "CAHP_LEASE_S": str(self.lease_s),
+            "CAHP_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
+            "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
+            "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
         }
         if self.broker_url is not None:
             env["CAHP_BROKER_URL"] = self.broker_url

@@ -19,6 +19,9 @@ from app.errors import InvalidRequestError, NotFoundError, UnavailableError
 from app.settings import Settings
 
 CHUNK_SIZE = 1024 * 1024
+#: Media types of stored artifacts, by suffix; anything else is application/octet-stream.
+ARTIFACT_MEDIA_TYPES = {".json": "application/json", ".png": "image/png", ".gz": "application/gzip",
+                        ".csv": "text/csv", ".txt": "text/plain"}
 
 
 class ArtifactStore(Protocol):
@@ -154,9 +157,22 @@ def download_s3_object(client: Any, bucket: str, key: str, dest: Path) -> None:
 
 
 def make_s3_client(settings: Settings) -> Any:
-    """A boto3 S3 client for the configured endpoint; credentials come from boto3's usual chain."""
+    """A boto3 S3 client for the configured endpoint; credentials come from boto3's usual chain.
+
+    Raises
+    ------
+    OutboundUrlRefusedError
+        When the endpoint leads to a loopback, link-local or metadata address that
+        ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow (:mod:`app.outbound`).
+    """
     import boto3
     from botocore.config import Config
+
+    from app.outbound import check_outbound_url
+
+    if settings.s3_endpoint_url is not None:
+        check_outbound_url(settings.s3_endpoint_url, allowed_hosts=settings.allowed_outbound_hosts,
+                           what="CAHP_S3_ENDPOINT_URL")
 
     return boto3.client(
         "s3",

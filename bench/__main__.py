@@ -11,6 +11,7 @@ BENCHMARKS = {
     "sst5-selection": "bench.sst5_selection",
     "speed": "bench.speed",
     "quality": "bench.quality",
+    "load": "bench.load",
 }
 
 

@@ -26,8 +26,6 @@ def pin_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    torch.set_num_interop_threads(1) if not getattr(pin_threads, "_interop", False) else None
-    pin_threads._interop = True  # type: ignore[attr-defined]
 
 
 def rss_bytes() -> int:
@@ -91,7 +89,7 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in ("torch", "transformers", "scikit-learn", "kmedoids", "kneed", "numpy"):
         try:
             versions[name] = metadata.version(name)

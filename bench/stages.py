@@ -46,7 +46,8 @@ def synthetic_data(n: int, *, vocab: int, seed: int = 0) -> EncodedDataset:
 def bert_shaped(layers: int, heads: int, head_dim: int, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     hidden = heads * head_dim
-    config = tf.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+    config = tf.BertConfig(  # type: ignore[call-arg]
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                            intermediate_size=4 * hidden, num_labels=NUM_CLASSES, vocab_size=8000)
     return tf.BertForSequenceClassification(config).eval()
 
@@ -67,7 +68,7 @@ def forward_backward(model: torch.nn.Module, data: EncodedDataset, batches: list
     for p, _ in flags:
         p.requires_grad_(False)
     try:
-        emb = model.get_input_embeddings()
+        emb: Any = getattr(model, "get_input_embeddings")()  # noqa: B009 - typed as Tensor by torch stubs
         for batch in iterate_batches(data, batches):
             x = emb(batch["input_ids"]).detach().requires_grad_(True)
             out = model(inputs_embeds=x, attention_mask=batch["attention_mask"], labels=batch["labels"])
@@ -158,7 +159,7 @@ def sweep_384(seed: int, repeats: int) -> dict[str, Any]:
 def memory_flatness(samples: tuple[int, ...], *, head_dim: int, seed: int) -> dict[str, Any]:
     """Peak extra memory of the signature stage as the sample count grows (6x12 model)."""
     model = bert_shaped(6, 12, head_dim, seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in samples:
         data = synthetic_data(n, vocab=8000, seed=seed)
         batches = length_grouped_batches(data.lengths, np.arange(n), 32)

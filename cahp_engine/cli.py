@@ -97,27 +97,33 @@ class _Bars:
         self.tty = sys.stderr.isatty()
         self.stage: str | None = None
         self.bar: Any = None
+        self.quarter = 0
 
     def __call__(self, stage: str, overall: float) -> None:
         if not self.enabled:
             return
         from tqdm import tqdm
 
+        from cahp_engine.run import _STAGE_SPAN
+
+        lo, hi = _STAGE_SPAN.get(stage, (0.0, 1.0))
+        within = min(1.0, max(0.0, (overall - lo) / (hi - lo) if hi > lo else 1.0))
         if stage != self.stage:
             self.close()
             self.stage = stage
+            self.quarter = 0
             if not self.tty:
                 print(f"[cahp] stage {stage} ({overall:.0%} of the run done)", file=sys.stderr)
                 return
             self.bar = tqdm(total=1000, desc=f"{stage:>16}", file=sys.stderr, leave=True,
                             bar_format="{desc} |{bar}| {percentage:3.0f}% {elapsed}")
         if self.bar is None:
+            # Not a terminal: a line at each quarter of a stage instead of a redrawn bar.
+            if int(within * 4) > self.quarter and within < 1.0:
+                self.quarter = int(within * 4)
+                print(f"[cahp] stage {stage}: {within:.0%}", file=sys.stderr)
             return
-        from cahp_engine.run import _STAGE_SPAN
-
-        lo, hi = _STAGE_SPAN.get(stage, (0.0, 1.0))
-        within = (overall - lo) / (hi - lo) if hi > lo else 1.0
-        self.bar.n = int(1000 * min(1.0, max(0.0, within)))
+        self.bar.n = int(1000 * within)
         self.bar.refresh()
 
     def close(self) -> None:

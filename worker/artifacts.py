@@ -14,11 +14,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from app.repository import ArtifactRecord
+from app.storage import ARTIFACT_MEDIA_TYPES as MEDIA_TYPES
 from app.storage import ArtifactStore
 
 MODEL_ARCHIVE = "model.tar.gz"
-MEDIA_TYPES = {".json": "application/json", ".png": "image/png", ".gz": "application/gzip",
-               ".csv": "text/csv", ".txt": "text/plain"}
 
 
 def media_type(name: str) -> str:

@@ -50,6 +50,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # A worker process killed mid-job returns its message to the queue instead of dropping it.
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # A running job survives a broker restart: its lease in the database says who holds it, so
+        # there is no reason to kill it when the connection to the broker drops.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_concurrency": 1,
         "task_ignore_result": True,
         "result_backend": None,

@@ -8,6 +8,7 @@ placed in a directory as ``{train_split}.csv`` and ``{eval_split}.csv`` (or .jso
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -19,11 +20,15 @@ from app import repository
 from app.archives import archive_suffix, unpack
 from app.db import transaction
 from app.errors import InvalidReferenceError, NotFoundError
+from app.outbound import check_hub_endpoint
 from app.references import Reference, Role, Shape, parse_reference, resolve_local, shape_of_name
 from app.settings import Settings
 from app.storage import ArtifactStore, download_s3_object
+from cahp_engine.errors import UnsupportedModelError
 
 DEFAULT_EVAL_SPLIT = "test"
+#: Files whose ``auto_map`` would name code shipped with the model.
+_CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class InputFetcher:
     def _as_directory(self, ref: Reference, role: Role, name: str) -> str:
         """A hub id, or a local directory holding the model or dataset."""
         if ref.scheme == "hf":
+            check_hub_endpoint(allowed_hosts=self.settings.allowed_outbound_hosts)
             return ref.target
         local, shape = self._fetch(ref, self.workdir / f"{name}.src")
         if shape == "archive":
@@ -154,6 +160,43 @@ class InputFetcher:
         if count == 0:
             raise InvalidReferenceError(f"{ref.uri} matches no object and no key prefix in bucket {bucket!r}")
         return dest
+
+
+def refuse_custom_code(directory: Path) -> None:
+    """Refuse a model directory whose configuration asks for code shipped with the model.
+
+    The engine loads with ``trust_remote_code=False``, under which transformers ignores such code
+    for the architectures it knows; refusing outright says plainly that it will never run, rather
+    than loading something other than what the model's author meant.
+
+    Raises
+    ------
+    UnsupportedModelError
+        When ``config.json`` (or a tokenizer or processor config) has an ``auto_map`` entry.
+    """
+    for name in _CODE_CONFIGS:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # the engine reports an unreadable config with its own message
+        if isinstance(config, dict) and config.get("auto_map"):
+            modules = sorted({str(v).split(".")[0] for v in _flatten(config["auto_map"])})
+            raise UnsupportedModelError(
+                f"the model's {name} names custom code ({', '.join(modules) or 'auto_map'}); cahp never runs "
+                "code shipped with a model. Use a model whose architecture transformers provides (bert, roberta, "
+                "xlm-roberta, electra, distilbert) and remove `auto_map` from its configuration"
+            )
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [item for v in value.values() for item in _flatten(v)]
+    if isinstance(value, list | tuple):
+        return [item for v in value for item in _flatten(v)]
+    return [value]
 
 
 def _data_suffix(name: str) -> str:

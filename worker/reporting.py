@@ -4,7 +4,8 @@ The engine calls ``progress`` and ``should_cancel`` often (every training step).
 each time would load the database for nothing, so progress is written when the stage changes or
 ``progress_interval_s`` has passed, log lines are written in batches on the same rhythm, and the
 cancel flag is read at most every ``cancel_check_interval_s``. Each write also tells whether this
-worker still holds the job; a worker that lost it stops, as it would for a cancel.
+worker still holds the job; a worker that lost it (or whose heartbeat, :mod:`worker.lease`, says so)
+stops, as it would for a cancel, and its log lines are dropped with everything else it would write.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class JobReporter:
         progress_interval_s: float,
         cancel_check_interval_s: float,
         time_limit_s: float,
+        lease_lost: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sessions = sessions
@@ -46,14 +48,13 @@ class JobReporter:
         self._progress_interval = progress_interval_s
         self._cancel_interval = cancel_check_interval_s
         self._clock = clock
+        self._lease_lost = lease_lost
         self._deadline = clock() + time_limit_s
         self._stage: str | None = None
         self._fraction = 0.0
         self._last_write = float("-inf")
         self._last_check = float("-inf")
         self._pending: list[str] = []
-        with transaction(sessions) as session:
-            self._next_line = repository.next_log_line(session, job_id=job_id)
         self.stop_reason: StopReason | None = None
 
     # --- hooks the engine calls --------------------------------------------------------------------
@@ -73,6 +74,8 @@ class JobReporter:
 
     def should_cancel(self) -> bool:
         now = self._clock()
+        if self.stop_reason is None and self._lease_lost():
+            self.stop_reason = "lost"
         if self.stop_reason is None and now >= self._deadline:
             self.stop_reason = "time_limit"
         if self.stop_reason is None and now - self._last_check >= self._cancel_interval:
@@ -85,23 +88,29 @@ class JobReporter:
     # --- plumbing ----------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write buffered log lines now (at the end of a run, whatever its outcome)."""
+        """Write buffered log lines now (while the job is still held)."""
         if self._pending:
-            with transaction(self._sessions) as session:
-                self._append(session)
+            self._write(self._clock())
 
-    def _append(self, session: Session) -> None:
+    def still_held(self) -> bool:
+        """Write progress and buffered lines now, and say whether this worker still holds the job."""
+        if self._lease_lost():
+            self.stop_reason = "lost"
+        else:
+            self._write(self._clock())
+        return self.stop_reason != "lost"
+
+    def drain(self) -> list[str]:
+        """Take the buffered log lines, to be written with the job's end (:func:`repository.finish_job`)."""
         lines, self._pending = self._pending, []
-        self._next_line = repository.append_logs(
-            session, job_id=self.job_id, first_line=self._next_line, messages=lines
-        )
+        return lines
 
     def _write(self, now: float) -> None:
+        lines, self._pending = self._pending, []
         with transaction(self._sessions) as session:
-            if self._pending:
-                self._append(session)
             ack = repository.report_progress(
-                session, job_id=self.job_id, worker_id=self.worker_id, stage=self._stage, progress=self._fraction
+                session, job_id=self.job_id, worker_id=self.worker_id, stage=self._stage, progress=self._fraction,
+                messages=lines,
             )
         self._last_write = self._last_check = now
         self._note(ack)

@@ -31,7 +31,8 @@ from app.storage import ArtifactStore
 from cahp_engine.config import PruningConfig
 from cahp_engine.errors import CahpError, JobCancelledError, PipelineError
 from worker.artifacts import store_artifacts
-from worker.inputs import InputFetcher
+from worker.inputs import InputFetcher, refuse_custom_code
+from worker.lease import LeaseKeeper
 from worker.reporting import JobReporter
 
 logger = logging.getLogger(__name__)
@@ -91,23 +92,29 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
     Returns
     -------
     Outcome
-        ``skipped`` when the job was not queued (already taken, finished or cancelled).
+        ``skipped`` when the job could not be claimed: finished, cancelled, held by a live worker,
+        or out of attempts (the sweeper then fails it as ``worker_lost``).
     """
+    settings = context.settings
     with transaction(context.sessions) as session:
-        job = repository.claim_job(session, job_id=job_id, worker_id=context.worker_id)
+        job = repository.claim_job(session, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
+                                   max_attempts=settings.max_attempts)
         if job is None:
-            logger.info("job %s is not queued; nothing to do", job_id)
+            _log_skip(session, job_id)
             return Outcome.skipped
         claimed = _Claimed(job_id=job.id, owner_id=job.owner_id, attempt=job.attempts,
                            model={"uri": job.model_uri, "revision": job.model_revision},
                            dataset=dict(job.dataset), params=dict(job.params))
-    settings = context.settings
+    lease = LeaseKeeper(context.sessions, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
+                        interval_s=settings.heartbeat_interval_s).start()
     reporter = JobReporter(
         context.sessions, job_id=job_id, worker_id=context.worker_id,
         progress_interval_s=settings.progress_interval_s,
         cancel_check_interval_s=settings.cancel_check_interval_s,
         time_limit_s=settings.job_time_limit_s,
+        lease_lost=lambda: lease.lost,
     )
+    _remove_earlier_workdirs(settings.resolved_work_dir, job_id)
     workdir = settings.resolved_work_dir / f"{job_id}.{claimed.attempt}"
     shutil.rmtree(workdir, ignore_errors=True)
     try:
@@ -124,11 +131,30 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         message = f"unexpected {type(exc).__name__}: {exc}; see the job log"
         return _finish(context, reporter, claimed, JobStatus.failed, code="internal_error", message=message)
     finally:
+        lease.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     summary = report.get("summary") or {}
     result = {key: summary.get(key) for key in SUMMARY_KEYS}
     reporter.log("succeeded; stored " + ", ".join(a.name for a in artifacts))
     return _finish(context, reporter, claimed, JobStatus.succeeded, result=result, artifacts=artifacts)
+
+
+def _log_skip(session: Session, job_id: str) -> None:
+    job = repository.get_job(session, job_id=job_id)
+    if job is None:
+        logger.info("job %s does not exist; nothing to do", job_id)
+    elif job.status == JobStatus.running.value:
+        logger.info("job %s is held by %s until %s (attempt %d); nothing to do", job_id, job.worker_id,
+                    job.lease_expires_at, job.attempts)
+    else:
+        logger.info("job %s is %s after %d attempt(s); nothing to do", job_id, job.status, job.attempts)
+
+
+def _remove_earlier_workdirs(work_dir: Path, job_id: str) -> None:
+    """Scratch space of attempts that died on this machine (a killed process cleans nothing up)."""
+    if work_dir.is_dir():
+        for stale in work_dir.glob(f"{job_id}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _run(
@@ -140,6 +166,8 @@ def _run(
     fetcher = InputFetcher(settings=settings, sessions=context.sessions, store=context.store,
                            owner_id=claimed.owner_id, workdir=workdir / "inputs")
     inputs = fetcher.prepare(model=claimed.model, dataset=claimed.dataset)
+    if Path(inputs.model_ref).is_dir():
+        refuse_custom_code(Path(inputs.model_ref))
     config = PruningConfig.from_dict({**claimed.params, "device": settings.device})
     options = DatasetOptions(**{k: claimed.dataset[k] for k in DATASET_OPTION_KEYS if k in claimed.dataset})
     output = workdir / "output"
@@ -159,6 +187,9 @@ def _run(
     )
     if not (output / "model").is_dir():
         raise PipelineError("the run finished without writing the pruned model directory")
+    if not reporter.still_held():
+        # Taken over while finishing: storing now would only leave objects no row points at.
+        raise JobCancelledError("this worker no longer holds the job")
     # The engine writes only its artifacts into ``output`` (model/ plus ARTIFACT_FILES).
     files = sorted(p.name for p in output.iterdir() if p.is_file())
     artifacts = store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
@@ -193,15 +224,20 @@ def _finish(
     result: dict[str, Any] | None = None,
     artifacts: list[ArtifactRecord] | None = None,
 ) -> Outcome:
-    reporter.flush()
     with transaction(context.sessions) as session:
         recorded = repository.finish_job(
             session, job_id=claimed.job_id, worker_id=context.worker_id, status=status, error_code=code,
-            error_message=message, result=result, artifacts=artifacts or (),
+            error_message=message, result=result, artifacts=artifacts or (), messages=reporter.drain(),
         )
     if not recorded:
-        # Another worker or an operator took the job over; what this run stored stays unreferenced.
+        # Another worker took the job over (this one's lease expired): what this attempt stored is
+        # referenced by no row, so it is removed rather than left to look like a result.
         logger.warning("job %s was no longer held by %s; its end (%s) was not recorded",
                        claimed.job_id, context.worker_id, status)
+        for artifact in artifacts or ():
+            try:
+                context.store.delete(artifact.storage_key)
+            except Exception as exc:
+                logger.warning("could not delete %s: %s", artifact.storage_key, exc)
         return Outcome.skipped
     return Outcome(status.value)

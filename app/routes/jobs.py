@@ -12,11 +12,17 @@ from app.models import JobStatus
 from app.routes._problems import problem_responses
 from app.schemas import ArtifactPublic, JobCreate, JobPublic, LogPage, Page
 from app.services import jobs
+from app.storage import ARTIFACT_MEDIA_TYPES
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+#: An artifact is served with its own media type; the JSON ones (report, MSS curve, head map) are objects.
+_ARTIFACT_CONTENT: dict[str, dict[str, object]] = {
+    kind: {"schema": {"type": "object"} if kind == "application/json" else {"type": "string", "format": "binary"}}
+    for kind in sorted({*ARTIFACT_MEDIA_TYPES.values(), "application/octet-stream"})
+}
 
 
-@router.post("", status_code=202, responses=problem_responses(401, 422, 503))
+@router.post("", status_code=202, responses=problem_responses(400, 401, 422, 503))
 def submit_job(
     body: JobCreate,
     response: Response,
@@ -64,7 +70,8 @@ def read_logs(
     job_id: str,
     session: SessionDep,
     key: ApiKeyDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    # Line numbers are 32-bit integers in the database; a larger offset cannot match and would not bind.
+    offset: Annotated[int, Query(ge=0, le=jobs.MAX_LOG_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=jobs.MAX_LOG_PAGE)] = jobs.MAX_LOG_PAGE,
 ) -> LogPage:
     """Log lines from ``offset`` on; pass ``next_offset`` back to follow the log."""
@@ -80,7 +87,7 @@ def list_artifacts(job_id: str, session: SessionDep, key: ApiKeyDep) -> Page[Art
 @router.get(
     "/{job_id}/artifacts/{name}",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "The artifact's bytes"},
+    responses={200: {"content": _ARTIFACT_CONTENT, "description": "The artifact's bytes, with its own media type"},
                **problem_responses(401, 404)},
 )
 def download_artifact(

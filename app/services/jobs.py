@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import repository
+from app.db import utcnow
 from app.errors import (
     IdempotencyKeyReusedError,
     InvalidReferenceError,
@@ -47,6 +48,7 @@ from cahp_engine.datasets_io import DatasetOptions
 
 MAX_PAGE = 100
 MAX_LOG_PAGE = 1000
+MAX_LOG_OFFSET = 2**31 - 1
 _IDEMPOTENCY_KEY_CHARS = set(map(chr, range(0x21, 0x7F)))
 
 
@@ -67,6 +69,10 @@ def submit_job(
 ) -> Submitted:
     """Validate a job, record it as ``queued`` and send its id to the workers.
 
+    The database is the source of truth: once the row is committed the job exists. If the broker
+    cannot be reached, the job stays ``queued`` and the sweeper sends it when the broker is back
+    (:mod:`app.sweeper`), so a broker outage delays jobs but loses none.
+
     Raises
     ------
     ConfigError, DatasetError
@@ -75,8 +81,6 @@ def submit_job(
         For a model or dataset URI this server cannot use.
     IdempotencyKeyReusedError
         When ``idempotency_key`` was used before with a different body.
-    UnavailableError
-        When the broker cannot be reached; nothing is recorded then.
     """
     digest = hashlib.sha256(json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
     if idempotency_key is not None:
@@ -96,7 +100,7 @@ def submit_job(
     job = Job(
         id=uuid.uuid4().hex, owner_id=owner_id, status=JobStatus.queued.value, model_uri=body.model.uri,
         model_revision=body.model.revision, dataset=body.dataset.model_dump(mode="json"), params=params,
-        idempotency_key=idempotency_key, request_hash=digest,
+        idempotency_key=idempotency_key, request_hash=digest, enqueued_at=utcnow(),
     )
     try:
         repository.add_job(session, job)
@@ -111,9 +115,9 @@ def submit_job(
     try:
         queue.enqueue(job.id)
     except UnavailableError:
-        repository.delete_job(session, job_id=job.id)
+        # Recorded as never sent, so the next sweep sends it without waiting for requeue_after_s.
+        repository.mark_not_enqueued(session, job_id=job.id)
         session.commit()
-        raise
     return Submitted(job, created=True)
 
 
@@ -230,6 +234,8 @@ def open_artifact(
     if artifact is None:
         raise NotFoundError(f"job {job_id} has no artifact {name!r}; GET /v1/jobs/{job_id}/artifacts lists them")
     stream = store.iter_bytes(artifact.storage_key)
+    # The bytes stream for as long as the client reads; no database connection is needed meanwhile.
+    session.commit()
     return artifact, stream
 
 

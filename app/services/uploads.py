@@ -3,21 +3,26 @@
 The client's file name only decides the kind (by its suffix) and is kept for display; the stored
 object's name is generated. Archives are checked member by member before they are accepted, so an
 unsafe archive is refused at upload time rather than when a job runs.
+
+An upload either completes or leaves nothing. The file is first written to the spool directory;
+then the row is recorded as incomplete, the object stored, and the row marked complete. Only
+complete uploads can be used. If the API dies in between, the sweeper removes the incomplete row,
+its object and the spool file after ``CAHP_UPLOAD_STALE_S`` (:mod:`app.sweeper`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import tempfile
+import logging
 import uuid
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import BinaryIO
 
 from sqlalchemy.orm import Session
 
 from app import repository
 from app.archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive
-from app.errors import InvalidUploadError, PayloadTooLargeError
+from app.errors import InvalidUploadError, PayloadTooLargeError, UnavailableError
 from app.models import Upload
 from app.schemas import UploadPublic
 from app.settings import Settings
@@ -28,6 +33,7 @@ MEDIA_TYPES = {".csv": "text/csv", ".jsonl": "application/jsonl", ".parquet": "a
                ".zip": "application/zip", ".tar": "application/x-tar", ".tar.gz": "application/gzip",
                ".tgz": "application/gzip"}
 _CHUNK = 1024 * 1024
+logger = logging.getLogger(__name__)
 
 
 def classify(filename: str) -> tuple[str, str]:
@@ -66,8 +72,9 @@ def store_upload(
     kind, suffix = classify(display)
     upload_id = uuid.uuid4().hex
     limit = settings.max_upload_bytes
-    with tempfile.TemporaryDirectory(prefix="cahp-upload-") as tmp:
-        local = Path(tmp) / f"{upload_id}{suffix}"
+    settings.spool_dir.mkdir(parents=True, exist_ok=True)
+    local = settings.spool_dir / f"{upload_id}{suffix}"
+    try:
         digest, size = hashlib.sha256(), 0
         with open(local, "wb") as out:
             while chunk := source.read(_CHUNK):
@@ -81,11 +88,21 @@ def store_upload(
         if kind == "archive":
             check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members)
         key = f"uploads/{upload_id}{suffix}"
-        store.put_file(key, local, media_type=MEDIA_TYPES[suffix])
-    upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
-                    media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key)
-    repository.add_upload(session, upload)
-    session.commit()
+        upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
+                        media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key)
+        repository.add_upload(session, upload)
+        session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
+        try:
+            store.put_file(key, local, media_type=MEDIA_TYPES[suffix])
+        except Exception as exc:
+            repository.delete_upload(session, upload_id=upload_id)
+            session.commit()
+            logger.warning("storing upload %s failed: %s", upload_id, exc)
+            raise UnavailableError("the upload could not be stored; try again shortly") from exc
+        repository.complete_upload(session, upload_id=upload_id)
+        session.commit()
+    finally:
+        local.unlink(missing_ok=True)
     return upload
 
 

@@ -22,7 +22,11 @@ from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 
 def service_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    """Settings with everything under ``tmp_path`` and no throttling (tests see every write)."""
+    """Settings with everything under ``tmp_path`` and no throttling (tests see every write).
+
+    The sweeper is off unless a test turns it on (``sweep_interval_s``), so that no background
+    thread changes rows a test is looking at.
+    """
     local = tmp_path / "local"
     local.mkdir(exist_ok=True)
     values: dict[str, Any] = {
@@ -32,6 +36,7 @@ def service_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "progress_interval_s": 0.0,
         "cancel_check_interval_s": 0.0,
         "device": "cpu",
+        "sweep_interval_s": 0.0,
     }
     values.update(overrides)
     return Settings(**values)

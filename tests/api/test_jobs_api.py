@@ -198,7 +198,7 @@ def test_cancel_a_queued_job_then_again(client: TestClient, auth: dict[str, str]
     _problem(client.post("/v1/jobs/nope/cancel", headers=auth), 404, "not_found")
 
 
-def test_enqueue_failure_records_nothing_and_answers_503(
+def test_a_submit_while_the_broker_is_down_is_kept_queued_for_the_sweeper(
     tmp_path: Path, dataset_uri: str, local_root: Path
 ) -> None:
     from app.main import create_app
@@ -212,12 +212,15 @@ def test_enqueue_failure_records_nothing_and_answers_503(
     with TestClient(create_app(settings)) as client:
         response = client.post("/v1/jobs", json=job_body("hf://org/model", dataset_uri),
                                headers={"Authorization": f"Bearer {key}"})
-        _problem(response, 503, "service_unavailable")
-        assert response.headers["retry-after"]
+        assert response.status_code == 202, response.text
+        assert response.json()["status"] == "queued"
         ready = client.get("/readyz")
         _problem(ready, 503, "service_unavailable")
+        assert ready.headers["retry-after"]
     with engine.connect() as connection:
-        assert connection.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 0
+        # Recorded, and marked as never sent: the sweeper sends it once the broker answers.
+        row = connection.execute(text("SELECT status, enqueued_at FROM jobs")).one()
+        assert tuple(row) == ("queued", None)
     engine.dispose()
 
 
@@ -227,7 +230,7 @@ def test_logs_page_by_offset(client: TestClient, auth: dict[str, str], dataset_u
 
     job = client.post("/v1/jobs", json=job_body("hf://org/model", dataset_uri), headers=auth).json()
     with transaction(make_session_factory(engine)) as session:
-        repository.append_logs(session, job_id=job["id"], first_line=0, messages=[f"line {i}" for i in range(5)])
+        repository.append_logs(session, job_id=job["id"], messages=[f"line {i}" for i in range(5)])
     first = client.get(f"/v1/jobs/{job['id']}/logs", params={"limit": 3}, headers=auth).json()
     assert [line["message"] for line in first["data"]] == ["line 0", "line 1", "line 2"]
     rest = client.get(f"/v1/jobs/{job['id']}/logs", params={"offset": first["next_offset"]}, headers=auth).json()

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import repository
 from app.db import Base, make_engine, make_session_factory, transaction, upgrade_database
-from app.models import Job, JobStatus, Upload
+from app.models import Job, JobLog, JobStatus, Upload
 from app.repository import ArtifactRecord
 from app.security import generate_key
 from tests.api.helpers import postgres_schema_url
@@ -222,24 +222,30 @@ def test_logs_append_in_order_and_page_by_offset(sessions: sessionmaker[Session]
     job_id = _job(sessions, _owner(sessions))
     with transaction(sessions) as session:
         assert repository.next_log_line(session, job_id=job_id) == 0
-        after = repository.append_logs(session, job_id=job_id, first_line=0, messages=["a", "b", "c"])
+        after = repository.append_logs(session, job_id=job_id, messages=["a", "b", "c"])
         assert after == 3
-        repository.append_logs(session, job_id=job_id, first_line=after, messages=["d"])
+    with transaction(sessions) as session:  # a later writer continues the numbering
+        assert repository.append_logs(session, job_id=job_id, messages=["d"]) == 4
     with sessions() as session:
         assert repository.next_log_line(session, job_id=job_id) == 4
         assert [r.message for r in repository.read_logs(session, job_id=job_id, offset=1, limit=2)] == ["b", "c"]
         assert [r.line for r in repository.read_logs(session, job_id=job_id, offset=3, limit=10)] == [3]
         assert repository.read_logs(session, job_id=job_id, offset=4, limit=10) == []
-    with transaction(sessions) as session, pytest.raises(IntegrityError):
-        repository.append_logs(session, job_id=job_id, first_line=2, messages=["clash"])
+    with pytest.raises(IntegrityError), transaction(sessions) as session:  # line numbers are unique
+        session.add(JobLog(job_id=job_id, line=2, message="clash"))
+        session.flush()
 
 
-def test_uploads_are_visible_only_to_their_owner(sessions: sessionmaker[Session]) -> None:
+def test_uploads_are_visible_only_to_their_owner_once_complete(sessions: sessionmaker[Session]) -> None:
     alice, bob = _owner(sessions, "alice"), _owner(sessions, "bob")
     with transaction(sessions) as session:
         repository.add_upload(session, Upload(id="f" * 32, owner_id=alice, kind="data", filename="train.csv",
                                               suffix=".csv", media_type="text/csv", size=10, sha256="b" * 64,
                                               storage_key="uploads/x.csv"))
+    with sessions() as session:  # recorded, but its object is not stored yet
+        assert repository.get_upload(session, upload_id="f" * 32, owner_id=alice) is None
+    with transaction(sessions) as session:
+        repository.complete_upload(session, upload_id="f" * 32)
     with sessions() as session:
         assert repository.get_upload(session, upload_id="f" * 32, owner_id=alice) is not None
         assert repository.get_upload(session, upload_id="f" * 32, owner_id=bob) is None

@@ -1,0 +1,86 @@
+"""The heartbeat that keeps a running job's lease alive while the engine works.
+
+The engine can spend minutes in one step without calling a hook (loading a large model, a long
+forward pass over the calibration set), so the lease is renewed from a daemon thread rather than
+from the progress hooks. The thread stops the job (through :attr:`LeaseKeeper.lost`) when the row
+says another worker holds the job, or when it could not renew the lease for so long that the lease
+may have expired: past that point the sweeper may have handed the job to someone else, and two
+workers must never both believe they hold it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import repository
+from app.db import transaction
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews ``job_id``'s lease for ``worker_id`` every ``interval_s`` seconds until stopped."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        job_id: str,
+        worker_id: str,
+        lease_s: float,
+        interval_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sessions = sessions
+        self.job_id = job_id
+        self.worker_id = worker_id
+        self._lease_s = lease_s
+        self._interval_s = interval_s
+        self._clock = clock
+        # The claim wrote a lease of lease_s just before this object was made.
+        self._held_until = clock() + lease_s
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id[:8]}", daemon=True)
+
+    @property
+    def lost(self) -> bool:
+        """True once this worker must stop: the job is held by another worker, or may be."""
+        return self._lost.is_set()
+
+    def start(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def beat(self) -> None:
+        """Renew the lease once (the thread's body; tests call it directly)."""
+        started = self._clock()
+        try:
+            with transaction(self._sessions) as session:
+                held = repository.renew_lease(session, job_id=self.job_id, worker_id=self.worker_id,
+                                              lease_s=self._lease_s)
+        except Exception as exc:  # the database is unreachable: keep trying while the lease lasts
+            logger.warning("heartbeat of job %s failed: %s", self.job_id, exc)
+            if self._clock() >= self._held_until:
+                logger.error("job %s: lease not renewed for %.0f s; stopping the job", self.job_id, self._lease_s)
+                self._lost.set()
+            return
+        if not held:
+            logger.warning("job %s is no longer held by %s; stopping it", self.job_id, self.worker_id)
+            self._lost.set()
+        else:
+            self._held_until = started + self._lease_s
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s) and not self._lost.is_set():
+            self.beat()

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -156,16 +161,30 @@ def sweep_384(seed: int, repeats: int) -> dict[str, Any]:
     return {"n": 384, "ks": "2..383", "median_s": statistics.median(runs), "runs": runs}
 
 
-def memory_flatness(samples: tuple[int, ...], *, head_dim: int, seed: int) -> dict[str, Any]:
-    """Peak extra memory of the signature stage as the sample count grows (6x12 model)."""
+def _memory_probe(n: int, head_dim: int, seed: int) -> dict[str, Any]:
+    """One cold signature run in this process: the extra resident memory it needed at its peak."""
     model = bert_shaped(6, 12, head_dim, seed)
+    data = synthetic_data(n, vocab=8000, seed=seed)
+    batches = length_grouped_batches(data.lengths, np.arange(n), 32)
+    t, _, mib = signature_run(model, data, batches)
+    return {"samples": n, "signatures_s": t, "peak_extra_mib": mib}
+
+
+def memory_flatness(samples: tuple[int, ...], *, head_dim: int, seed: int, threads: int) -> dict[str, Any]:
+    """Peak extra memory of the signature stage as the sample count grows (6x12 model).
+
+    Each size runs in a fresh process, so one size's freed pages cannot hide the next one's needs.
+    """
     rows: list[dict[str, Any]] = []
     for n in samples:
-        data = synthetic_data(n, vocab=8000, seed=seed)
-        batches = length_grouped_batches(data.lengths, np.arange(n), 32)
-        signature_run(model, data, batches)  # warm the allocator once per size
-        t, _, mib = signature_run(model, data, batches)
-        rows.append({"samples": n, "signatures_s": t, "peak_extra_mib": mib})
+        code = (
+            f"import json, torch; torch.set_num_threads({threads}); from bench.stages import _memory_probe; "
+            f"print(json.dumps(_memory_probe({n}, {head_dim}, {seed})))"
+        )
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parents[1])
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     base = rows[0]["peak_extra_mib"]
     for row in rows:
         row["relative_to_first"] = row["peak_extra_mib"] / base if base else None
@@ -198,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"sweep N=384: {results['sweep_384']['median_s']:.3f} s", flush=True)
     mem_samples = tuple(int(v) for v in args.memory_samples.split(",") if v)
     if mem_samples:
-        results["memory"] = memory_flatness(mem_samples, head_dim=args.head_dim, seed=args.seed)
+        results["memory"] = memory_flatness(mem_samples, head_dim=args.head_dim, seed=args.seed,
+                                             threads=args.threads)
         for row in results["memory"]["rows"]:
             print(f"memory {row['samples']} samples: peak extra {row['peak_extra_mib']:.1f} MiB "
                   f"(x{row['relative_to_first']:.2f} of the first)", flush=True)

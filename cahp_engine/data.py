@@ -141,18 +141,26 @@ def encode(tokenizer: Any, data: LabelledTexts, *, max_length: int) -> EncodedDa
 
 
 def length_grouped_batches(
-    lengths: np.ndarray, indices: np.ndarray, batch_size: int, *, shuffle_seed: int | None = None
+    lengths: np.ndarray,
+    indices: np.ndarray,
+    batch_size: int,
+    *,
+    shuffle_seed: int | None = None,
+    longest_first: bool = False,
 ) -> list[np.ndarray]:
     """Split ``indices`` into batches of similar length.
 
-    Without a seed the batches run from shortest to longest, deterministically. With a seed, the
+    Without a seed the batches run from shortest to longest, deterministically, or from longest to
+    shortest with ``longest_first`` (the largest buffers are then allocated first and later, smaller
+    ones reuse them, so the allocator's footprint does not creep up with the lengths). With a seed, the
     samples are shuffled, cut into mega-batches of 50 batches, each sorted by length, and the batch
     order is shuffled: training still sees random batches, with little padding.
     """
     indices = np.asarray(indices, dtype=np.int64)
     if shuffle_seed is None:
         order = indices[np.argsort(lengths[indices], kind="stable")]
-        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        return batches[::-1] if longest_first else batches
     rng = np.random.default_rng(shuffle_seed)
     shuffled = rng.permutation(indices)
     mega = batch_size * 50

@@ -162,7 +162,7 @@ def select_heads(
     # fine-tuning, and the artifacts (curve, head map) then mean the same thing for every strategy.
     knee = None
     with monitor.stage("signatures"):
-        batches = length_grouped_batches(train.lengths, sig_idx, config.batch_size)
+        batches = length_grouped_batches(train.lengths, sig_idx, config.batch_size, longest_first=True)
         signatures = extract_signatures(
             model,
             iterate_batches(train, batches, device),
@@ -191,7 +191,7 @@ def select_heads(
     clustering = curve.at(k_star) if k_star >= 2 else None
 
     with monitor.stage("salience"):
-        cal_batches = length_grouped_batches(train.lengths, cal_idx, config.batch_size)
+        cal_batches = length_grouped_batches(train.lengths, cal_idx, config.batch_size, longest_first=True)
         raw = gradient_salience(
             model,
             iterate_batches(train, cal_batches, device),

@@ -44,6 +44,8 @@ def test_length_grouping_and_subsets():
     lengths = np.array([5, 1, 9, 3, 7, 2])
     batches = length_grouped_batches(lengths, np.arange(6), 2)
     assert [lengths[b].tolist() for b in batches] == [[1, 2], [3, 5], [7, 9]]
+    backwards = length_grouped_batches(lengths, np.arange(6), 2, longest_first=True)
+    assert [lengths[b].tolist() for b in backwards] == [[7, 9], [3, 5], [1, 2]]
     shuffled = length_grouped_batches(lengths, np.arange(6), 2, shuffle_seed=0)
     assert sorted(np.concatenate(shuffled).tolist()) == list(range(6))
     labels = np.array([0] * 80 + [1] * 20)

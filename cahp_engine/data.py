@@ -157,6 +157,7 @@ def length_grouped_batches(
     order is shuffled: training still sees random batches, with little padding.
     """
     indices = np.asarray(indices, dtype=np.int64)
+    batches: list[np.ndarray] = []
     if shuffle_seed is None:
         order = indices[np.argsort(lengths[indices], kind="stable")]
         batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -164,7 +165,6 @@ def length_grouped_batches(
     rng = np.random.default_rng(shuffle_seed)
     shuffled = rng.permutation(indices)
     mega = batch_size * 50
-    batches: list[np.ndarray] = []
     for start in range(0, len(shuffled), mega):
         chunk = shuffled[start : start + mega]
         chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]

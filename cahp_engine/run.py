@@ -26,7 +26,7 @@ import torch
 
 from cahp_engine.checkpoint import load_pruned, save_pruned
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import encode
+from cahp_engine.data import EncodedDataset, encode
 from cahp_engine.datasets_io import DatasetOptions, DatasetSplits, load_splits
 from cahp_engine.errors import InvalidInputError, PipelineError
 from cahp_engine.evaluation import as_device, compare_speed, count_parameters, evaluate
@@ -35,7 +35,7 @@ from cahp_engine.pipeline import SelectionResult, select_heads, validate_inputs
 from cahp_engine.plots import plot_head_map, plot_layer_retention, plot_mss_curve
 from cahp_engine.progress import Monitor
 from cahp_engine.surgery import prune_heads
-from cahp_engine.training import finetune
+from cahp_engine.training import TrainingResult, finetune
 
 #: Files written next to ``model/``.
 ARTIFACT_FILES: tuple[str, ...] = (
@@ -194,13 +194,8 @@ def _run(
     if dense_ran:
         with monitor.stage("dense_finetune"):
             say(f"dense fine-tuning ({dense_reason}): {config.dense_epochs} epochs at lr {config.dense_lr}")
-            dense_training = finetune(
-                model, train, epochs=config.dense_epochs, lr=config.dense_lr, batch_size=config.batch_size,
-                warmup_ratio=config.warmup_ratio, weight_decay=config.weight_decay,
-                max_grad_norm=config.max_grad_norm, seed=config.seed, device=device,
-                progress=lambda step, total: overall("dense_finetune", step / max(total, 1)),
-                should_cancel=should_cancel,
-            )
+            dense_training = _finetune(model, train, config, config.dense_epochs, config.dense_lr, device,
+                                       "dense_finetune", overall, should_cancel)
     with monitor.stage("dense_evaluation"):
         dense_metrics = evaluate(model, evaluation, batch_size=config.batch_size, device=device)
         say(f"dense accuracy {dense_metrics.accuracy:.4f}, macro-F1 {dense_metrics.macro_f1:.4f}")
@@ -223,13 +218,8 @@ def _run(
     say(f"pruned accuracy before recovery {before.accuracy:.4f}")
     with monitor.stage("recovery"):
         say(f"recovery fine-tuning: {config.epochs} epochs at lr {config.lr}")
-        recovery = finetune(
-            pruned, train, epochs=config.epochs, lr=config.lr, batch_size=config.batch_size,
-            warmup_ratio=config.warmup_ratio, weight_decay=config.weight_decay,
-            max_grad_norm=config.max_grad_norm, seed=config.seed, device=device,
-            progress=lambda step, total: overall("recovery", step / max(total, 1)),
-            should_cancel=should_cancel,
-        )
+        recovery = _finetune(pruned, train, config, config.epochs, config.lr, device, "recovery", overall,
+                             should_cancel)
     with monitor.stage("evaluation"):
         after = evaluate(pruned, evaluation, batch_size=config.batch_size, device=device)
         say(f"pruned accuracy after recovery {after.accuracy:.4f}")
@@ -291,6 +281,25 @@ def _run(
         "timings_s": dict(monitor.timings),
         "warnings": warnings,
     }
+
+
+def _finetune(
+    model: torch.nn.Module,
+    train: EncodedDataset,
+    config: PruningConfig,
+    epochs: float,
+    lr: float,
+    device: torch.device,
+    stage: str,
+    overall: Callable[[str, float], None],
+    should_cancel: Callable[[], bool] | None,
+) -> TrainingResult:
+    """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs and rate."""
+    return finetune(
+        model, train, epochs=epochs, lr=lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, device=device,
+        progress=lambda step, total: overall(stage, step / max(total, 1)), should_cancel=should_cancel,
+    )
 
 
 def _dense_decision(mode: str, classifier_trained: bool) -> tuple[bool, str]:

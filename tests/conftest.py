@@ -14,3 +14,5 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+pytest_plugins = ["tests.service_fixtures"]

@@ -12,19 +12,7 @@ from sqlalchemy import Engine
 
 from app.main import create_app
 from app.settings import Settings
-from tests.api.helpers import migrated_engine, new_key, service_settings
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return service_settings(tmp_path)
-
-
-@pytest.fixture
-def engine(settings: Settings) -> Iterator[Engine]:
-    engine = migrated_engine(settings)
-    yield engine
-    engine.dispose()
+from tests.api.helpers import new_key
 
 
 @pytest.fixture

@@ -29,27 +29,13 @@ from app.settings import Settings
 from app.storage import open_store
 from tests.api.helpers import (
     job_body,
-    migrated_engine,
     new_key,
-    service_settings,
     write_split,
     write_tiny_dataset,
     write_tiny_model,
 )
 from tests.tiny_models import make_tokenizer
 from worker.runner import Outcome, WorkerContext, execute_job
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return service_settings(tmp_path)
-
-
-@pytest.fixture
-def engine(settings: Settings) -> Iterator[Engine]:
-    engine = migrated_engine(settings)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

@@ -33,23 +33,11 @@ from app.services.keys import authenticate
 from app.settings import Settings
 from app.storage import open_store
 from cahp_engine.models import load_classifier
-from tests.api.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset, write_tiny_model
+from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from tests.e2e.conftest import child_env
 from worker.runner import Outcome, WorkerContext, execute_job
 
 SOURCE_ROOTS = ("cahp_engine", "app", "worker")
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return service_settings(tmp_path)
-
-
-@pytest.fixture
-def engine(settings: Settings) -> Iterator[Engine]:
-    engine = migrated_engine(settings)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

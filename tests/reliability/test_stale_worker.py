@@ -22,7 +22,7 @@ from app.models import Job
 from app.settings import Settings
 from app.storage import open_store
 from cahp_engine.run import run_pruning
-from tests.api.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset, write_tiny_model
+from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from worker import runner
 from worker.runner import Outcome, WorkerContext, execute_job
 
@@ -32,13 +32,6 @@ def settings(tmp_path: Path) -> Settings:
     # Progress and cancel checks are rare here, so only the heartbeat can notice a take-over.
     return service_settings(tmp_path, lease_s=3.0, heartbeat_interval_s=0.1, progress_interval_s=1000.0,
                             cancel_check_interval_s=1000.0)
-
-
-@pytest.fixture
-def engine(settings: Settings) -> Iterator[Engine]:
-    engine = migrated_engine(settings)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

@@ -14,20 +14,8 @@ from app.db import make_session_factory
 from app.main import create_app
 from app.settings import Settings
 from app.storage import open_store
-from tests.api.helpers import migrated_engine, new_key, service_settings, write_tiny_dataset, write_tiny_model
+from tests.api.helpers import new_key, write_tiny_dataset, write_tiny_model
 from worker.runner import WorkerContext
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return service_settings(tmp_path)
-
-
-@pytest.fixture
-def engine(settings: Settings) -> Iterator[Engine]:
-    engine = migrated_engine(settings)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,16 @@ def run(protocol: Protocol, *, base: str, data_dir: Path, cache: Path, device: t
     }
 
 
+def record_invocation(cache: Path, protocol: Protocol, invocation: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Append ``invocation`` (a computing run) to the cache's log; return the runs of this recovery recipe."""
+    path = cache / "invocations.json"
+    log: list[dict[str, Any]] = _read_json(path) or []
+    if invocation is not None:
+        log.append({**invocation, "cells_file": protocol.cells_file()})
+        _write_json(path, log)
+    return [run for run in log if run.get("cells_file") == protocol.cells_file()]
+
+
 def summarise(cells: dict[str, Any], selections: dict[int, dict[str, Any]], protocol: Protocol) -> dict[str, Any]:
     """Per degree and strategy: accuracy mean and sample std over the finished seeds, retention, k*
     and the pairwise Jaccard similarity of the kept-head sets across seeds."""
@@ -334,6 +345,7 @@ def summarise(cells: dict[str, Any], selections: dict[int, dict[str, Any]], prot
                 "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else None,
                 "accuracy_before_recovery_mean": statistics.fmean(unrecovered) if unrecovered else None,
                 "macro_f1_mean": statistics.fmean(r["macro_f1"] for r in rows) if rows else None,
+                "macro_f1_std": statistics.stdev(r["macro_f1"] for r in rows) if len(rows) > 1 else None,
                 "retention_mean": statistics.fmean(i["retention"] for i in infos) if infos else None,
                 "heads_kept_mean": statistics.fmean(i["heads_kept"] for i in infos) if infos else None,
                 "k_star_mean": statistics.fmean(i["k_star"] for i in infos) if infos else None,
@@ -359,7 +371,11 @@ def markdown(doc: dict[str, Any]) -> str:
     head = "| Method | " + " | ".join(f"Poly {d}" for d in degrees) + " |\n|---|" + "---|" * len(degrees) + "\n"
     lines = [
         f"# SST-5 quality: CAHP against salience top-k and random choice ({settings['model']})", "",
-        f"Date {doc['date']}; command `{doc['command']}`; machine {doc['machine']['cpu']} "
+        f"Date {doc['date']}; command `{doc['command']}`"
+        + (f" (this report rebuilt by `{doc['report_rebuilt_by']}`; computed by "
+           + "; ".join(f"`{r['command']}` on {r['date']} in {r['wall_s'] / 60:.0f} min" for r in doc["computed_by"])
+           + ")" if doc.get("report_rebuilt_by") and doc.get("computed_by") else "")
+        + f"; machine {doc['machine']['cpu']} "
         f"({doc['machine']['cores']} cores, {doc['machine']['torch_threads']} torch threads"
         f"{', GPU ' + doc['machine']['gpu'] if doc['machine']['gpu'] else ''}).", "",
         f"Protocol: {doc['protocol']}.", "",
@@ -387,6 +403,15 @@ def markdown(doc: dict[str, Any]) -> str:
     for strategy in STRATEGIES:
         lines.append(f"| {LABELS[strategy]} | " + " | ".join(
             _pct(summary[d][strategy]["accuracy_before_recovery_mean"]) for d in degrees) + " |")
+    lines += ["", "Macro-F1 (%) after recovery, mean ± std over seeds (a model that stops predicting a class "
+              "loses here more than in accuracy):", "", head.rstrip("\n")]
+    for strategy in STRATEGIES:
+        cells = []
+        for d in degrees:
+            row = summary[d][strategy]
+            std = "" if row.get("macro_f1_std") is None else f" ± {_pct(row['macro_f1_std'])}"
+            cells.append(f"{_pct(row['macro_f1_mean'])}{std}")
+        lines.append(f"| {LABELS[strategy]} | " + " | ".join(cells) + " |")
     lines += ["", "Jaccard similarity of the kept heads across seeds (mean over pairs, min–max):", "",
               head.rstrip("\n")]
     for strategy in STRATEGIES:
@@ -504,7 +529,15 @@ def main(argv: list[str] | None = None) -> None:
     payload = run(protocol, base=base, data_dir=args.data, cache=cache, device=device,
                   compute=not args.report_only, say=say)
     cmd = ("python -m bench quality " + " ".join(argv or [])).strip()
-    path = common.save(f"{protocol.name}.json", payload, command=cmd, protocol=protocol.describe())
+    this_run = {"command": cmd, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                "wall_s": payload["wall_s_this_invocation"]}
+    runs = record_invocation(cache, protocol, None if args.report_only else this_run)
+    payload["computed_by"] = runs
+    if args.report_only:
+        payload["report_rebuilt_by"] = cmd
+    # The figures come from the invocations that computed them; a --report-only rebuild names them.
+    command = runs[-1]["command"] if args.report_only and runs else cmd
+    path = common.save(f"{protocol.name}.json", payload, command=command, protocol=protocol.describe())
     doc = json.loads(path.read_text())
     (common.RESULTS / f"{protocol.name}.md").write_text(markdown(doc))
     plot(doc, common.RESULTS / f"{protocol.name}.png")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import common, quality, speed
+from bench import common, quality, speed, stages
 from cahp_engine.adapters import heads_per_layer
 from cahp_engine.checkpoint import save_pruned
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
@@ -83,6 +83,24 @@ def test_quality_rerun_skips_finished_cells_and_redoes_a_missing_one(tiny_setup,
     assert all(c in second["cells"] for c in same)
 
 
+def test_quality_report_only_names_the_run_that_computed_the_figures(tiny_setup, tmp_path):
+    cache, protocol = tiny_setup["cache"], tiny_setup["protocol"]
+    payload = _run(tiny_setup)
+    runs = quality.record_invocation(cache, protocol, {"command": "python -m bench quality --seeds 1,2",
+                                                       "date": "2026-11-29T10:00:00+00:00", "wall_s": 120.0})
+    other = quality.replace(protocol, recovery_epochs=3.0)
+    quality.record_invocation(cache, other, {"command": "python -m bench quality --paper-protocol",
+                                             "date": "2026-11-29T11:00:00+00:00", "wall_s": 60.0})
+    assert quality.record_invocation(cache, protocol, None) == runs and len(runs) == 1
+    doc = {**payload, "date": "2026-11-29T12:00:00+00:00", "command": runs[-1]["command"],
+           "machine": common.machine(), "protocol": protocol.describe(), "computed_by": runs,
+           "report_rebuilt_by": "python -m bench quality --report-only"}
+    header = quality.markdown(doc).splitlines()[2]
+    assert header.startswith("Date 2026-11-29T12:00:00+00:00; command `python -m bench quality --seeds 1,2` (this "
+                             "report rebuilt by `python -m bench quality --report-only`; computed by `python -m "
+                             "bench quality --seeds 1,2` on 2026-11-29T10:00:00+00:00 in 2 min)")
+
+
 def test_quality_refuses_a_cache_of_another_dense_recipe(tiny_setup):
     tiny_setup["cache"].mkdir(parents=True)
     (tiny_setup["cache"] / "manifest.json").write_text(json.dumps({"model": "something else"}))
@@ -98,6 +116,9 @@ def test_quality_report_files(tiny_setup):
     for label in quality.LABELS.values():
         assert f"| {label} |" in table
     assert "Poly 2" in table and "Poly 6" in table and "Public CAHP" not in table
+    assert "Macro-F1 (%) after recovery" in table
+    f1 = doc["summary"]["2"]["cahp"]["macro_f1_mean"]
+    assert f"| CAHP | {100 * f1:.1f} ± " in table.split("Macro-F1")[1]
     png = path.with_suffix(".png")
     quality.plot(doc, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -132,3 +153,31 @@ def test_pruned_copy_keeps_the_count_with_a_head_in_every_layer():
     with pytest.raises(ValueError):
         speed.random_heads(6, 12, 5, seed=0)
     assert speed.random_heads(6, 12, 11, seed=3) == speed.random_heads(6, 12, 11, seed=3)
+
+
+def test_stage_costs_after_selection_on_a_tiny_shape():
+    row = stages.downstream_costs(2, 4, samples=40, head_dim=4, repeats=1, seed=0, threads=1)
+    assert row["surgery_s"]["median"] > 0 and "surgery_s" not in row["pruned"]
+    for name in ("dense", "pruned"):
+        assert row[name]["finetune_epoch_s"] > 0 and row[name]["evaluation_s"]["median"] > 0
+        assert row[name]["finetune_peak_extra_mib"] > 0  # each model in a fresh process: nothing to reuse
+    assert stages.half_of_each_layer(2, 4) == {0: [0, 1], 1: [0, 1]}
+
+
+def test_stages_rerun_of_one_section_keeps_the_others(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    tiny = ["--threads", "1", "--repeats", "1", "--head-dim", "2", "--shapes", "1x2", "--memory-samples", "40,80",
+            "--downstream-samples", "40"]
+    stages.main([*tiny, "--sections", "sweep"])
+    first = json.loads((tmp_path / "stages.json").read_text())
+    assert set(first["section_runs"]) == {"sweep"} and "downstream" not in first
+    stages.main([*tiny, "--sections", "downstream,scaling"])
+    doc = json.loads((tmp_path / "stages.json").read_text())
+    assert doc["sweep_384"] == first["sweep_384"]
+    assert set(doc["section_runs"]) == {"sweep", "downstream", "scaling"}
+    assert doc["section_runs"]["sweep"] == first["section_runs"]["sweep"]
+    assert [r["samples"] for r in doc["scaling"]["rows"]] == [40, 80]
+    assert all(r["finetune_epoch"]["s"] > 0 and r["salience"]["calibration_samples"] == n // 4
+               for r, n in zip(doc["scaling"]["rows"], (40, 80), strict=True))
+    with pytest.raises(SystemExit):
+        stages.main([*tiny, "--sections", "everything"])

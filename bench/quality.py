@@ -361,6 +361,18 @@ def _pct(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{100 * value:.{digits}f}"
 
 
+def _mean_std(mean: float | None, std: float | None) -> str:
+    return _pct(mean) + ("" if std is None else f" ± {_pct(std)}")
+
+
+def _provenance(doc: dict[str, Any]) -> str:
+    """For a report rebuilt with --report-only: which runs computed its figures."""
+    if not (doc.get("report_rebuilt_by") and doc.get("computed_by")):
+        return ""
+    runs = "; ".join(f"`{r['command']}` on {r['date']} in {r['wall_s'] / 60:.0f} min" for r in doc["computed_by"])
+    return f" (this report rebuilt by `{doc['report_rebuilt_by']}`; computed by {runs})"
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """A Table I-shaped summary: methods as rows, polynomial degrees as columns."""
     settings, summary = doc["settings"], doc["summary"]
@@ -371,11 +383,7 @@ def markdown(doc: dict[str, Any]) -> str:
     head = "| Method | " + " | ".join(f"Poly {d}" for d in degrees) + " |\n|---|" + "---|" * len(degrees) + "\n"
     lines = [
         f"# SST-5 quality: CAHP against salience top-k and random choice ({settings['model']})", "",
-        f"Date {doc['date']}; command `{doc['command']}`"
-        + (f" (this report rebuilt by `{doc['report_rebuilt_by']}`; computed by "
-           + "; ".join(f"`{r['command']}` on {r['date']} in {r['wall_s'] / 60:.0f} min" for r in doc["computed_by"])
-           + ")" if doc.get("report_rebuilt_by") and doc.get("computed_by") else "")
-        + f"; machine {doc['machine']['cpu']} "
+        f"Date {doc['date']}; command `{doc['command']}`{_provenance(doc)}; machine {doc['machine']['cpu']} "
         f"({doc['machine']['cores']} cores, {doc['machine']['torch_threads']} torch threads"
         f"{', GPU ' + doc['machine']['gpu'] if doc['machine']['gpu'] else ''}).", "",
         f"Protocol: {doc['protocol']}.", "",
@@ -389,8 +397,8 @@ def markdown(doc: dict[str, Any]) -> str:
         cells = []
         for d in degrees:
             row = summary[d][strategy]
-            std = "" if row["accuracy_std"] is None else f" ± {_pct(row['accuracy_std'])}"
-            cells.append(f"{_pct(row['accuracy_mean'])}{std}<sub>{_pct(row['retention_mean'])}%</sub>")
+            share = f"<sub>{_pct(row['retention_mean'])}%</sub>"
+            cells.append(_mean_std(row["accuracy_mean"], row["accuracy_std"]) + share)
         lines.append(f"| {LABELS[strategy]} | " + " | ".join(cells) + " |")
     ref = [public["degrees"].get(d) for d in degrees]
     if show_public:
@@ -406,12 +414,9 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", "Macro-F1 (%) after recovery, mean ± std over seeds (a model that stops predicting a class "
               "loses here more than in accuracy):", "", head.rstrip("\n")]
     for strategy in STRATEGIES:
-        cells = []
-        for d in degrees:
-            row = summary[d][strategy]
-            std = "" if row.get("macro_f1_std") is None else f" ± {_pct(row['macro_f1_std'])}"
-            cells.append(f"{_pct(row['macro_f1_mean'])}{std}")
-        lines.append(f"| {LABELS[strategy]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {LABELS[strategy]} | " + " | ".join(
+            _mean_std(summary[d][strategy]["macro_f1_mean"], summary[d][strategy].get("macro_f1_std"))
+            for d in degrees) + " |")
     lines += ["", "Jaccard similarity of the kept heads across seeds (mean over pairs, min–max):", "",
               head.rstrip("\n")]
     for strategy in STRATEGIES:

@@ -96,14 +96,20 @@ def forward_backward(model: torch.nn.Module, data: EncodedDataset, batches: list
     return time.perf_counter() - start
 
 
-def signature_run(model: torch.nn.Module, data: EncodedDataset, batches: list[np.ndarray]) -> tuple[float, Any, float]:
+def _measured(fn: Any) -> tuple[float, float, Any]:
+    """Wall time, extra peak resident memory (MiB) and result of ``fn()``."""
     gc.collect()
     with PeakRss() as mem:
         start = time.perf_counter()
-        sig = extract_signatures(model, iterate_batches(data, batches), num_classes=NUM_CLASSES,
-                                 resolution=RESOLUTION)
+        value = fn()
         elapsed = time.perf_counter() - start
-    return elapsed, sig, mem.extra_mib
+    return elapsed, mem.extra_mib, value
+
+
+def signature_run(model: torch.nn.Module, data: EncodedDataset, batches: list[np.ndarray]) -> tuple[float, Any, float]:
+    elapsed, mib, sig = _measured(lambda: extract_signatures(model, iterate_batches(data, batches),
+                                                             num_classes=NUM_CLASSES, resolution=RESOLUTION))
+    return elapsed, sig, mib
 
 
 def profile_shape(layers: int, heads: int, *, samples: int, head_dim: int, repeats: int, seed: int) -> dict[str, Any]:
@@ -173,16 +179,23 @@ def sweep_384(seed: int, repeats: int) -> dict[str, Any]:
     return {"n": 384, "ks": "2..383", "median_s": statistics.median(runs), "runs": runs}
 
 
-def _memory_probe(n: int, head_dim: int, seed: int) -> dict[str, Any]:
-    """One cold signature run in this process: the extra resident memory it needed at its peak."""
+def _warmed_up(n: int, head_dim: int, seed: int) -> tuple[torch.nn.Module, EncodedDataset, list[np.ndarray]]:
+    """The 6x12 model, ``n`` samples and their longest-first batches, after a warm-up pass.
+
+    The warm-up runs the signature stage over the 96 longest samples: the first pass of a process loads
+    kernels and code pages, and the allocator's high-water mark follows the longest batch; both are
+    fixed costs, not memory that grows with the number of samples.
+    """
     model = bert_shaped(6, 12, head_dim, seed)
     data = synthetic_data(n, vocab=8000, seed=seed)
-    batches = length_grouped_batches(data.lengths, np.arange(n), 32, longest_first=True)
-    # A short warm-up pass first over the 96 longest samples: the first pass of a process loads
-    # kernels and code pages, and the allocator's high-water mark follows the longest batch; both are
-    # fixed costs, not memory that grows with the number of samples.
     longest = np.argsort(data.lengths)[-96:]
     signature_run(model, data, length_grouped_batches(data.lengths, longest, 32))
+    return model, data, length_grouped_batches(data.lengths, np.arange(n), 32, longest_first=True)
+
+
+def _memory_probe(n: int, head_dim: int, seed: int) -> dict[str, Any]:
+    """One cold signature run in this process: the extra resident memory it needed at its peak."""
+    model, data, batches = _warmed_up(n, head_dim, seed)
     t, _, mib = signature_run(model, data, batches)
     return {"samples": n, "signatures_s": t, "peak_extra_mib": mib}
 
@@ -221,16 +234,6 @@ def memory_flatness(samples: tuple[int, ...], *, head_dim: int, seed: int, threa
 
 
 # --------------------------------------------------------------------------- after the selection
-
-
-def _measured(fn: Any) -> tuple[float, float, Any]:
-    """Wall time, extra peak resident memory (MiB) and result of ``fn()``."""
-    gc.collect()
-    with PeakRss() as mem:
-        start = time.perf_counter()
-        value = fn()
-        elapsed = time.perf_counter() - start
-    return elapsed, mem.extra_mib, value
 
 
 def _one_epoch(model: torch.nn.Module, data: EncodedDataset, seed: int) -> Any:
@@ -302,15 +305,9 @@ def downstream_costs(layers: int, heads: int, *, samples: int, head_dim: int, re
 
 def _scaling_probe(n: int, head_dim: int, seed: int) -> dict[str, Any]:
     """Every sample-dependent stage once on ``n`` samples (6x12 model), in this process."""
-    model = bert_shaped(6, 12, head_dim, seed)
-    data = synthetic_data(n, vocab=8000, seed=seed)
-    everything = length_grouped_batches(data.lengths, np.arange(n), 32, longest_first=True)
-    # Warm-up as in the memory probe: kernels and the allocator's first high-water mark are fixed costs.
-    longest = np.argsort(data.lengths)[-96:]
-    signature_run(model, data, length_grouped_batches(data.lengths, longest, 32))
+    model, data, everything = _warmed_up(n, head_dim, seed)
     row: dict[str, Any] = {"samples": n}
-    t, mib, _ = _measured(lambda: extract_signatures(model, iterate_batches(data, everything),
-                                                     num_classes=NUM_CLASSES, resolution=RESOLUTION))
+    t, _, mib = signature_run(model, data, everything)
     row["signatures"] = {"s": t, "peak_extra_mib": mib}
     cal = draw_subset(n, 0.25, seed=seed + 1, labels=data.labels)
     cal_batches = length_grouped_batches(data.lengths, cal, 32, longest_first=True)

@@ -1,6 +1,6 @@
 """The ``cahp`` command: run the service, manage it, and use it from CI.
 
-Server side (read the ``CAHP_*`` settings): ``serve``, ``worker``, ``db upgrade``, ``keys create``.
+Server side (read the ``CAHP_*`` settings): ``serve``, ``worker``, ``db upgrade``, ``keys create|list|revoke``.
 Client side (read ``CAHP_URL`` and ``CAHP_API_KEY``): ``upload``, ``submit``, ``status``, ``wait``,
 ``download``. The engine adds ``prune`` (a local run without the service).
 
@@ -76,12 +76,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises the SIGTERM it caught once it has shut down; turned into SystemExit here, it
     # unwinds through the `finally` below instead of killing the process with its workers still running.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _stop_stale_workers(settings)
     children = [_start_worker(settings) for _ in range(workers)]
+    if children:
+        _pid_file(settings).write_text("".join(f"{child.pid}\n" for child in children))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
     finally:
         for child in children:
             _stop(child)
+        if children:
+            _pid_file(settings).unlink(missing_ok=True)
     return 0
 
 
@@ -90,8 +96,54 @@ def _exit_on_signal(signum: int, _frame: Any) -> None:
 
 
 def _start_worker(settings: Any) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **settings.child_environment()}
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env)
+    from worker.lifecycle import PARENT_PID_ENV, die_with_parent
+
+    parent = os.getpid()
+    env = {**os.environ, **settings.child_environment(), PARENT_PID_ENV: str(parent)}
+    # The worker dies with this server, even on kill -9 (parent-death signal, and a watchdog inside).
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env,
+                            preexec_fn=lambda: die_with_parent(parent))
+
+
+def _pid_file(settings: Any) -> Path:
+    return Path(settings.data_dir) / "embedded-workers.pid"
+
+
+def _stop_stale_workers(settings: Any) -> None:
+    """Kill workers an earlier ``cahp serve`` on this data directory left running, then forget them.
+
+    Only a process whose command line is still ``app.cli worker`` is touched (a recycled pid is not).
+    """
+    import time
+
+    path = _pid_file(settings)
+    try:
+        pids = [int(p) for p in path.read_text().split() if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"app.cli" in cmdline and b"worker" in cmdline:
+            print(f"cahp: stopping worker {pid} left by an earlier server", file=sys.stderr)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            for _ in range(100):
+                if not Path(f"/proc/{pid}").exists() or b"Z" in _proc_state(pid):
+                    break
+                time.sleep(0.05)
+    path.unlink(missing_ok=True)
+
+
+def _proc_state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b"Z"
 
 
 def _stop(child: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
@@ -118,6 +170,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except OutboundUrlRefusedError as exc:
         return _fail(str(exc))
 
+    from worker.lifecycle import follow_parent_from_environment
+
+    follow_parent_from_environment()  # started by `cahp serve`: exit with it
     celery = make_celery(settings, with_tasks=True)
     argv = ["worker", f"--pool={args.pool}", f"--concurrency={args.concurrency}", f"--queues={settings.queue}",
             f"--loglevel={args.log_level.upper()}", f"--hostname={args.name or f'cahp-{uuid.uuid4().hex[:6]}@%h'}",
@@ -153,6 +208,54 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     print(key)
+    return 0
+
+
+def _with_session(action: Any) -> Any:
+    """Run ``action(session)`` against the configured database (migrated first)."""
+    from app.db import make_engine, make_session_factory
+
+    settings = _settings()
+    _upgrade(settings)
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return action(session)
+    finally:
+        engine.dispose()
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from app.services.keys import list_api_keys
+
+    keys = _with_session(lambda session: list_api_keys(session=session))
+    if args.json:
+        _print([{"id": k.id, "name": k.name, "created_at": _when(k.created_at),
+                 "last_used_at": None if k.last_used_at is None else _when(k.last_used_at),
+                 "revoked_at": None if k.revoked_at is None else _when(k.revoked_at)} for k in keys])
+        return 0
+    rows = [("ID", "NAME", "CREATED", "LAST USED", "REVOKED")]
+    rows += [(k.id, k.name, _when(k.created_at), _when(k.last_used_at), _when(k.revoked_at)) for k in keys]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from app.errors import InvalidRequestError, NotFoundError
+    from app.services.keys import revoke_api_key
+
+    try:
+        key = _with_session(lambda session: revoke_api_key(session=session, name_or_id=args.key))
+    except (InvalidRequestError, NotFoundError) as exc:
+        return _fail(str(exc))
+    print(f"cahp: key {key.id} ({key.name}) revoked at {_when(key.revoked_at)}; requests with it now get 401",
+          file=sys.stderr)
     return 0
 
 
@@ -313,6 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create", help="create a key and print it (only once)")
     create.add_argument("--name", required=True)
     create.set_defaults(func=cmd_keys_create)
+    listing = keys_sub.add_parser("list", help="list keys: id, name, created, last used, revoked (never the key)")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=cmd_keys_list)
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by id, or by name when one live key has it")
+    revoke.add_argument("key", metavar="NAME_OR_ID")
+    revoke.set_defaults(func=cmd_keys_revoke)
 
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--url", default=os.environ.get("CAHP_URL", DEFAULT_URL),

@@ -14,7 +14,8 @@
     │   ├── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
     │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
     │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
-    └── UnavailableError          503 the database or the broker cannot be reached
+    ├── UnavailableError          503 the database or the broker cannot be reached
+    └── InsufficientStorageError  507 the server's disk filled up while storing or unpacking
 
 Engine errors (:mod:`cahp_engine.errors`) keep their own hierarchy; the problem handler in
 :mod:`app.problems` maps ``InvalidInputError`` to 422 with the engine's code. The worker records the
@@ -92,3 +93,11 @@ class UnavailableError(ServiceError):
 class OutboundUrlRefusedError(InvalidRequestError):
     code = "outbound_url_refused"
     title = "Outbound address refused"
+
+
+class InsufficientStorageError(ServiceError):
+    """The server's disk (or quota) is full: the server's problem, not the caller's input."""
+
+    status = 507
+    code = "insufficient_storage"
+    title = "Insufficient storage"

@@ -51,6 +51,8 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Refreshed at most once a minute per key (see app.services.keys), so reads stay reads.
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class Upload(Base):

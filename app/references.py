@@ -5,7 +5,7 @@
 ``hf://datasets/org/name`` a hub dataset
 ``file:///path``          a directory, archive or (datasets only) split file under an allowed root
 ``upload://id``           an upload of the same API key: an archive, or (datasets only) a split file
-``s3://bucket/key``       an object or a key prefix, when the artifact store is S3-compatible
+``s3://bucket/key``       an object or a key prefix under one of ``CAHP_ALLOWED_S3_PREFIXES``
 ========================  ===========================================================================
 
 Submit-time checks are what the API can answer at once (syntax, allowed roots, ownership of
@@ -15,6 +15,7 @@ checks ``file://`` roots again, since a path can change between submit and run.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +36,9 @@ Scheme = Literal["hf", "file", "upload", "s3"]
 Shape = Literal["hub", "directory", "archive", "file"]
 
 _HUB_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
-_HUB_ID = re.compile(rf"^{_HUB_PART}(/{_HUB_PART})?$")
-_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_HUB_ID = re.compile(rf"^{_HUB_PART}(/{_HUB_PART})?\Z")
+_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}\Z")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,11 @@ def parse_reference(uri: str, *, role: Role) -> Reference:
     Raises
     ------
     InvalidReferenceError
-        With the accepted forms when ``uri`` matches none of them.
+        With the accepted forms when ``uri`` matches none of them, or when it holds a NUL or
+        another control character anywhere (also once ``%``-decoded).
     """
+    if _has_control(uri):
+        raise InvalidReferenceError(f"the {role} reference holds a NUL or another control character; remove it")
     scheme, sep, rest = uri.partition("://")
     if not sep:
         raise InvalidReferenceError(_forms(role, f"{role} reference {uri!r} has no scheme"))
@@ -68,7 +72,10 @@ def parse_reference(uri: str, *, role: Role) -> Reference:
             raise InvalidReferenceError(f"{uri!r} must be an absolute local path like file:///data/models/x")
         if parts.query or parts.fragment:
             raise InvalidReferenceError(f"{uri!r} must not have a query or fragment")
-        return Reference(uri, "file", unquote(parts.path))
+        path = unquote(parts.path)
+        if _has_control(path):
+            raise InvalidReferenceError(f"{uri!r} decodes to a path with a NUL or another control character")
+        return Reference(uri, "file", path)
     if scheme == "upload":
         if not _UPLOAD_ID.match(rest):
             raise InvalidReferenceError(f"{uri!r} is not an upload URI; POST /v1/uploads answers one")
@@ -77,8 +84,15 @@ def parse_reference(uri: str, *, role: Role) -> Reference:
         bucket, _, key = rest.partition("/")
         if not _BUCKET.match(bucket) or not key:
             raise InvalidReferenceError(f"{uri!r} must be s3://bucket/key with a valid bucket name and a key")
+        segments = key.rstrip("/").split("/")
+        if any(part in ("", ".", "..") for part in segments):
+            raise InvalidReferenceError(f"{uri!r} has an empty, '.' or '..' part in its key; name the object plainly")
         return Reference(uri, "s3", rest)
     raise InvalidReferenceError(_forms(role, f"unknown scheme {scheme!r} in {uri!r}"))
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
 
 
 def _parse_hub(uri: str, rest: str, *, role: Role) -> Reference:
@@ -105,23 +119,108 @@ def shape_of_name(name: str) -> Shape:
     return "directory"
 
 
+def _outside_roots(path: str) -> InvalidReferenceError:
+    # The same words whether or not the path exists, and without naming the roots: a caller learns
+    # nothing about the server's files outside the directories it may read.
+    return InvalidReferenceError(
+        f"file://{path} is not in a directory this server may read; ask the operator which directories "
+        "CAHP_ALLOWED_LOCAL_ROOTS allows, or upload the files with POST /v1/uploads"
+    )
+
+
+def _under_roots(path: Path, settings: Settings) -> bool:
+    return any(path.is_relative_to(root) for root in settings.allowed_local_roots)
+
+
 def resolve_local(path: str, settings: Settings) -> Path:
-    """Resolve a ``file://`` path, following symlinks, and require it to be under an allowed root."""
+    """Resolve a ``file://`` path, following symlinks, and require it to be under an allowed root.
+
+    Only a path that resolves inside a root is said to be missing; anything else gets one message.
+    """
     if not settings.allowed_local_roots:
         raise InvalidReferenceError(
             "file:// references are disabled on this server; an operator can allow directories with "
             "CAHP_ALLOWED_LOCAL_ROOTS, or upload the files with POST /v1/uploads"
         )
     try:
-        resolved = Path(path).resolve(strict=True)
-    except (FileNotFoundError, RuntimeError, OSError) as exc:
-        raise InvalidReferenceError(f"file://{path} does not exist on the server") from exc
-    if not any(resolved.is_relative_to(root) for root in settings.allowed_local_roots):
-        roots = ", ".join(str(r) for r in settings.allowed_local_roots)
-        raise InvalidReferenceError(
-            f"file://{path} is outside the directories this server may read ({roots}); move it under one"
-        )
+        resolved = Path(path).resolve(strict=False)
+    except (RuntimeError, OSError, ValueError) as exc:  # a symlink loop, or a name the OS refuses
+        raise _outside_roots(path) from exc
+    if not _under_roots(resolved, settings):
+        raise _outside_roots(path)
+    if not resolved.exists():
+        raise InvalidReferenceError(f"file://{path} does not exist on the server")
+    check_local_tree(resolved, settings, shown=path)
     return resolved
+
+
+def check_local_tree(path: Path, settings: Settings, *, shown: str) -> None:
+    """Require every file under the directory ``path`` to resolve inside an allowed root.
+
+    A symlink inside a root may point anywhere; what is read is where it leads, so each entry is
+    resolved (directories reached through links are walked too, once each). The walk stops at
+    ``CAHP_MAX_ARCHIVE_MEMBERS`` entries.
+    """
+    if not path.is_dir():
+        return
+    seen: set[str] = set()
+    count = 0
+    for directory, dirnames, filenames in os.walk(path, followlinks=True):
+        real_dir = os.path.realpath(directory)
+        if real_dir in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real_dir)
+        for name in (*dirnames, *filenames):
+            count += 1
+            if count > settings.max_archive_members:
+                raise InvalidReferenceError(
+                    f"file://{shown} holds more than {settings.max_archive_members} files; point at a smaller directory"
+                )
+            entry = Path(directory, name)
+            if entry.is_symlink() and not _under_roots(Path(os.path.realpath(entry)), settings):
+                relative = entry.relative_to(path).as_posix()
+                raise InvalidReferenceError(
+                    f"file://{shown}: {relative!r} is a link that leads out of the directories this server may "
+                    "read; copy the file itself there"
+                )
+
+
+def check_s3_reference(ref: Reference, settings: Settings) -> tuple[str, str]:
+    """``(bucket, key)`` of an ``s3://`` reference this server may read, else InvalidReferenceError.
+
+    Readable: under one of ``CAHP_ALLOWED_S3_PREFIXES`` (empty: no ``s3://`` inputs at all) and
+    not inside the artifact store's own bucket and prefix, which holds every key's uploads and
+    results.
+    """
+    bucket, _, key = ref.target.partition("/")
+    if not settings.allowed_s3_prefixes:
+        raise InvalidReferenceError(
+            f"{ref.uri}: s3:// references are disabled on this server; an operator can allow buckets or prefixes "
+            "with CAHP_ALLOWED_S3_PREFIXES, or upload the files with POST /v1/uploads"
+        )
+    store = settings.resolved_artifact_store
+    if store.startswith("s3://"):
+        store_bucket, _, store_prefix = store[len("s3://"):].partition("/")
+        if bucket == store_bucket and _key_under(key, store_prefix):
+            raise InvalidReferenceError(
+                f"{ref.uri} names the artifact store's own objects, which no job may read; reference a file "
+                "in your own bucket, or upload it with POST /v1/uploads"
+            )
+    for allowed in settings.allowed_s3_prefixes:
+        allowed_bucket, _, allowed_prefix = allowed.partition("/")
+        if bucket == allowed_bucket and _key_under(key, allowed_prefix):
+            return bucket, key
+    raise InvalidReferenceError(
+        f"{ref.uri} is not under a bucket or prefix this server may read; ask the operator which ones "
+        "CAHP_ALLOWED_S3_PREFIXES allows, or upload the files with POST /v1/uploads"
+    )
+
+
+def _key_under(key: str, prefix: str) -> bool:
+    """Whether ``key`` is ``prefix`` or below it, as a directory (``a/b`` is not under ``a/bc``)."""
+    prefix = prefix.strip("/")
+    return not prefix or key.rstrip("/") == prefix or key.startswith(prefix + "/")
 
 
 def check_reference(
@@ -132,8 +231,9 @@ def check_reference(
     Raises
     ------
     InvalidReferenceError
-        For a ``file://`` path outside the allowed roots, an upload this key does not own, an
-        ``s3://`` URI without an S3 store, or a single file given as a model.
+        For a ``file://`` path outside the allowed roots (or holding a link out of them), an upload
+        this key does not own, an ``s3://`` URI outside ``CAHP_ALLOWED_S3_PREFIXES`` or inside the
+        artifact store, or a single file given as a model.
     """
     shape: Shape
     if ref.scheme == "hf":
@@ -152,10 +252,7 @@ def check_reference(
             raise InvalidReferenceError(f"{ref.uri} is not an upload of this API key; upload the file first")
         shape = "archive" if upload.kind == "archive" else "file"
     else:
-        if not settings.s3_store:
-            raise InvalidReferenceError(
-                f"{ref.uri}: s3:// references need an S3 artifact store (CAHP_ARTIFACT_STORE=s3://...)"
-            )
+        check_s3_reference(ref, settings)
         shape = shape_of_name(ref.target)
     if role == "model" and shape == "file":
         raise InvalidReferenceError(

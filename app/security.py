@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 
 KEY_PREFIX = "cahp"
-_KEY = re.compile(r"^cahp_([a-z0-9]{12})_([A-Za-z0-9_-]{43})$")
+_KEY = re.compile(r"^cahp_([a-z0-9]{12})_([A-Za-z0-9_-]{43})\Z")
 #: Owner of every job and upload when the server runs with ``--no-auth``.
 LOCAL_PRINCIPAL_ID = "local"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +25,7 @@ MAX_JOB_TIME_LIMIT_S = 30 * 24 * 3600
 #: Defaults of the lease on a running job and of the attempts a job gets (see docs/operations.md).
 DEFAULT_LEASE_S = 120.0
 DEFAULT_MAX_ATTEMPTS = 3
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 class Settings(BaseSettings):
@@ -86,6 +88,10 @@ class Settings(BaseSettings):
     upload_stale_s : float
         An upload not completed within this time (the API died while storing it) is removed, with
         its partial files.
+    allowed_s3_prefixes : tuple of str
+        Buckets or key prefixes (``bucket`` or ``bucket/prefix``, an ``s3://`` in front is accepted)
+        that ``s3://`` references may read, ``,``-separated in the environment. Empty (the default)
+        disables ``s3://`` inputs. The artifact store's own bucket and prefix are always refused.
     allowed_outbound_hosts : tuple of str
         Host names, addresses or networks (CIDR) that outbound requests (S3 endpoint, hub) may reach
         even though they are loopback, link-local or cloud-metadata addresses, which are refused
@@ -121,6 +127,7 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=100)
     upload_stale_s: float = Field(default=3600.0, gt=0)
     allowed_outbound_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    allowed_s3_prefixes: Annotated[tuple[str, ...], NoDecode] = ()
 
     @field_validator("allowed_local_roots", mode="before")
     @classmethod
@@ -135,6 +142,28 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("allowed_s3_prefixes", mode="before")
+    @classmethod
+    def _split_s3_prefixes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_s3_prefixes")
+    @classmethod
+    def _check_s3_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        normal = []
+        for entry in value:
+            text = entry[len("s3://"):] if entry.startswith("s3://") else entry
+            bucket, _, prefix = text.partition("/")
+            if not _S3_BUCKET.fullmatch(bucket) or any(p in (".", "..") for p in prefix.split("/")):
+                raise ValueError(
+                    f"CAHP_ALLOWED_S3_PREFIXES entries must be bucket or bucket/prefix, got {entry!r}"
+                )
+            prefix = prefix.strip("/")
+            normal.append(f"{bucket}/{prefix}" if prefix else bucket)
+        return tuple(normal)
 
     @field_validator("data_dir", "hub_cache_dir", "work_dir")
     @classmethod
@@ -239,6 +268,7 @@ class Settings(BaseSettings):
             "CAHP_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
             "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
             "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
+            "CAHP_ALLOWED_S3_PREFIXES": ",".join(self.allowed_s3_prefixes),
         }
         if self.broker_url is not None:
             env["CAHP_BROKER_URL"] = self.broker_url

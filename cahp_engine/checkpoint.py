@@ -10,6 +10,7 @@ from safetensors only: no pickle, no remote code.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,12 @@ import transformers
 from torch import nn
 
 from cahp_engine.adapters import get_adapter
-from cahp_engine.errors import ModelLoadError
+from cahp_engine.errors import CahpError, ModelLoadError
 from cahp_engine.surgery import RECORD_ATTR, prune_heads, pruning_record
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = f"{WEIGHTS_FILE}.index.json"
 # Weight files we refuse to read (pickle) but recognise, to say what to do instead.
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -82,26 +84,85 @@ def load_pruned(path: str | Path, *, device: torch.device | str | None = None) -
         raise ModelLoadError(f"{str(directory)!r} has no {CONFIG_FILE}; point at a directory written by save_pruned")
     try:
         config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
+    except Exception as exc:  # hostile values fail in many ways (OSError, ValueError, TypeError, ...)
+        raise ModelLoadError(f"cannot read {str(config_file)!r}: {type(exc).__name__}: {exc}") from exc
     get_adapter(config)
     kept = pruning_record(config)
     weights = _weights_file(directory)
     # The record describes surgery still to be done on a freshly built, full-size model.
     if hasattr(config, RECORD_ATTR):
         delattr(config, RECORD_ATTR)
-    model = transformers.AutoModelForSequenceClassification.from_config(config, trust_remote_code=False)
-    if kept is not None:
-        prune_heads(model, kept)
+    try:
+        model = transformers.AutoModelForSequenceClassification.from_config(config, trust_remote_code=False)
+        if kept is not None:
+            prune_heads(model, kept)
+    except CahpError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(
+            f"the architecture in {str(config_file)!r} cannot be built: {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         safetensors.torch.load_model(model, str(weights), strict=True)
     except (RuntimeError, OSError) as exc:
         raise ModelLoadError(
             f"the weights in {str(weights)!r} do not match the architecture described by {CONFIG_FILE}: {exc}"
         ) from exc
+    except Exception as exc:  # a malformed safetensors header (SafetensorError, ValueError, ...)
+        raise ModelLoadError(
+            f"{str(weights)!r} is not a readable safetensors file: {type(exc).__name__}: {exc}"
+        ) from exc
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def check_weight_files(directory: Path) -> None:
+    """Refuse a model directory whose weights could lead a loader outside it, or to a pickle.
+
+    ``transformers`` follows the ``weight_map`` of ``model.safetensors.index.json`` to whatever file
+    names it lists and opens any that is not ``.safetensors`` with ``torch.load``. So, before
+    ``transformers`` sees the directory, every name in the index must be a plain file name (no
+    directory part, no ``..``) ending in ``.safetensors`` and naming a regular file in ``directory``.
+
+    Raises
+    ------
+    ModelLoadError
+        For an unreadable index, or one naming anything else; also for pickle-only weights.
+    """
+    refuse_pickled_weights(directory)
+    index = directory / WEIGHTS_INDEX
+    if not (index.exists() or index.is_symlink()):
+        return
+    for shard in check_weight_index_names(index):
+        if not (directory / shard).is_file():
+            raise ModelLoadError(f"the model's {WEIGHTS_INDEX} names {shard!r}, which is not a file in the model")
+
+
+def check_weight_index_names(index: Path) -> list[str]:
+    """The shard names of a safetensors index, each a plain ``*.safetensors`` file name.
+
+    Raises
+    ------
+    ModelLoadError
+        When the index is unreadable, has no ``weight_map``, or names a path or another format.
+    """
+    try:
+        content = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"the model's {WEIGHTS_INDEX} cannot be read as JSON ({type(exc).__name__})") from exc
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelLoadError(f"the model's {WEIGHTS_INDEX} has no `weight_map` object")
+    shards = sorted({str(name) for name in weight_map.values()})
+    for shard in shards:
+        plain = shard not in ("", ".", "..") and not any(c in shard for c in "/\\\x00")
+        if not plain or not shard.endswith(".safetensors"):
+            raise ModelLoadError(
+                f"the model's {WEIGHTS_INDEX} names the weight file {shard!r}; cahp reads only .safetensors files "
+                "that sit next to the index, named without a directory"
+            )
+    return shards
 
 
 def refuse_pickled_weights(directory: Path) -> None:

@@ -38,7 +38,7 @@ FILE_SUFFIXES: tuple[str, ...] = (".csv", ".jsonl", ".parquet")
 #: Splits tried, in order, when ``DatasetOptions.eval_split`` is None.
 DEFAULT_EVAL_SPLITS: tuple[str, ...] = ("test", "validation", "dev")
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?\Z")
 _INTEGER = re.compile(r"^[+-]?\d+$")
 _SHOWN = 20  # at most this many names in one message
 
@@ -74,6 +74,9 @@ class DatasetOptions:
         for name in ("text_pair_column", "eval_split"):
             if getattr(self, name) is not None:
                 _require_name(name, getattr(self, name))
+        for name in ("train_split", "eval_split"):
+            if getattr(self, name) is not None:
+                check_split_name(name, getattr(self, name))
         if self.text_column == self.label_column:
             raise DatasetError(f"`text_column` and `label_column` must differ, both are {self.text_column!r}")
         if self.text_pair_column in (self.text_column, self.label_column):
@@ -91,6 +94,24 @@ class DatasetOptions:
         """The columns read: text, the optional pair, and label."""
         pair = (self.text_pair_column,) if self.text_pair_column is not None else ()
         return (self.text_column, *pair, self.label_column)
+
+
+#: A split name: letters, digits, ``_``, ``-`` and ``.``, not starting with a dot. Split names become
+#: file names (``{split}.csv``), so nothing that could name another directory is accepted.
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+
+
+def check_split_name(name: str, value: str) -> str:
+    """Return ``value`` if it is a valid split name, else raise :class:`DatasetError` saying why.
+
+    Hugging Face split names (``train``, ``validation_matched``, ``test.en``) all qualify.
+    """
+    if not isinstance(value, str) or SPLIT_NAME.fullmatch(value) is None:
+        raise DatasetError(
+            f"`{name}` must be a split name of 1 to 100 letters, digits, `_`, `-` or `.` that does not start "
+            f"with a dot, like `train` or `validation_matched`; got {value!r}"
+        )
+    return value
 
 
 def _require_name(name: str, value: Any) -> None:

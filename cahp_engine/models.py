@@ -21,8 +21,14 @@ from huggingface_hub import errors as hub_errors
 from torch import nn
 
 from cahp_engine.adapters import ModelAdapter, get_adapter
-from cahp_engine.checkpoint import CONFIG_FILE, load_pruned, refuse_pickled_weights
-from cahp_engine.errors import InvalidInputError, ModelLoadError
+from cahp_engine.checkpoint import (
+    CONFIG_FILE,
+    WEIGHTS_INDEX,
+    check_weight_files,
+    check_weight_index_names,
+    load_pruned,
+)
+from cahp_engine.errors import CahpError, InvalidInputError, ModelLoadError
 from cahp_engine.surgery import RECORD_ATTR
 
 
@@ -88,6 +94,26 @@ def load_classifier(
     if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2):
         raise InvalidInputError(f"`num_labels` must be an integer >= 2, got {num_labels!r}")
     ref = os.fspath(ref)
+    try:
+        return _load_classifier(ref, revision=revision, num_labels=num_labels, cache_dir=cache_dir, token=token,
+                                device=device)
+    except (CahpError, MemoryError, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        # A hostile or broken config.json or safetensors header fails deep inside transformers or
+        # safetensors in many ways; each is the model's problem, reported as such.
+        raise ModelLoadError(f"cannot load {ref!r} as a sequence classifier: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_classifier(
+    ref: str,
+    *,
+    revision: str | None,
+    num_labels: int | None,
+    cache_dir: str | None,
+    token: str | None,
+    device: torch.device | str | None,
+) -> LoadedClassifier:
     hub = {"revision": revision, "cache_dir": cache_dir, "token": token}
     config_file = _config_file(ref, **hub)
     config = _read_config(config_file)
@@ -108,7 +134,9 @@ def load_classifier(
         trained = True
     else:
         if local is not None:
-            refuse_pickled_weights(local)
+            check_weight_files(local)
+        else:
+            _check_hub_weight_index(ref, hub)
         model, trained = _from_pretrained(where, ref, adapter, num_labels, hub)
 
     if device is not None:
@@ -170,6 +198,17 @@ def _config_file(ref: str, **hub: Any) -> Path:
         raise ModelLoadError(f"{ref!r} exists on the hub but has no {CONFIG_FILE}") from exc
     except OSError as exc:
         raise ModelLoadError(f"{not_found} ({exc})") from exc
+
+
+def _check_hub_weight_index(ref: str, hub: dict[str, Any]) -> None:
+    """Fetch a hub model's safetensors index, if it has one, and check its names before transformers follows it."""
+    try:
+        index = Path(huggingface_hub.hf_hub_download(ref, WEIGHTS_INDEX, **hub))
+    except (hub_errors.EntryNotFoundError, hub_errors.LocalEntryNotFoundError):
+        return  # a single model.safetensors
+    except (OSError, hub_errors.HFValidationError) as exc:
+        raise ModelLoadError(f"cannot fetch {WEIGHTS_INDEX} of {ref!r} from the hub: {exc}") from exc
+    check_weight_index_names(index)
 
 
 def _read_config(config_file: Path) -> dict[str, Any]:

@@ -96,6 +96,8 @@ def run_pruning(
     hub_token: str | None = None,
     cache_dir: str | None = None,
     overwrite: bool = False,
+    model_name: str | None = None,
+    dataset_name: str | None = None,
     progress: Callable[[str, float], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
@@ -116,6 +118,9 @@ def run_pruning(
         Hub access for model and dataset.
     overwrite : bool
         Replace a non-empty ``output_dir`` (only once the run has succeeded).
+    model_name, dataset_name : str, optional
+        How the report and the log name the model and the dataset (default: ``model_ref`` and
+        ``dataset_ref``). The job service passes the job's URIs, so no worker path reaches a caller.
     progress : callable(stage, overall_fraction), optional
     should_cancel : callable() -> bool, optional
         Polled between steps; True raises :class:`~cahp_engine.errors.JobCancelledError`.
@@ -142,7 +147,8 @@ def run_pruning(
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         report = _run(model_ref, dataset_ref, work, config, dataset_options or DatasetOptions(), revision,
-                      hub_token, cache_dir, monitor, say, overall, should_cancel)
+                      hub_token, cache_dir, monitor, say, overall, should_cancel,
+                      names=(model_name or model_ref, dataset_name or dataset_ref))
         report["wall_time_s"] = time.perf_counter() - started
         _write_json(work / "report.json", report)
         if out.exists():
@@ -169,13 +175,16 @@ def _run(
     say: Callable[[str], None],
     overall: Callable[[str, float], None],
     should_cancel: Callable[[], bool] | None,
+    *,
+    names: tuple[str, str],
 ) -> dict[str, Any]:
     device = resolve_device(config.device)
+    model_name, dataset_name = names
     warnings: list[str] = []
     with monitor.stage("load"):
-        say(f"reading dataset {dataset_ref}")
+        say(f"reading dataset {dataset_name}")
         splits = load_splits(dataset_ref, options, revision=None, cache_dir=cache_dir, token=hub_token)
-        say(f"loading model {model_ref}" + (f" at revision {revision}" if revision else ""))
+        say(f"loading model {model_name}" + (f" at revision {revision}" if revision else ""))
         loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
                                  cache_dir=cache_dir, token=hub_token, device=device)
         model, tokenizer = loaded.model, loaded.tokenizer
@@ -247,10 +256,11 @@ def _run(
         "format_version": 1,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "summary": summary,
-        "model": {"ref": model_ref, "revision": revision, "family": loaded.family,
+        "model": {"ref": model_name, "revision": revision, "family": loaded.family,
                   "layers": loaded.num_layers, "heads_per_layer": loaded.num_heads,
                   "classifier_trained": loaded.classifier_trained},
-        "dataset": _dataset_record(dataset_ref, splits, options, len(train), len(evaluation)),
+        "dataset": _dataset_record(dataset_name, splits, options, len(train), len(evaluation),
+                                   local=dataset_name == dataset_ref),
         "config": config.to_dict(),
         "seed": config.seed,
         "device": str(device),
@@ -372,10 +382,11 @@ def _write_head_map(work: Path, result: SelectionResult) -> None:
 
 
 def _dataset_record(ref: str, splits: DatasetSplits, options: DatasetOptions, n_train: int,
-                    n_eval: int) -> dict[str, Any]:
+                    n_eval: int, *, local: bool) -> dict[str, Any]:
     return {
         "ref": ref,
-        "source": splits.source,
+        # The resolved directory or hub id; under another name (a job's URI) it would be a worker path.
+        "source": splits.source if local else ref,
         "format": splits.format,
         "splits_found": list(splits.splits_found),
         "train_split": options.train_split,

@@ -9,6 +9,7 @@ the caller records the rows only after every object is stored.
 from __future__ import annotations
 
 import hashlib
+import logging
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +19,7 @@ from app.storage import ARTIFACT_MEDIA_TYPES as MEDIA_TYPES
 from app.storage import ArtifactStore
 
 MODEL_ARCHIVE = "model.tar.gz"
+logger = logging.getLogger(__name__)
 
 
 def media_type(name: str) -> str:
@@ -48,11 +50,20 @@ def store_artifacts(
         # Packed beside output_dir, not in it, so the engine's own files are listed unchanged.
         files.append((MODEL_ARCHIVE, pack_model(output_dir / "model", output_dir.with_name(MODEL_ARCHIVE))))
     files.extend((name, output_dir / name) for name in names if (output_dir / name).is_file())
-    records = []
-    for name, path in files:
-        key = f"jobs/{job_id}/{attempt}/{name}"
-        kind = media_type(name)
-        store.put_file(key, path, media_type=kind)
-        records.append(ArtifactRecord(name=name, size=path.stat().st_size, sha256=sha256_of(path),
-                                      media_type=kind, storage_key=key))
+    records: list[ArtifactRecord] = []
+    try:
+        for name, path in files:
+            key = f"jobs/{job_id}/{attempt}/{name}"
+            kind = media_type(name)
+            store.put_file(key, path, media_type=kind)
+            records.append(ArtifactRecord(name=name, size=path.stat().st_size, sha256=sha256_of(path),
+                                          media_type=kind, storage_key=key))
+    except BaseException:
+        # A full disk (or a store that fails half-way) must not leave objects that no row points at.
+        for record in records:
+            try:
+                store.delete(record.storage_key)
+            except Exception as exc:
+                logger.warning("could not remove %s after a failed store: %s", record.storage_key, exc)
+        raise
     return records

@@ -21,9 +21,18 @@ from app.archives import archive_suffix, unpack
 from app.db import transaction
 from app.errors import InvalidReferenceError, NotFoundError
 from app.outbound import check_hub_endpoint
-from app.references import Reference, Role, Shape, parse_reference, resolve_local, shape_of_name
+from app.references import (
+    Reference,
+    Role,
+    Shape,
+    check_s3_reference,
+    parse_reference,
+    resolve_local,
+    shape_of_name,
+)
 from app.settings import Settings
 from app.storage import ArtifactStore, download_s3_object
+from cahp_engine.datasets_io import check_split_name
 from cahp_engine.errors import UnsupportedModelError
 
 DEFAULT_EVAL_SPLIT = "test"
@@ -83,8 +92,9 @@ class InputFetcher:
     def _split_files(self, train: Reference, evaluation: Reference, options: dict[str, Any]) -> str:
         target = self.workdir / "dataset"
         target.mkdir()
-        splits = ((train, options.get("train_split") or "train"),
-                  (evaluation, options.get("eval_split") or DEFAULT_EVAL_SPLIT))
+        # Checked at submit too; checked again here because the name becomes a file name.
+        splits = ((train, check_split_name("train_split", options.get("train_split") or "train")),
+                  (evaluation, check_split_name("eval_split", options.get("eval_split") or DEFAULT_EVAL_SPLIT)))
         for i, (ref, split) in enumerate(splits):
             if ref.scheme == "hf":
                 raise InvalidReferenceError(f"{ref.uri}: `uri` and `eval_uri` must both be single files")
@@ -94,7 +104,10 @@ class InputFetcher:
                     f"{ref.uri} is not a single split file; with `eval_uri`, both URIs name one .csv, .jsonl or "
                     ".parquet file each"
                 )
-            shutil.copyfile(local, target / f"{split}{_data_suffix(local.name)}")
+            destination = target / f"{split}{_data_suffix(local.name)}"
+            if destination.parent != target:  # unreachable with a checked name; never write elsewhere
+                raise InvalidReferenceError(f"split name {split!r} cannot be used as a file name")
+            shutil.copyfile(local, destination)
         return str(target)
 
     # --- fetching ----------------------------------------------------------------------------------
@@ -118,13 +131,12 @@ class InputFetcher:
         return self._fetch_s3(ref, dest)
 
     def _fetch_s3(self, ref: Reference, dest: Path) -> tuple[Path, Shape]:
-        if not self.settings.s3_store:
-            raise InvalidReferenceError(f"{ref.uri}: s3:// references need an S3 artifact store")
+        # Checked at submit too; checked again because the operator's settings may have changed.
+        bucket, key = check_s3_reference(ref, self.settings)
         if self.s3_client is None:
             from app.storage import make_s3_client
 
             self.s3_client = make_s3_client(self.settings)
-        bucket, _, key = ref.target.partition("/")
         shape = shape_of_name(key)
         if shape != "directory":
             local = dest.with_name(dest.name + (archive_suffix(key) or PurePosixPath(key).suffix))

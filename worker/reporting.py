@@ -41,6 +41,7 @@ class JobReporter:
         time_limit_s: float,
         lease_lost: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        redact: Callable[[str], str] = str,
     ) -> None:
         self._sessions = sessions
         self.job_id = job_id
@@ -49,6 +50,7 @@ class JobReporter:
         self._cancel_interval = cancel_check_interval_s
         self._clock = clock
         self._lease_lost = lease_lost
+        self.redact = redact
         self._deadline = clock() + time_limit_s
         self._stage: str | None = None
         self._fraction = 0.0
@@ -67,7 +69,7 @@ class JobReporter:
             self._write(now)
 
     def log(self, message: str) -> None:
-        for line in str(message).splitlines() or [""]:
+        for line in self.redact(str(message)).splitlines() or [""]:
             self._pending.append(line if len(line) <= MAX_LOG_LINE else line[:MAX_LOG_LINE] + " [...]")
         if self._clock() - self._last_write >= self._progress_interval:
             self._write(self._clock())

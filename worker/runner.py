@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import socket
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,17 +21,20 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import repository
+from app.archives import storage_error
 from app.db import transaction
 from app.errors import ServiceError
 from app.models import JobStatus
 from app.repository import ArtifactRecord
 from app.settings import Settings
 from app.storage import ArtifactStore
+from cahp_engine.checkpoint import check_weight_files
 from cahp_engine.config import PruningConfig
 from cahp_engine.errors import CahpError, JobCancelledError, PipelineError
 from worker.artifacts import store_artifacts
 from worker.inputs import InputFetcher, refuse_custom_code
 from worker.lease import LeaseKeeper
+from worker.redaction import job_redactor
 from worker.reporting import JobReporter
 
 logger = logging.getLogger(__name__)
@@ -107,15 +109,17 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
                            dataset=dict(job.dataset), params=dict(job.params))
     lease = LeaseKeeper(context.sessions, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
                         interval_s=settings.heartbeat_interval_s).start()
+    workdir = settings.resolved_work_dir / f"{job_id}.{claimed.attempt}"
+    redact = job_redactor(settings, workdir)
     reporter = JobReporter(
         context.sessions, job_id=job_id, worker_id=context.worker_id,
         progress_interval_s=settings.progress_interval_s,
         cancel_check_interval_s=settings.cancel_check_interval_s,
         time_limit_s=settings.job_time_limit_s,
         lease_lost=lambda: lease.lost,
+        redact=redact,
     )
     _remove_earlier_workdirs(settings.resolved_work_dir, job_id)
-    workdir = settings.resolved_work_dir / f"{job_id}.{claimed.attempt}"
     shutil.rmtree(workdir, ignore_errors=True)
     try:
         reporter.log(f"attempt {claimed.attempt} on worker {context.worker_id}, device {settings.device}")
@@ -123,12 +127,22 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
     except JobCancelledError as exc:
         return _finish_stopped(context, reporter, claimed, exc)
     except (CahpError, ServiceError) as exc:
-        reporter.log(f"failed: {exc.code}: {exc}")
-        return _finish(context, reporter, claimed, JobStatus.failed, code=exc.code, message=str(exc))
+        logger.info("job %s failed: %s: %s", job_id, exc.code, exc)
+        message = redact(str(exc))
+        reporter.log(f"failed: {exc.code}: {message}")
+        return _finish(context, reporter, claimed, JobStatus.failed, code=exc.code, message=message)
     except Exception as exc:
-        reporter.log("failed with an unexpected error:\n" + traceback.format_exc())
-        logger.exception("job %s failed", job_id)
-        message = f"unexpected {type(exc).__name__}: {exc}; see the job log"
+        full = storage_error(exc, "running the job") if isinstance(exc, OSError) else None
+        if full is not None:
+            logger.error("job %s: %s (%s)", job_id, full, exc)
+            reporter.log(f"failed: {full.code}: {full}")
+            return _finish(context, reporter, claimed, JobStatus.failed, code=full.code, message=str(full))
+        # The traceback goes to the worker's log only; the caller gets an id to quote to an operator.
+        error_id = uuid.uuid4().hex[:12]
+        logger.exception("job %s failed unexpectedly (error id %s)", job_id, error_id)
+        message = (f"the worker failed unexpectedly ({type(exc).__name__}, error id {error_id}); an operator can "
+                   "find the details under that id in the worker's log")
+        reporter.log(f"failed: internal_error: {message}")
         return _finish(context, reporter, claimed, JobStatus.failed, code="internal_error", message=message)
     finally:
         lease.stop()
@@ -163,13 +177,16 @@ def _run(
     from cahp_engine.datasets_io import DatasetOptions
 
     settings = context.settings
+    # Settings and options first: they are checked again here (a row may predate a rule), before any
+    # of them is used as a file name.
+    config = PruningConfig.from_dict({**claimed.params, "device": settings.device})
+    options = DatasetOptions(**{k: claimed.dataset[k] for k in DATASET_OPTION_KEYS if k in claimed.dataset})
     fetcher = InputFetcher(settings=settings, sessions=context.sessions, store=context.store,
                            owner_id=claimed.owner_id, workdir=workdir / "inputs")
     inputs = fetcher.prepare(model=claimed.model, dataset=claimed.dataset)
     if Path(inputs.model_ref).is_dir():
         refuse_custom_code(Path(inputs.model_ref))
-    config = PruningConfig.from_dict({**claimed.params, "device": settings.device})
-    options = DatasetOptions(**{k: claimed.dataset[k] for k in DATASET_OPTION_KEYS if k in claimed.dataset})
+        check_weight_files(Path(inputs.model_ref))
     output = workdir / "output"
     if pipeline is None:
         from cahp_engine.run import run_pruning
@@ -178,6 +195,8 @@ def _run(
     report = pipeline(
         inputs.model_ref, inputs.dataset_ref, output, config,
         dataset_options=options,
+        model_name=claimed.model["uri"],
+        dataset_name=claimed.dataset["uri"],
         revision=claimed.model.get("revision"),
         hub_token=settings.hub_token.get_secret_value() if settings.hub_token else None,
         cache_dir=str(settings.hub_cache_dir) if settings.hub_cache_dir else None,

@@ -10,12 +10,18 @@ from __future__ import annotations
 from functools import lru_cache
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 from app.db import make_engine, make_session_factory
 from app.settings import Settings
 from app.storage import open_store
 from worker.celery_app import TASK_NAME
+from worker.lifecycle import watch_parent
 from worker.runner import WorkerContext, execute_job, new_worker_id
+
+
+def _watch_worker_main(**_kwargs: object) -> None:
+    watch_parent()
 
 
 @lru_cache(maxsize=4)
@@ -27,7 +33,12 @@ def worker_context(settings: Settings) -> WorkerContext:
 
 
 def register_tasks(app: Celery, settings: Settings) -> None:
-    """Register the job task on ``app``; it runs jobs with ``settings``."""
+    """Register the job task on ``app``; it runs jobs with ``settings``.
+
+    Pool processes also get a watchdog, so none outlives the worker's main process (a ``kill -9``
+    of the worker would otherwise leave its pool children running jobs nobody holds a lease for).
+    """
+    worker_process_init.connect(_watch_worker_main, weak=False)
 
     @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
     def run_job(job_id: str) -> str:

@@ -7,6 +7,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ MAX_PAGE = 100
 MAX_LOG_PAGE = 1000
 MAX_LOG_OFFSET = 2**31 - 1
 _IDEMPOTENCY_KEY_CHARS = set(map(chr, range(0x21, 0x7F)))
+#: Hub revisions: branch and tag names (which may hold "/") or commit hashes; no control characters.
+_REVISION = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,254}")
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,10 @@ def submit_job(
     check_reference(model_ref, role="model", settings=settings, session=session, owner_id=owner_id)
     if body.model.revision is not None and model_ref.scheme != "hf":
         raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
+    if body.model.revision is not None and not _REVISION.fullmatch(body.model.revision):
+        raise InvalidReferenceError(
+            "`model.revision` must be a branch, tag or commit: letters, digits, `_`, `-`, `.` and `/`"
+        )
 
     job = Job(
         id=uuid.uuid4().hex, owner_id=owner_id, status=JobStatus.queued.value, model_uri=body.model.uri,

@@ -21,7 +21,7 @@ from typing import BinaryIO
 from sqlalchemy.orm import Session
 
 from app import repository
-from app.archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive
+from app.archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, storage_error
 from app.errors import InvalidUploadError, PayloadTooLargeError, UnavailableError
 from app.models import Upload
 from app.schemas import UploadPublic
@@ -76,13 +76,20 @@ def store_upload(
     local = settings.spool_dir / f"{upload_id}{suffix}"
     try:
         digest, size = hashlib.sha256(), 0
-        with open(local, "wb") as out:
-            while chunk := source.read(_CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLargeError(f"the upload is larger than the limit of {limit} bytes")
-                digest.update(chunk)
-                out.write(chunk)
+        try:
+            with open(local, "wb") as out:
+                while chunk := source.read(_CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLargeError(f"the upload is larger than the limit of {limit} bytes")
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as exc:
+            full = storage_error(exc, "receiving the upload")
+            if full is None:
+                raise
+            logger.error("upload %s: %s (%s)", upload_id, full, exc)
+            raise full from exc
         if size == 0:
             raise InvalidUploadError(f"{display} is empty")
         if kind == "archive":
@@ -97,13 +104,24 @@ def store_upload(
         except Exception as exc:
             repository.delete_upload(session, upload_id=upload_id)
             session.commit()
+            _remove_quietly(store, key)
             logger.warning("storing upload %s failed: %s", upload_id, exc)
+            full = storage_error(exc, "storing the upload") if isinstance(exc, OSError) else None
+            if full is not None:
+                raise full from exc
             raise UnavailableError("the upload could not be stored; try again shortly") from exc
         repository.complete_upload(session, upload_id=upload_id)
         session.commit()
     finally:
         local.unlink(missing_ok=True)
     return upload
+
+
+def _remove_quietly(store: ArtifactStore, key: str) -> None:
+    try:
+        store.delete(key)
+    except Exception as exc:  # the row is gone; the sweeper has nothing left to find, so say so
+        logger.warning("could not remove the partial upload object %s: %s", key, exc)
 
 
 def to_public(upload: Upload) -> UploadPublic:

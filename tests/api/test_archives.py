@@ -38,11 +38,28 @@ def _tar(path: Path, members: list[tuple[str, str, bytes | str]]) -> Path:
 
 def test_a_model_directory_unpacks_to_its_single_top_directory(tmp_path: Path) -> None:
     archive = _tar(tmp_path / "m.tar.gz", [("dir", "model", b""), ("file", "model/config.json", b"{}"),
-                                            ("sym", "model/alias.json", "config.json")])
+                                            ("file", "model/sub/deep.json", b"[]")])
     root = unpack(archive, tmp_path / "out", **LIMITS)
     assert root == tmp_path / "out" / "model"
-    assert (root / "config.json").read_bytes() == b"{}"
-    assert (root / "alias.json").resolve() == (root / "config.json").resolve()
+    assert (root / "config.json").read_bytes() == b"{}" and (root / "sub" / "deep.json").read_bytes() == b"[]"
+    assert oct((root / "config.json").stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_a_link_inside_the_archive_is_refused_too(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "m.tar.gz", [("file", "model/config.json", b"{}"),
+                                            ("sym", "model/alias.json", "config.json")])
+    with pytest.raises(InvalidUploadError, match="tar -h"):
+        unpack(archive, tmp_path / "out", **LIMITS)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_member_twice_or_as_file_and_directory_is_refused(tmp_path: Path) -> None:
+    twice = _tar(tmp_path / "twice.tar.gz", [("file", "a.csv", b"1"), ("file", "./a.csv", b"2")])
+    with pytest.raises(InvalidUploadError, match="twice"):
+        unpack(twice, tmp_path / "out", **LIMITS)
+    both = _tar(tmp_path / "both.tar.gz", [("file", "a", b"1"), ("file", "a/b.csv", b"2")])
+    with pytest.raises(InvalidUploadError, match="both as a file and a directory"):
+        unpack(both, tmp_path / "out2", **LIMITS)
 
 
 def test_flat_archives_unpack_in_place_and_zip_works_too(tmp_path: Path) -> None:

@@ -100,10 +100,10 @@ def test_malformed_json_and_unknown_fields_are_422(client: TestClient, auth: dic
         ("org/model", "hf://datasets/org/data", "no scheme"),
         ("hf://datasets/org/data", "hf://datasets/org/data", "names a hub dataset"),
         ("hf://org/../etc", "hf://datasets/org/data", "not a hub id"),
-        ("file:///etc", "hf://datasets/org/data", "outside the directories"),
+        ("file:///etc", "hf://datasets/org/data", "not in a directory this server may read"),
         ("upload://" + "0" * 32, "hf://datasets/org/data", "not an upload of this API key"),
-        ("s3://bucket/model.tar.gz", "hf://datasets/org/data", "S3 artifact store"),
-        ("hf://org/model", "file:///nonexistent/data", "does not exist"),
+        ("s3://bucket/model.tar.gz", "hf://datasets/org/data", "s3:// references are disabled"),
+        ("hf://org/model", "file:///nonexistent/data", "not in a directory this server may read"),
     ],
 )
 def test_unusable_references_are_422(
@@ -120,7 +120,7 @@ def test_a_symlink_out_of_an_allowed_root_is_refused(
     (local_root / "sneaky").symlink_to(outside)
     body = _problem(client.post("/v1/jobs", json=job_body("hf://org/model", f"file://{local_root}/sneaky"),
                                 headers=auth), 422, "invalid_reference")
-    assert "outside" in body["detail"]
+    assert "not in a directory this server may read" in body["detail"]
 
 
 def test_a_single_split_file_needs_an_eval_file(

@@ -30,7 +30,8 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def s3_settings(tmp_path: Path, s3_endpoint: str) -> Settings:
     # moto listens on loopback, which outbound URLs may reach only when allowed (app.outbound).
     return service_settings(tmp_path, artifact_store="s3://cahp-artifacts/team-a", s3_endpoint_url=s3_endpoint,
-                            s3_region="us-east-1", allowed_outbound_hosts=("127.0.0.1",))
+                            s3_region="us-east-1", allowed_outbound_hosts=("127.0.0.1",),
+                            allowed_s3_prefixes=("cahp-artifacts/models",))
 
 
 def test_objects_round_trip_under_the_prefix(s3_settings: Settings, tmp_path: Path, s3_endpoint: str) -> None:

@@ -95,3 +95,62 @@ def _ready(url: str) -> bool:
         return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _workers_of(server: int) -> list[int]:
+    """Pids of live ``app.cli worker`` processes started by the process ``server`` (not their pool children)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[1]) == server and b"app.cli" in cmdline and b"worker" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(tmp_path: Path) -> None:
+    env = child_env(data_dir=str(tmp_path / "cahp-data"))
+    key = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
+                         capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    server = start(["serve", "--port", str(port)], env, log)
+    try:
+        wait_for(lambda: _ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
+                 what="cahp serve and its worker", log=log)
+        # A job keeps the worker's pool process busy when the server is killed.
+        model = write_tiny_model(tmp_path / "inputs" / "model")
+        dataset = write_tiny_dataset(tmp_path / "inputs" / "dataset", train=200)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+            uris = []
+            for path in (model, dataset):
+                archive = tmp_path / f"{path.name}.tar.gz"
+                with tarfile.open(archive, "w:gz") as tar:
+                    tar.add(path, arcname=path.name)
+                sent = http.post("/v1/uploads", files={"file": (archive.name, archive.read_bytes())})
+                uris.append(sent.json()["uri"])
+            body = {"model": {"uri": uris[0]}, "dataset": {"uri": uris[1]},
+                    "params": {"epochs": 500, "dense_finetune": "never", "max_length": 32}}
+            job = http.post("/v1/jobs", json=body).json()
+            wait_for(lambda: http.get(f"/v1/jobs/{job['id']}").json()["status"] == "running", timeout=120,
+                     what="the job to start", log=log)
+        assert len(_workers_of(server.pid)) == 1
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        # No clean-up ran in the server; the worker and its pool process go by themselves.
+        wait_for(lambda: not group_alive(server.pid), timeout=15, what="the orphaned worker to exit", log=log)
+
+        restarted = start(["serve", "--port", str(port)], env, tmp_path / "serve2.log")
+        try:
+            wait_for(lambda: _ready(url), timeout=120, what="the restarted server", log=tmp_path / "serve2.log")
+            wait_for(lambda: len(_workers_of(restarted.pid)) == 1, timeout=60, what="one worker",
+                     log=tmp_path / "serve2.log")
+            assert not group_alive(server.pid)
+        finally:
+            stop(restarted)
+    finally:
+        stop(server)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import tarfile
 import zipfile
 from collections.abc import Callable, Iterator
@@ -131,22 +132,33 @@ SUBMIT_CASES: dict[str, tuple[Callable[[TestClient, str, str], Any], int, str, t
         422, "invalid_upload", ("absolute path",)),
     "tar with a link out of it": (
         lambda c, m, d: c.post("/v1/uploads", files={"file": ("d.tar.gz", _tar(("sym", "train.csv", "../../x")))}),
-        422, "invalid_upload", ("points outside the archive",)),
+        422, "invalid_upload", ("symbolic link", "tar -h")),
     "zip with ..": (
         lambda c, m, d: c.post("/v1/uploads", files={"file": ("d.zip", _zip("../../evil.csv"))}),
         422, "invalid_upload", ("'..'",)),
     "file:// outside the allowed roots": (
         lambda c, m, d: c.post("/v1/jobs", json=job_body(m, "file:///etc")),
-        422, "invalid_reference", ("outside the directories this server may read",)),
+        422, "invalid_reference", ("not in a directory this server may read",)),
 }
+
+
+def _no_server_paths(text: str, settings: Settings) -> None:
+    """No directory of the server's own (data, work, spool, Python) in what a caller reads."""
+    import sys
+
+    for path in (settings.data_dir, settings.resolved_work_dir, settings.spool_dir, sys.prefix):
+        assert str(path) not in text, (str(path), text[:2000])
+    assert "Traceback" not in text
 
 
 @pytest.mark.parametrize("case", list(SUBMIT_CASES))
 def test_bad_submissions_are_problems_that_say_what_to_change(
-    case: str, client: TestClient, model_uri: str, dataset_uri: str, engine: Engine
+    case: str, client: TestClient, model_uri: str, dataset_uri: str, engine: Engine, settings: Settings
 ) -> None:
     send, status, code, fragments = SUBMIT_CASES[case]
-    _problem(send(client, model_uri, dataset_uri), status, code, *fragments)
+    response = send(client, model_uri, dataset_uri)
+    _problem(response, status, code, *fragments)
+    _no_server_paths(response.text, settings)
     with make_session_factory(engine)() as session:
         assert session.query(Job).count() == 0  # nothing was recorded
 
@@ -248,6 +260,8 @@ def test_inputs_only_the_worker_can_judge_fail_the_job_with_a_specific_code(
     job = client.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "failed" and job["finished_at"] is not None, job
     assert job["error"]["code"] == code and fragment in job["error"]["message"], job["error"]
+    _no_server_paths(json.dumps(job), settings)
+    _no_server_paths(client.get(f"/v1/jobs/{job_id}/logs").text, settings)
     assert client.get(f"/v1/jobs/{job_id}/artifacts").json()["data"] == []
     with make_session_factory(engine)() as session:
         row = session.get(Job, job_id)

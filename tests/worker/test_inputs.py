@@ -73,7 +73,8 @@ def s3(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[tuple[Se
         yield settings.model_copy(update={"artifact_store": "s3://artifacts/cahp", "s3_endpoint_url": endpoint,
                                           "s3_region": "us-east-1",
                                           # moto listens on loopback, which outbound URLs may reach only when allowed
-                                          "allowed_outbound_hosts": ("127.0.0.1",)}), client
+                                          "allowed_outbound_hosts": ("127.0.0.1",),
+                                          "allowed_s3_prefixes": ("models",)}), client
 
 
 def test_s3_prefixes_and_archives_are_downloaded(

@@ -114,6 +114,11 @@ def check_split_name(name: str, value: str) -> str:
     return value
 
 
+#: The option names, in order (what a job's ``dataset`` record and the CLI flags may carry).
+DATASET_OPTION_FIELDS: tuple[str, ...] = ("text_column", "text_pair_column", "label_column", "train_split",
+                                          "eval_split")
+
+
 def _require_name(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value.strip():
         raise DatasetError(f"`{name}` must be a non-empty string, got {value!r}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, text
 
-from app import models  # noqa: F401 - registers the tables on Base.metadata
-from app.db import Base, make_engine
+from app.core import models  # noqa: F401 - registers the tables on Base.metadata
+from app.core.db import Base, make_engine
 
 # An arbitrary constant: the PostgreSQL advisory lock that serialises concurrent upgrades (several
 # API replicas starting at once).
@@ -38,7 +38,7 @@ def run_migrations_online() -> None:
         return
     url = context.config.get_main_option("sqlalchemy.url")
     if not url:
-        from app.settings import get_settings
+        from app.core.settings import get_settings
 
         url = get_settings().resolved_database_url
     engine = make_engine(url)

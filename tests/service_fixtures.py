@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.api.helpers import migrated_engine, service_settings
 
 

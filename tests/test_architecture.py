@@ -1,36 +1,123 @@
-"""The engine is a pure library: it must not know there is a service."""
+"""The floors of the house and the one-way rule between them (docs/architecture.md).
+
+    cahp_engine  <-  app.core  <-  {app.api, worker}  <-  app.cli
+
+Each package may import only the floors below it, and nothing imports ``bench``. Checked twice:
+by reading every import statement in the source (lazy imports inside functions included), and by
+importing every module of a floor in a fresh interpreter and looking at what got loaded. Client
+commands of ``cahp`` must not load the engine's torch code or the service's server libraries.
+"""
+
+from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"app", "worker", "fastapi", "celery", "sqlalchemy", "alembic", "redis", "kombu", "boto3"}
+SERVICE_LIBS = {"fastapi", "starlette", "uvicorn", "celery", "kombu", "sqlalchemy", "alembic", "redis", "boto3",
+                "botocore", "psycopg"}
+
+#: floor -> (its source directory, top-level names it must never import)
+RULES: dict[str, tuple[str, set[str]]] = {
+    "cahp_engine": ("cahp_engine", {"app", "worker", "bench", *SERVICE_LIBS}),
+    "app.core": ("app/core", {"app.api", "app.cli", "worker", "bench", "fastapi", "starlette", "uvicorn", "celery"}),
+    "app.api": ("app/api", {"app.cli", "worker", "bench"}),
+    "worker": ("worker", {"app.api", "app.cli", "bench", "fastapi", "starlette", "uvicorn"}),
+    "app.cli": ("app/cli", {"bench"}),
+    "app.client": ("app/client.py", {"app.core", "app.api", "app.cli", "worker", "cahp_engine", "bench",
+                                     *SERVICE_LIBS, "torch", "transformers"}),
+}
 
 
-def test_engine_source_imports_no_service_layer():
-    offenders = []
-    for path in (ROOT / "cahp_engine").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+def _imports(path: Path) -> list[str]:
+    """Absolute module names imported anywhere in ``path`` (relative imports resolved)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            names.append(module)
+            names += [f"{module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def _forbidden(name: str, banned: set[str]) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in banned)
+
+
+def _files(where: str) -> list[Path]:
+    path = ROOT / where
+    return [path] if path.is_file() else sorted(path.rglob("*.py"))
+
+
+@pytest.mark.parametrize("floor", list(RULES))
+def test_the_source_of_each_floor_imports_only_the_floors_below(floor: str) -> None:
+    where, banned = RULES[floor]
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path in _files(where) for name in _imports(path)
+                 if _forbidden(name, banned)]
     assert offenders == []
 
 
-def test_importing_the_engine_loads_no_service_module():
+def test_nothing_imports_bench() -> None:
+    offenders = [f"{path.relative_to(ROOT)}: {name}"
+                 for top in ("cahp_engine", "app", "worker", "migrations")
+                 for path in sorted((ROOT / top).rglob("*.py")) for name in _imports(path)
+                 if _forbidden(name, {"bench"})]
+    assert offenders == []
+
+
+def _loaded_after_importing(modules: list[str]) -> set[str]:
     code = (
-        "import sys, importlib, pkgutil, cahp_engine\n"
-        "for m in pkgutil.iter_modules(cahp_engine.__path__):\n"
-        "    if m.name == '__main__': continue\n"
-        "    importlib.import_module('cahp_engine.' + m.name)\n"
-        f"bad = sorted(n for n in sys.modules if n.split('.')[0] in {sorted(FORBIDDEN)!r})\n"
-        "print(','.join(bad))\n"
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _modules(where: str) -> list[str]:
+    found = []
+    for path in _files(where):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+@pytest.mark.parametrize("floor", ["cahp_engine", "app.core", "app.api", "worker"])
+def test_importing_every_module_of_a_floor_loads_nothing_from_above(floor: str) -> None:
+    where, banned = RULES[floor]
+    loaded = _loaded_after_importing(_modules(where))
+    assert sorted(name for name in loaded if _forbidden(name, banned)) == []
+
+
+def test_a_client_command_loads_neither_the_engine_nor_the_server_libraries() -> None:
+    # `cahp status` against a port nothing listens on: it fails (exit 5) after building the whole parser.
+    code = (
+        "import json, sys\n"
+        "from app.cli import main\n"
+        "code = main(['status', 'job', '--url', 'http://127.0.0.1:9'])\n"
+        "print(json.dumps([code, sorted(sys.modules)]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == ""
+    assert out.returncode == 0, out.stderr[-3000:]
+    code, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert code == 5
+    heavy = {"torch", "transformers", "numpy", "sklearn", "fastapi", "sqlalchemy", "celery", "kombu", "uvicorn",
+             "boto3", "app.core", "app.api", "worker"}
+    assert sorted(name for name in loaded if _forbidden(name, heavy)) == []

@@ -14,9 +14,9 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from app.repository import ArtifactRecord
-from app.storage import ARTIFACT_MEDIA_TYPES as MEDIA_TYPES
-from app.storage import ArtifactStore
+from app.core.repository import ArtifactRecord
+from app.core.storage import ARTIFACT_MEDIA_TYPES as MEDIA_TYPES
+from app.core.storage import ArtifactStore
 
 MODEL_ARCHIVE = "model.tar.gz"
 logger = logging.getLogger(__name__)

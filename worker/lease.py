@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.db import transaction
+from app.core import repository
+from app.core.db import transaction
+from app.core.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,11 @@ class LeaseKeeper:
         self.job_id = job_id
         self.worker_id = worker_id
         self._lease_s = lease_s
-        self._interval_s = interval_s
         self._clock = clock
         # The claim wrote a lease of lease_s just before this object was made.
         self._held_until = clock() + lease_s
-        self._stop = threading.Event()
         self._lost = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{job_id[:8]}", daemon=True)
+        self._loop = Periodic(self._beat_until_lost, interval_s=interval_s, name=f"lease-{job_id[:8]}")
 
     @property
     def lost(self) -> bool:
@@ -54,13 +53,11 @@ class LeaseKeeper:
         return self._lost.is_set()
 
     def start(self) -> LeaseKeeper:
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._loop.stop()
 
     def beat(self) -> None:
         """Renew the lease once (the thread's body; tests call it directly)."""
@@ -81,6 +78,6 @@ class LeaseKeeper:
         else:
             self._held_until = started + self._lease_s
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s) and not self._lost.is_set():
-            self.beat()
+    def _beat_until_lost(self) -> bool:
+        self.beat()
+        return self._lost.is_set()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.settings import get_settings
+from app.core.settings import get_settings
 from worker.celery_app import make_celery
 
 app = make_celery(get_settings(), with_tasks=True)

@@ -16,7 +16,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.db import transaction
+from app.core import repository
+from app.core.db import transaction
 
 logger = logging.getLogger(__name__)
 

@@ -20,19 +20,19 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.archives import storage_error
-from app.db import transaction
-from app.errors import ServiceError
-from app.models import JobStatus
-from app.repository import ArtifactRecord
-from app.settings import Settings
-from app.storage import ArtifactStore
+from app.core import repository
+from app.core.archives import storage_error
+from app.core.db import transaction
+from app.core.errors import ServiceError
+from app.core.inputs import InputFetcher, refuse_custom_code
+from app.core.models import JobStatus
+from app.core.params import dataset_options, run_config
+from app.core.repository import ArtifactRecord
+from app.core.settings import Settings
+from app.core.storage import ArtifactStore
 from cahp_engine.checkpoint import check_weight_files
-from cahp_engine.config import PruningConfig
 from cahp_engine.errors import CahpError, JobCancelledError, PipelineError
 from worker.artifacts import store_artifacts
-from worker.inputs import InputFetcher, refuse_custom_code
 from worker.lease import LeaseKeeper
 from worker.redaction import job_redactor
 from worker.reporting import JobReporter
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 Pipeline = Callable[..., dict[str, Any]]
 SUMMARY_KEYS = ("k_star", "heads_total", "heads_kept", "retention", "dense_accuracy", "pruned_accuracy",
                 "speedup")
-DATASET_OPTION_KEYS = ("text_column", "text_pair_column", "label_column", "train_split", "eval_split")
 
 
 class Outcome(enum.StrEnum):
@@ -174,13 +173,11 @@ def _remove_earlier_workdirs(work_dir: Path, job_id: str) -> None:
 def _run(
     claimed: _Claimed, context: WorkerContext, reporter: JobReporter, workdir: Path, pipeline: Pipeline | None
 ) -> tuple[dict[str, Any], list[ArtifactRecord]]:
-    from cahp_engine.datasets_io import DatasetOptions
-
     settings = context.settings
     # Settings and options first: they are checked again here (a row may predate a rule), before any
     # of them is used as a file name.
-    config = PruningConfig.from_dict({**claimed.params, "device": settings.device})
-    options = DatasetOptions(**{k: claimed.dataset[k] for k in DATASET_OPTION_KEYS if k in claimed.dataset})
+    config = run_config(claimed.params, device=settings.device)
+    options = dataset_options(claimed.dataset)
     fetcher = InputFetcher(settings=settings, sessions=context.sessions, store=context.store,
                            owner_id=claimed.owner_id, workdir=workdir / "inputs")
     inputs = fetcher.prepare(model=claimed.model, dataset=claimed.dataset)

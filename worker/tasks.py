@@ -12,10 +12,10 @@ from functools import lru_cache
 from celery import Celery
 from celery.signals import worker_process_init
 
-from app.db import make_engine, make_session_factory
-from app.settings import Settings
-from app.storage import open_store
-from worker.celery_app import TASK_NAME
+from app.core.db import make_engine, make_session_factory
+from app.core.queue import TASK_NAME
+from app.core.settings import Settings
+from app.core.storage import open_store
 from worker.lifecycle import watch_parent
 from worker.runner import WorkerContext, execute_job, new_worker_id
 

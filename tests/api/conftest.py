@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.main import create_app
-from app.settings import Settings
+from app.api.main import create_app
+from app.core.settings import Settings
 from tests.api.helpers import new_key
 
 

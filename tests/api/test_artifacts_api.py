@@ -11,11 +11,11 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app import repository
-from app.db import make_session_factory, transaction
-from app.models import JobStatus
-from app.settings import Settings
-from app.storage import open_store
+from app.core import repository
+from app.core.db import make_session_factory, transaction
+from app.core.models import JobStatus
+from app.core.settings import Settings
+from app.core.storage import open_store
 from tests.api.helpers import job_body, write_tiny_dataset
 from worker.artifacts import store_artifacts
 

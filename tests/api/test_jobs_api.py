@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.api.helpers import job_body, write_tiny_dataset
 
 
@@ -201,7 +201,7 @@ def test_cancel_a_queued_job_then_again(client: TestClient, auth: dict[str, str]
 def test_a_submit_while_the_broker_is_down_is_kept_queued_for_the_sweeper(
     tmp_path: Path, dataset_uri: str, local_root: Path
 ) -> None:
-    from app.main import create_app
+    from app.api.main import create_app
     from tests.api.helpers import free_port, migrated_engine, new_key, service_settings
 
     # A Redis URL on a port where nothing listens: the broker is down.
@@ -225,8 +225,8 @@ def test_a_submit_while_the_broker_is_down_is_kept_queued_for_the_sweeper(
 
 
 def test_logs_page_by_offset(client: TestClient, auth: dict[str, str], dataset_uri: str, engine: Engine) -> None:
-    from app import repository
-    from app.db import make_session_factory, transaction
+    from app.core import repository
+    from app.core.db import make_session_factory, transaction
 
     job = client.post("/v1/jobs", json=job_body("hf://org/model", dataset_uri), headers=auth).json()
     with transaction(make_session_factory(engine)) as session:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.errors import InvalidReferenceError
-from app.references import parse_reference, resolve_local, shape_of_name
-from app.settings import Settings, is_loopback
+from app.core.errors import InvalidReferenceError
+from app.core.settings import Settings, is_loopback
+from app.core.sources import parse_reference, resolve_local, shape_of_name
 from cahp_engine.datasets_io import FILE_SUFFIXES
 
 

@@ -14,11 +14,11 @@ from sqlalchemy import Engine, inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.db import Base, make_engine, make_session_factory, transaction, upgrade_database
-from app.models import Job, JobLog, JobStatus, Upload
-from app.repository import ArtifactRecord
-from app.security import generate_key
+from app.core import repository
+from app.core.db import Base, make_engine, make_session_factory, transaction, upgrade_database
+from app.core.models import Job, JobLog, JobStatus, Upload
+from app.core.repository import ArtifactRecord
+from app.core.security import generate_key
 from tests.api.helpers import postgres_schema_url
 
 
@@ -76,7 +76,7 @@ def test_upgrade_is_idempotent_and_downgrade_removes_everything(db: Engine) -> N
     from alembic import command
     from alembic.config import Config
 
-    from app.db import migrations_dir
+    from app.core.db import migrations_dir
 
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))

@@ -10,9 +10,9 @@ import boto3
 import pytest
 from fastapi.testclient import TestClient
 
-from app.errors import NotFoundError
-from app.settings import Settings
-from app.storage import S3Store, open_store
+from app.core.errors import NotFoundError
+from app.core.settings import Settings
+from app.core.storage import S3Store, open_store
 from tests.api.helpers import migrated_engine, moto_s3_server, new_key, service_settings
 
 
@@ -28,7 +28,7 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @pytest.fixture
 def s3_settings(tmp_path: Path, s3_endpoint: str) -> Settings:
-    # moto listens on loopback, which outbound URLs may reach only when allowed (app.outbound).
+    # moto listens on loopback, which outbound URLs may reach only when allowed (app.core.outbound).
     return service_settings(tmp_path, artifact_store="s3://cahp-artifacts/team-a", s3_endpoint_url=s3_endpoint,
                             s3_region="us-east-1", allowed_outbound_hosts=("127.0.0.1",),
                             allowed_s3_prefixes=("cahp-artifacts/models",))
@@ -57,10 +57,10 @@ def test_objects_round_trip_under_the_prefix(s3_settings: Settings, tmp_path: Pa
 
 def test_the_api_stores_uploads_and_serves_artifacts_from_s3(s3_settings: Settings, s3_endpoint: str,
                                                               tmp_path: Path) -> None:
-    from app import repository
-    from app.db import make_session_factory, transaction
-    from app.main import create_app
-    from app.models import JobStatus
+    from app.api.main import create_app
+    from app.core import repository
+    from app.core.db import make_session_factory, transaction
+    from app.core.models import JobStatus
     from tests.api.helpers import job_body, write_tiny_dataset
     from worker.artifacts import store_artifacts
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.api.helpers import job_body, tar_directory, write_tiny_dataset, write_tiny_model
 
 
@@ -117,7 +117,7 @@ def test_unsafe_archives_are_refused_at_upload(client: TestClient, auth: dict[st
 
 
 def test_an_archive_bomb_is_refused_by_its_unpacked_size(tmp_path: Path) -> None:
-    from app.main import create_app
+    from app.api.main import create_app
     from tests.api.helpers import migrated_engine, new_key, service_settings
 
     settings = service_settings(tmp_path, max_unpacked_bytes=100_000)

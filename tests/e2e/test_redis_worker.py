@@ -14,8 +14,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
+from app.api.main import create_app
+from app.core.settings import Settings
 from cahp_engine import load_pruned
 from cahp_engine.run import ARTIFACT_FILES
 from tests.api.helpers import (

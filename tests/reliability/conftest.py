@@ -25,11 +25,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_session_factory
-from app.main import create_app
-from app.models import Job
-from app.settings import Settings
-from app.storage import open_store
+from app.api.main import create_app
+from app.core.db import make_session_factory
+from app.core.models import Job
+from app.core.settings import Settings
+from app.core.storage import open_store
 from tests.api.helpers import (
     free_port,
     job_body,

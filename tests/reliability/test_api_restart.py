@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from app.broker_probe import waiting_job_ids
-from app.db import make_session_factory
-from app.storage import open_store
+from app.api.broker_probe import waiting_job_ids
+from app.core.db import make_session_factory
+from app.core.storage import open_store
 from tests.api.helpers import (
     TINY_PARAMS,
     migrated_engine,

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 from sqlalchemy import text
 
-from app.broker_probe import waiting_job_ids
-from app.db import make_session_factory
-from app.queue import JobQueue
-from app.storage import open_store
-from app.sweeper import sweep_once
+from app.api.broker_probe import waiting_job_ids
+from app.api.producer import JobQueue
+from app.api.sweeper import sweep_once
+from app.core.db import make_session_factory
+from app.core.storage import open_store
 from tests.api.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from tests.e2e.conftest import stop, wait_for
 from tests.reliability.conftest import FAST_RECOVERY, TERMINAL, PrivateRedis, Server, settings_env, start, start_server

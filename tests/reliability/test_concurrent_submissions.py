@@ -14,8 +14,8 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from app.broker_probe import job_id_of
-from app.settings import Settings
+from app.api.broker_probe import job_id_of
+from app.core.settings import Settings
 from tests.api.helpers import job_body, migrated_engine, new_key, postgres_schema_url, service_settings
 from tests.e2e.conftest import stop
 from tests.reliability.conftest import start_server

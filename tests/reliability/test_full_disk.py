@@ -18,10 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from app.db import make_session_factory
-from app.main import create_app
-from app.settings import Settings
-from app.storage import open_store
+from app.api.main import create_app
+from app.core.db import make_session_factory
+from app.core.settings import Settings
+from app.core.storage import open_store
 from cahp_engine.run import run_pruning
 from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from worker.runner import Outcome, WorkerContext, execute_job

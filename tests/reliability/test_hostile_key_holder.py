@@ -25,14 +25,14 @@ import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app import repository
-from app.archives import check_archive, unpack
-from app.db import make_session_factory, transaction
-from app.errors import InvalidUploadError
-from app.main import create_app
-from app.models import Job
-from app.settings import Settings
-from app.storage import open_store
+from app.api.main import create_app
+from app.core import repository
+from app.core.archives import check_archive, unpack
+from app.core.db import make_session_factory, transaction
+from app.core.errors import InvalidUploadError
+from app.core.models import Job
+from app.core.settings import Settings
+from app.core.storage import open_store
 from cahp_engine.checkpoint import check_weight_files
 from cahp_engine.errors import ModelLoadError
 from cahp_engine.models import load_classifier
@@ -481,7 +481,7 @@ def test_a_revoked_key_is_refused_at_once_and_keys_are_listed_without_secrets(
 
 
 def test_last_used_is_written_at_most_once_a_minute(client: TestClient, engine: Engine) -> None:
-    from app.models import ApiKey
+    from app.core.models import ApiKey
 
     client.get("/v1/jobs")
     with make_session_factory(engine)() as session:

@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.db import make_engine, make_session_factory, transaction, upgrade_database, utcnow
-from app.models import Job, JobStatus
-from app.security import generate_key
-from app.settings import Settings
+from app.core import repository
+from app.core.db import make_engine, make_session_factory, transaction, upgrade_database, utcnow
+from app.core.models import Job, JobStatus
+from app.core.security import generate_key
+from app.core.settings import Settings
 from tests.api.helpers import postgres_schema_url
 from worker.lease import LeaseKeeper
 

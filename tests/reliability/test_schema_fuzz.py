@@ -27,12 +27,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from app import repository
-from app.db import make_session_factory, transaction
-from app.main import create_app
-from app.models import JobStatus
-from app.repository import ArtifactRecord
-from app.storage import open_store
+from app.api.main import create_app
+from app.core import repository
+from app.core.db import make_session_factory, transaction
+from app.core.models import JobStatus
+from app.core.repository import ArtifactRecord
+from app.core.storage import open_store
 from tests.api.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset
 
 EXAMPLES_PER_OPERATION = 25

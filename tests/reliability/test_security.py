@@ -22,16 +22,16 @@ import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from app import repository
-from app.db import make_session_factory, transaction
-from app.errors import OutboundUrlRefusedError
-from app.main import create_app
-from app.models import JobStatus
-from app.outbound import check_outbound_url
-from app.repository import ArtifactRecord
-from app.services.keys import authenticate
-from app.settings import Settings
-from app.storage import open_store
+from app.api.main import create_app
+from app.core import repository
+from app.core.db import make_session_factory, transaction
+from app.core.errors import OutboundUrlRefusedError
+from app.core.keys import authenticate
+from app.core.models import JobStatus
+from app.core.outbound import check_outbound_url
+from app.core.repository import ArtifactRecord
+from app.core.settings import Settings
+from app.core.storage import open_store
 from cahp_engine.models import load_classifier
 from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from tests.e2e.conftest import child_env

@@ -2,7 +2,7 @@
 writes nothing, and leaves nothing in the store: only the new holder's attempt is ever served.
 
 These run the worker's own code (:func:`worker.runner.execute_job`) with the real engine in this
-process; the take-over is what :func:`app.repository.claim_job` does once the lease expired.
+process; the take-over is what :func:`app.core.repository.claim_job` does once the lease expired.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
-from app import repository
-from app.db import make_session_factory, transaction
-from app.main import create_app
-from app.models import Job
-from app.settings import Settings
-from app.storage import open_store
+from app.api.main import create_app
+from app.core import repository
+from app.core.db import make_session_factory, transaction
+from app.core.models import Job
+from app.core.settings import Settings
+from app.core.storage import open_store
 from cahp_engine.run import run_pruning
 from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from worker import runner

@@ -1,4 +1,4 @@
-"""One sweep at a time (:func:`app.sweeper.sweep_once`), against the embedded broker and a real store,
+"""One sweep at a time (:func:`app.api.sweeper.sweep_once`), against the embedded broker and a real store,
 with the job database on SQLite and on PostgreSQL.
 """
 
@@ -16,15 +16,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.broker_probe import job_id_of, waiting_job_ids
-from app.db import make_session_factory, transaction, utcnow
-from app.main import create_app
-from app.models import Job, Upload
-from app.queue import JobQueue
-from app.settings import Settings
-from app.storage import ArtifactStore, open_store
-from app.sweeper import SweepReport, sweep_once
+from app.api.broker_probe import job_id_of, waiting_job_ids
+from app.api.main import create_app
+from app.api.producer import JobQueue
+from app.api.sweeper import SweepReport, sweep_once
+from app.core import repository
+from app.core.db import make_session_factory, transaction, utcnow
+from app.core.models import Job, Upload
+from app.core.settings import Settings
+from app.core.storage import ArtifactStore, open_store
 from tests.api.helpers import free_port, job_body, migrated_engine, new_key, postgres_schema_url, service_settings
 
 

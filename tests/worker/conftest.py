@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_session_factory
-from app.main import create_app
-from app.settings import Settings
-from app.storage import open_store
+from app.api.main import create_app
+from app.core.db import make_session_factory
+from app.core.settings import Settings
+from app.core.storage import open_store
 from tests.api.helpers import new_key, write_tiny_dataset, write_tiny_model
 from worker.runner import WorkerContext
 

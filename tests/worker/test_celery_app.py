@@ -6,10 +6,11 @@ from pathlib import Path
 
 from kombu import Connection
 
-from app.queue import JobQueue
-from app.settings import Settings
+from app.api.producer import JobQueue
+from app.core.queue import TASK_NAME, celery_config
+from app.core.settings import Settings
 from tests.api.helpers import service_settings
-from worker.celery_app import TASK_NAME, celery_config, make_celery
+from worker.celery_app import make_celery
 
 
 def test_one_job_per_worker_acknowledged_late(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.errors import InvalidReferenceError, InvalidUploadError
-from app.settings import Settings
-from app.storage import open_store
+from app.core.errors import InvalidReferenceError, InvalidUploadError
+from app.core.inputs import InputFetcher
+from app.core.settings import Settings
+from app.core.storage import open_store
 from tests.api.helpers import moto_s3_server, tar_directory, write_tiny_dataset, write_tiny_model
-from worker.inputs import InputFetcher
 
 
 def _fetcher(settings: Settings, sessions: sessionmaker[Session], owner: str, workdir: Path) -> InputFetcher:

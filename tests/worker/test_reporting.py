@@ -7,10 +7,10 @@ import uuid
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.db import transaction
-from app.models import Job
-from app.security import generate_key
+from app.core import repository
+from app.core.db import transaction
+from app.core.models import Job
+from app.core.security import generate_key
 from worker.reporting import MAX_LOG_LINE, JobReporter
 
 

@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import repository
-from app.db import transaction
-from app.models import Job
-from app.settings import Settings
-from app.storage import open_store
+from app.core import repository
+from app.core.db import transaction
+from app.core.models import Job
+from app.core.settings import Settings
+from app.core.storage import open_store
 from cahp_engine.checkpoint import load_pruned
 from cahp_engine.run import ARTIFACT_FILES, run_pruning
 from tests.api.helpers import job_body, write_split

@@ -1,0 +1,64 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from app.api.problems import install_problem_handlers
+from app.api.producer import JobQueue
+from app.api.routes import health, jobs, uploads
+from app.api.sweeper import Sweeper
+from app.core.db import make_engine, make_session_factory, transaction
+from app.core.repository import ensure_local_principal
+from app.core.settings import Settings, get_settings
+from app.core.storage import open_store
+
+API_VERSION = "1.0.0"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API for ``settings`` (default: :func:`get_settings`). The schema must be migrated."""
+    settings = settings or get_settings()
+    engine = make_engine(settings.resolved_database_url)
+    sessions = make_session_factory(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.no_auth:
+            await run_in_threadpool(_ensure_local_principal)
+        # Takes over jobs of lost workers and re-sends lost messages; see app.api.sweeper.
+        sweeper = None
+        if settings.sweep_interval_s > 0:
+            sweeper = Sweeper(sessions=sessions, queue=app.state.queue, store=app.state.store,
+                              settings=settings).start()
+        yield
+        if sweeper is not None:
+            await run_in_threadpool(sweeper.stop)
+        app.state.queue.close()
+        engine.dispose()
+
+    def _ensure_local_principal() -> None:
+        with transaction(sessions) as session:
+            ensure_local_principal(session)
+
+    app = FastAPI(
+        title="cahp",
+        version=API_VERSION,
+        summary="Complementary Attention Head Pruning as a job service",
+        description="Submit a pruning job naming a model and a dataset, poll it, download the pruned "
+        "checkpoint, the MSS curve and the head map. Errors are application/problem+json.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.sessions = sessions
+    app.state.store = open_store(settings)
+    app.state.queue = JobQueue(settings)
+    install_problem_handlers(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(uploads.router)
+    return app

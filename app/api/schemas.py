@@ -1,0 +1,195 @@
+"""Request and response bodies: ``...Create`` for input, ``...Public`` for output.
+
+Input models forbid unknown fields, so a misspelt option is a 422 rather than silently ignored.
+``JobParams`` is derived from :class:`cahp_engine.config.PruningConfig` and only checks types; the
+ranges are checked by ``PruningConfig`` itself, so the API and ``cahp prune`` give the same messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from app.core.models import JobStatus
+from app.core.params import SERVICE_ONLY_PARAMS
+from cahp_engine.config import PruningConfig
+
+T = TypeVar("T")
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Input):
+    uri: str = Field(
+        min_length=1, max_length=2048,
+        description="hf://org/name, file:///path, upload://id or s3://bucket/key",
+        examples=["hf://prajjwal1/bert-tiny", "upload://3f2c..."],
+    )
+    revision: str | None = Field(default=None, max_length=255, description="Hub revision (hf:// only)")
+
+
+class DatasetSpec(_Input):
+    uri: str = Field(
+        min_length=1, max_length=2048,
+        description="hf://datasets/org/name, file:///dir, upload://id or s3://bucket/key; a directory or "
+        "archive of {split}.csv/.jsonl/.parquet files, or a single split file (then give eval_uri)",
+    )
+    eval_uri: str | None = Field(
+        default=None, max_length=2048,
+        description="A second single file holding the evaluation split, when `uri` is a single file",
+    )
+    text_column: str = Field(default="text", min_length=1, max_length=200)
+    text_pair_column: str | None = Field(default=None, min_length=1, max_length=200)
+    label_column: str = Field(default="label", min_length=1, max_length=200)
+    train_split: str = Field(default="train", min_length=1, max_length=200)
+    eval_split: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+
+
+def _params_model() -> type[BaseModel]:
+    """``JobParams``: every PruningConfig field but ``device``, each optional, types only.
+
+    Built from the dataclass so the API accepts exactly what ``cahp prune`` does as the engine grows.
+    """
+    hints = get_type_hints(PruningConfig)
+    fields: dict[str, Any] = {
+        f.name: (_json_type(hints[f.name]) | None, Field(default=None))
+        for f in dataclasses.fields(PruningConfig)
+        if f.name not in SERVICE_ONLY_PARAMS
+    }
+    return create_model(
+        "JobParams",
+        __config__=ConfigDict(extra="forbid", strict=True),
+        __doc__="Pruning settings, the same as the `cahp prune` options; unset ones take the engine's "
+        "defaults and ranges are checked as `cahp prune` checks them.",
+        **fields,
+    )
+
+
+def _json_type(hint: Any) -> Any:
+    # JSON has arrays, not tuples; PruningConfig.from_dict turns the lists back into tuples.
+    if get_origin(hint) is tuple:
+        return list[get_args(hint)[0]]  # type: ignore[misc]
+    return hint
+
+
+if TYPE_CHECKING:
+
+    class JobParams(BaseModel):
+        pass
+
+else:
+    JobParams = _params_model()
+
+
+def given_params(params: BaseModel) -> dict[str, Any]:
+    """The settings the client set to a value (``null`` means "the default" for every one)."""
+    return {k: v for k, v in params.model_dump(exclude_unset=True).items() if v is not None}
+
+
+class JobCreate(_Input):
+    model: ModelSpec
+    dataset: DatasetSpec
+    params: JobParams = Field(default_factory=JobParams)
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class JobResult(BaseModel):
+    k_star: int | None = None
+    heads_total: int | None = None
+    heads_kept: int | None = None
+    retention: float | None = None
+    dense_accuracy: float | None = None
+    pruned_accuracy: float | None = None
+    speedup: float | None = None
+
+
+class JobLinks(BaseModel):
+    self: str
+    logs: str
+    artifacts: str
+    cancel: str
+
+
+class JobPublic(BaseModel):
+    id: str
+    status: JobStatus
+    stage: str | None
+    progress: float = Field(ge=0, le=1)
+    cancel_requested: bool
+    model: ModelSpec
+    dataset: DatasetSpec
+    params: dict[str, Any] = Field(description="The full effective pruning settings")
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    error: JobError | None
+    result: JobResult | None
+    links: JobLinks
+
+
+class Page(BaseModel, Generic[T]):
+    data: list[T]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page")
+
+
+class LogLine(BaseModel):
+    offset: int
+    time: dt.datetime
+    message: str
+
+
+class LogPage(BaseModel):
+    data: list[LogLine]
+    next_offset: int = Field(description="Pass as `offset` to read the lines written after these")
+
+
+class ArtifactPublic(BaseModel):
+    name: str
+    size: int
+    sha256: str
+    media_type: str
+    url: str
+
+
+class UploadPublic(BaseModel):
+    id: str
+    uri: str
+    kind: Literal["archive", "data"]
+    filename: str
+    size: int
+    sha256: str
+    media_type: str
+    created_at: dt.datetime
+
+
+class Readiness(BaseModel):
+    status: Literal["ok"]
+    database: Literal["ok"]
+    broker: Literal["ok"]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Problem(BaseModel):
+    """An error, as ``application/problem+json`` (RFC 9457) with a stable ``code``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str

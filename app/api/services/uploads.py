@@ -1,0 +1,130 @@
+"""Storing uploaded dataset files and model or dataset archives.
+
+The client's file name only decides the kind (by its suffix) and is kept for display; the stored
+object's name is generated. Archives are checked member by member before they are accepted, so an
+unsafe archive is refused at upload time rather than when a job runs.
+
+An upload either completes or leaves nothing. The file is first written to the spool directory;
+then the row is recorded as incomplete, the object stored, and the row marked complete. Only
+complete uploads can be used. If the API dies in between, the sweeper removes the incomplete row,
+its object and the spool file after ``CAHP_UPLOAD_STALE_S`` (:mod:`app.api.sweeper`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from pathlib import PurePosixPath, PureWindowsPath
+from typing import BinaryIO
+
+from sqlalchemy.orm import Session
+
+from app.api.schemas import UploadPublic
+from app.core import repository
+from app.core.archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, storage_error
+from app.core.errors import InvalidUploadError, PayloadTooLargeError, UnavailableError
+from app.core.models import Upload
+from app.core.settings import Settings
+from app.core.storage import ArtifactStore
+from cahp_engine.datasets_io import FILE_SUFFIXES as DATA_SUFFIXES
+
+MEDIA_TYPES = {".csv": "text/csv", ".jsonl": "application/jsonl", ".parquet": "application/vnd.apache.parquet",
+               ".zip": "application/zip", ".tar": "application/x-tar", ".tar.gz": "application/gzip",
+               ".tgz": "application/gzip"}
+_CHUNK = 1024 * 1024
+logger = logging.getLogger(__name__)
+
+
+def classify(filename: str) -> tuple[str, str]:
+    """``(kind, suffix)`` of an upload from its name: ``archive`` or ``data``; else InvalidUploadError."""
+    suffix = archive_suffix(filename)
+    if suffix is not None:
+        return "archive", suffix
+    lower = filename.lower()
+    data = next((s for s in DATA_SUFFIXES if lower.endswith(s)), None)
+    if data is not None:
+        return "data", data
+    accepted = ", ".join((*DATA_SUFFIXES, *ARCHIVE_SUFFIXES))
+    raise InvalidUploadError(f"cannot tell what {filename!r} is from its name; accepted suffixes: {accepted}")
+
+
+def store_upload(
+    *,
+    session: Session,
+    store: ArtifactStore,
+    settings: Settings,
+    owner_id: str,
+    filename: str,
+    source: BinaryIO,
+) -> Upload:
+    """Copy ``source`` into the store as a new upload of ``owner_id``.
+
+    Raises
+    ------
+    PayloadTooLargeError
+        When ``source`` holds more than ``CAHP_MAX_UPLOAD_BYTES``.
+    InvalidUploadError
+        For an empty file, an unknown suffix, or an unsafe or corrupt archive.
+    """
+    # Only the last path component of the client's name is kept, whatever its path syntax.
+    display = PureWindowsPath(PurePosixPath(filename).name).name.strip() or "upload"
+    kind, suffix = classify(display)
+    upload_id = uuid.uuid4().hex
+    limit = settings.max_upload_bytes
+    settings.spool_dir.mkdir(parents=True, exist_ok=True)
+    local = settings.spool_dir / f"{upload_id}{suffix}"
+    try:
+        digest, size = hashlib.sha256(), 0
+        try:
+            with open(local, "wb") as out:
+                while chunk := source.read(_CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLargeError(f"the upload is larger than the limit of {limit} bytes")
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as exc:
+            full = storage_error(exc, "receiving the upload")
+            if full is None:
+                raise
+            logger.error("upload %s: %s (%s)", upload_id, full, exc)
+            raise full from exc
+        if size == 0:
+            raise InvalidUploadError(f"{display} is empty")
+        if kind == "archive":
+            check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members)
+        key = f"uploads/{upload_id}{suffix}"
+        upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
+                        media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key)
+        repository.add_upload(session, upload)
+        session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
+        try:
+            store.put_file(key, local, media_type=MEDIA_TYPES[suffix])
+        except Exception as exc:
+            repository.delete_upload(session, upload_id=upload_id)
+            session.commit()
+            _remove_quietly(store, key)
+            logger.warning("storing upload %s failed: %s", upload_id, exc)
+            full = storage_error(exc, "storing the upload") if isinstance(exc, OSError) else None
+            if full is not None:
+                raise full from exc
+            raise UnavailableError("the upload could not be stored; try again shortly") from exc
+        repository.complete_upload(session, upload_id=upload_id)
+        session.commit()
+    finally:
+        local.unlink(missing_ok=True)
+    return upload
+
+
+def _remove_quietly(store: ArtifactStore, key: str) -> None:
+    try:
+        store.delete(key)
+    except Exception as exc:  # the row is gone; the sweeper has nothing left to find, so say so
+        logger.warning("could not remove the partial upload object %s: %s", key, exc)
+
+
+def to_public(upload: Upload) -> UploadPublic:
+    return UploadPublic(id=upload.id, uri=f"upload://{upload.id}", kind=upload.kind,  # type: ignore[arg-type]
+                        filename=upload.filename, size=upload.size, sha256=upload.sha256,
+                        media_type=upload.media_type, created_at=upload.created_at)

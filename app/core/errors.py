@@ -1,0 +1,99 @@
+"""The service's exceptions, in one hierarchy, each with a stable ``code`` and a title.
+
+These are domain errors: they say what went wrong, not how HTTP answers it. The API maps each
+class to a status (:data:`app.api.problems.STATUS_OF`, shown here for reference); the worker
+records the ``code`` on a failed job.
+
+::
+
+    ServiceError                      every error the service raises on purpose
+    ├── AuthenticationError       401 a missing, malformed or unknown API key
+    ├── NotFoundError             404 no such job, upload or artifact *for this key*
+    ├── ConflictError             409 the request contradicts the resource's state
+    │   └── JobFinishedError      409 cancelling a job that already succeeded or failed
+    ├── PayloadTooLargeError      413 an upload over ``CAHP_MAX_UPLOAD_BYTES``
+    ├── InvalidRequestError       422 input the caller must change
+    │   ├── InvalidReferenceError 422 a model or dataset URI that cannot be used
+    │   ├── InvalidUploadError    422 an upload of an unknown kind, or a bad archive
+    │   ├── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
+    │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
+    │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
+    ├── UnavailableError          503 the database or the broker cannot be reached
+    └── InsufficientStorageError  507 the server's disk filled up while storing or unpacking
+
+Engine errors (:mod:`cahp_engine.errors`) keep their own hierarchy; the problem handler in
+:mod:`app.api.problems` maps ``InvalidInputError`` to 422 with the engine's code. The worker records the
+``code`` of either hierarchy on a failed job, so one vocabulary of codes covers submit-time and
+run-time failures.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base class of the service's deliberate errors."""
+
+    code = "internal_error"
+    title = "Internal error"
+
+
+class AuthenticationError(ServiceError):
+    code = "unauthenticated"
+    title = "Authentication required"
+
+
+class NotFoundError(ServiceError):
+    code = "not_found"
+    title = "Not found"
+
+
+class ConflictError(ServiceError):
+    code = "conflict"
+    title = "Conflict"
+
+
+class JobFinishedError(ConflictError):
+    code = "job_finished"
+    title = "Job already finished"
+
+
+class PayloadTooLargeError(ServiceError):
+    code = "payload_too_large"
+    title = "Payload too large"
+
+
+class InvalidRequestError(ServiceError, ValueError):
+    code = "invalid_request"
+    title = "Invalid request"
+
+
+class InvalidReferenceError(InvalidRequestError):
+    code = "invalid_reference"
+    title = "Invalid model or dataset reference"
+
+
+class InvalidUploadError(InvalidRequestError):
+    code = "invalid_upload"
+    title = "Invalid upload"
+
+
+class IdempotencyKeyReusedError(InvalidRequestError):
+    code = "idempotency_key_reused"
+    title = "Idempotency key reused with a different request"
+
+
+class UnavailableError(ServiceError):
+    code = "service_unavailable"
+    title = "Service unavailable"
+
+
+class OutboundUrlRefusedError(InvalidRequestError):
+    code = "outbound_url_refused"
+    title = "Outbound address refused"
+
+
+class InsufficientStorageError(ServiceError):
+    """The server's disk (or quota) is full: the server's problem, not the caller's input."""
+
+    code = "insufficient_storage"
+    title = "Insufficient storage"

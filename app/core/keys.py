@@ -1,0 +1,99 @@
+"""Creating, listing and revoking API keys, and finding the key a request presents."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from app.core import repository
+from app.core.db import utcnow
+from app.core.errors import AuthenticationError, InvalidRequestError, NotFoundError
+from app.core.models import ApiKey
+from app.core.security import LOCAL_PRINCIPAL_ID, generate_key, hash_key, key_id_of, key_matches
+
+#: Compared against when a presented key names no stored key.
+_NO_KEY_HASH = hash_key("no key has this value")
+#: ``last_used_at`` is written at most this often per key, so authenticating stays a read.
+LAST_USED_EVERY_S = 60.0
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What ``cahp keys list`` shows of a key: never the key or its hash."""
+
+    id: str
+    name: str
+    created_at: dt.datetime
+    last_used_at: dt.datetime | None
+    revoked_at: dt.datetime | None
+
+
+def list_api_keys(*, session: Session) -> list[KeyInfo]:
+    return [KeyInfo(id=k.id, name=k.name, created_at=k.created_at, last_used_at=k.last_used_at,
+                    revoked_at=k.revoked_at) for k in repository.list_api_keys(session)]
+
+
+def revoke_api_key(*, session: Session, name_or_id: str) -> KeyInfo:
+    """Revoke the key with this id, or the one live key with this name; it is refused at once.
+
+    Raises
+    ------
+    NotFoundError
+        When no key has this id or name.
+    InvalidRequestError
+        When several live keys share the name (their ids are listed: revoke one by id).
+    """
+    keys = repository.list_api_keys(session)
+    chosen = [k for k in keys if k.id == name_or_id]
+    if not chosen:
+        named = [k for k in keys if k.name == name_or_id]
+        live = [k for k in named if k.revoked_at is None]
+        if len(live) > 1:
+            ids = ", ".join(k.id for k in live)
+            raise InvalidRequestError(
+                f"{len(live)} live keys are named {name_or_id!r} (ids {ids}); revoke one by its id"
+            )
+        chosen = live or named
+    if not chosen:
+        raise NotFoundError(f"no API key has the id or name {name_or_id!r}; `cahp keys list` shows them")
+    key = chosen[0]
+    repository.revoke_api_key(session, key_id=key.id)
+    session.commit()
+    session.refresh(key)
+    return KeyInfo(id=key.id, name=key.name, created_at=key.created_at, last_used_at=key.last_used_at,
+                   revoked_at=key.revoked_at)
+
+
+def create_api_key(*, session: Session, name: str) -> str:
+    """Store a new key named ``name`` and return it; only its hash is kept."""
+    name = name.strip()
+    if not name or len(name) > 200:
+        raise InvalidRequestError("a key name must be 1 to 200 characters")
+    new = generate_key()
+    repository.add_api_key(session, key_id=new.id, name=name, key_hash=new.key_hash)
+    session.commit()
+    return new.key
+
+
+def authenticate(*, session: Session, key: str) -> ApiKey:
+    """The live key row that ``key`` matches; AuthenticationError otherwise."""
+    key_id = key_id_of(key)
+    row = repository.get_api_key(session, key_id=key_id) if key_id and key_id != LOCAL_PRINCIPAL_ID else None
+    # The hash comparison runs for unknown ids too, so answering takes as long either way.
+    matches = key_matches(key, row.key_hash if row is not None else _NO_KEY_HASH)
+    if row is None or row.revoked_at is not None or not matches:
+        raise AuthenticationError("the API key is not valid; create one with `cahp keys create --name NAME`")
+    now = utcnow()
+    last = row.last_used_at
+    if last is None or (now - last).total_seconds() >= LAST_USED_EVERY_S:
+        repository.touch_api_key(session, key_id=row.id, now=now, every_s=LAST_USED_EVERY_S)
+    return row
+
+
+def local_principal(*, session: Session) -> ApiKey:
+    """The owner of everything on a ``--no-auth`` server."""
+    row = repository.ensure_local_principal(session)
+    session.commit()
+    return row

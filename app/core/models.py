@@ -1,0 +1,144 @@
+"""The database tables (SQLAlchemy 2 declarative mapping). Every change here needs a migration.
+
+The ``jobs`` row is the source of truth for a job: the broker only carries its id. Statuses move
+``queued -> running -> succeeded | failed | cancelled``; ``queued -> cancelled`` is also allowed, and
+a running job whose worker stopped renewing its lease goes back to ``queued`` (or ends ``failed`` or
+``cancelled``) through the sweeper (:mod:`app.api.sweeper`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.core.db import Base, UTCDateTime, utcnow
+
+
+class JobStatus(enum.StrEnum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    # sha256 of the whole key; the key itself is never stored.
+    key_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Refreshed at most once a minute per key (see app.core.keys), so reads stay reads.
+    last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class Upload(Base):
+    __tablename__ = "uploads"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    # "archive" (tar/zip, unpacked before use) or "data" (one dataset split file).
+    kind: Mapped[str] = mapped_column(String(16))
+    # The client's file name, for display only; storage uses ``storage_key``.
+    filename: Mapped[str] = mapped_column(String(255))
+    suffix: Mapped[str] = mapped_column(String(16))
+    media_type: Mapped[str] = mapped_column(String(100))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    storage_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Set once the object is stored; until then the upload is invisible, and the sweeper removes
+    # one left incomplete by a crash (row and object) after CAHP_UPLOAD_STALE_S.
+    completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "idempotency_key"),
+        CheckConstraint(
+            "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", name="status_known"
+        ),
+        CheckConstraint("progress >= 0 AND progress <= 1", name="progress_fraction"),
+        # Serves the per-key listing, newest first, with its (created_at, id) cursor.
+        Index("ix_jobs_owner_created", "owner_id", "created_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"))
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued.value, index=True)
+    stage: Mapped[str | None] = mapped_column(String(32), default=None)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    model_uri: Mapped[str] = mapped_column(Text)
+    model_revision: Mapped[str | None] = mapped_column(String(255), default=None)
+    # The dataset reference and its column/split options, as submitted (JobCreate.dataset).
+    dataset: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The full, validated PruningConfig minus ``device`` (the worker's setting).
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How many times a worker has claimed the job, which one holds it now, and until when: the
+    # worker renews the lease with heartbeats; past it, the job may be taken over.
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # When the job id was last sent to the broker (None: not sent); the sweeper re-sends a queued
+    # job whose message is gone.
+    enqueued_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    error_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    error_message: Mapped[str | None] = mapped_column(Text, default=None)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class JobLog(Base):
+    __tablename__ = "job_logs"
+    __table_args__ = (UniqueConstraint("job_id", "line"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # 0-based line number within the job's log; ``?offset=`` counts these.
+    line: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    message: Mapped[str] = mapped_column(Text)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    media_type: Mapped[str] = mapped_column(String(100))
+    storage_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)

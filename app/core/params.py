@@ -1,0 +1,49 @@
+"""What a job may set, in one place: pruning settings and dataset options, and what only a worker sets.
+
+A job's settings are :class:`~cahp_engine.config.PruningConfig`'s fields except
+:data:`SERVICE_ONLY_PARAMS`: where a job runs (``device``) is the worker's setting
+(``CAHP_DEVICE``), not the client's. The API stores the validated settings without it
+(:func:`stored_params`); the worker adds its own (:func:`run_config`). Dataset options are
+:class:`~cahp_engine.datasets_io.DatasetOptions`' fields, read from the job's ``dataset`` record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.datasets_io import DATASET_OPTION_FIELDS, DatasetOptions
+
+#: PruningConfig fields a client may not set.
+SERVICE_ONLY_PARAMS = frozenset({"device"})
+
+
+def stored_params(given: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the settings a client gave and return the full effective set to store (no ``device``).
+
+    Raises
+    ------
+    ConfigError
+        With the engine's own message for an unknown name or a value out of range.
+    """
+    params = PruningConfig.from_dict(dict(given)).to_dict()
+    for name in SERVICE_ONLY_PARAMS:
+        params.pop(name, None)
+    return params
+
+
+def run_config(stored: Mapping[str, Any], *, device: str) -> PruningConfig:
+    """The configuration a worker runs a job with: the stored settings on the worker's ``device``."""
+    return PruningConfig.from_dict({**stored, "device": device})
+
+
+def dataset_options(dataset: Mapping[str, Any]) -> DatasetOptions:
+    """The dataset options of a job's ``dataset`` record (the URIs in it are not options).
+
+    Raises
+    ------
+    DatasetError
+        For a split name or column option the engine refuses.
+    """
+    return DatasetOptions(**{name: dataset[name] for name in DATASET_OPTION_FIELDS if name in dataset})

@@ -1,0 +1,297 @@
+"""Every setting of the service, read once from ``CAHP_*`` environment variables.
+
+The API, the worker and the ``cahp`` commands all read the same :class:`Settings` through
+:func:`get_settings`, so one set of environment variables describes a whole deployment. Tests build
+their own ``Settings(...)`` and hand it to :func:`app.api.main.create_app` or the worker functions.
+
+With nothing set, everything lives under ``CAHP_DATA_DIR`` (default ``./cahp-data``): a SQLite
+database, an embedded SQLite broker and a local artifact directory. That is *embedded mode*.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+#: Largest job time limit accepted, so a mistyped value cannot hold a GPU for months.
+MAX_JOB_TIME_LIMIT_S = 30 * 24 * 3600
+#: Defaults of the lease on a running job and of the attempts a job gets (see docs/operations.md).
+DEFAULT_LEASE_S = 120.0
+DEFAULT_MAX_ATTEMPTS = 3
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+class Settings(BaseSettings):
+    """Service settings; each field ``name`` is read from the variable ``CAHP_NAME``.
+
+    Attributes
+    ----------
+    data_dir : Path
+        Home of the embedded database, broker, artifacts and scratch space. Made absolute on load.
+    database_url : str or None
+        SQLAlchemy URL of the job database; None means SQLite at ``data_dir/cahp.db``.
+    broker_url : str or None
+        Celery broker, e.g. ``redis://host:6379/0``; None means the embedded SQLite broker at
+        ``data_dir/broker.db`` (and ``cahp serve`` starts a worker of its own).
+    artifact_store : str or None
+        A directory, or ``s3://bucket/prefix`` for an S3-compatible store; None means
+        ``data_dir/artifacts``.
+    s3_endpoint_url, s3_region : str or None
+        Endpoint (MinIO, Ceph, ...) and region of the S3 store; credentials come from the usual
+        ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` variables or any other boto3 source.
+    allowed_local_roots : tuple of Path
+        Directories that ``file://`` references may point into (``os.pathsep``-separated in the
+        environment). Empty disables ``file://``.
+    max_upload_bytes : int
+        Largest accepted upload; larger requests get 413.
+    max_unpacked_bytes, max_archive_members : int
+        Limits on what one archive may unpack to, against archive bombs.
+    job_time_limit_s : int
+        Longest a job may run; past it the worker stops the job between steps as ``time_limit``.
+    broker_visibility_timeout_s : int or None
+        How long Redis waits for an acknowledgement before redelivering a task. Jobs are
+        acknowledged when they end, so this must exceed ``job_time_limit_s``; None takes the limit
+        plus one hour.
+    queue : str
+        Name of the Celery queue that jobs are sent to and workers consume.
+    device : str
+        Where workers run models: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+    hub_token, hub_cache_dir
+        Hugging Face token and cache directory for ``hf://`` references.
+    progress_interval_s, cancel_check_interval_s : float
+        Least time between two progress writes, and between two reads of a job's cancel flag.
+    work_dir : Path or None
+        Worker scratch space for inputs and outputs of running jobs; None means ``data_dir/work``.
+    no_auth : bool
+        Accept requests without an API key (``cahp serve --no-auth``, loopback binding only).
+    lease_s, heartbeat_interval_s : float
+        A running job is held by its worker for ``lease_s`` seconds past the last heartbeat; the
+        worker renews the lease every ``heartbeat_interval_s`` (at most a third of the lease, so
+        two missed beats do not lose a healthy job).
+    sweep_interval_s : float
+        How often the API's sweeper takes over jobs with expired leases, re-sends queued jobs whose
+        message is gone, and removes abandoned uploads. It also runs once at start-up; 0 turns the
+        sweeper off in this process (another API process must then run one).
+    requeue_after_s : float
+        A queued job is re-sent only when no message for it is waiting in the broker and its last
+        send is at least this old (a message can be in flight between the API and the broker).
+    max_attempts : int
+        How many times a job may be started; a job whose worker is lost on its last attempt fails
+        with ``worker_lost``.
+    upload_stale_s : float
+        An upload not completed within this time (the API died while storing it) is removed, with
+        its partial files.
+    allowed_s3_prefixes : tuple of str
+        Buckets or key prefixes (``bucket`` or ``bucket/prefix``, an ``s3://`` in front is accepted)
+        that ``s3://`` references may read, ``,``-separated in the environment. Empty (the default)
+        disables ``s3://`` inputs. The artifact store's own bucket and prefix are always refused.
+    allowed_outbound_hosts : tuple of str
+        Host names, addresses or networks (CIDR) that outbound requests (S3 endpoint, hub) may reach
+        even though they are loopback, link-local or cloud-metadata addresses, which are refused
+        otherwise (``,``-separated in the environment).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CAHP_", extra="ignore", frozen=True)
+
+    data_dir: Path = Path("cahp-data")
+    database_url: str | None = None
+    broker_url: str | None = None
+    artifact_store: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    allowed_local_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+    max_unpacked_bytes: int = Field(default=8 * 1024**3, ge=1)
+    max_archive_members: int = Field(default=10_000, ge=1)
+    job_time_limit_s: int = Field(default=24 * 3600, ge=1, le=MAX_JOB_TIME_LIMIT_S)
+    broker_visibility_timeout_s: int | None = Field(default=None, ge=1)
+    queue: str = Field(default="cahp", min_length=1, max_length=200)
+    device: str = "auto"
+    hub_token: SecretStr | None = None
+    hub_cache_dir: Path | None = None
+    progress_interval_s: float = Field(default=2.0, ge=0)
+    cancel_check_interval_s: float = Field(default=2.0, ge=0)
+    work_dir: Path | None = None
+    no_auth: bool = False
+    lease_s: float = Field(default=DEFAULT_LEASE_S, gt=0)
+    heartbeat_interval_s: float = Field(default=20.0, gt=0)
+    sweep_interval_s: float = Field(default=30.0, ge=0)
+    requeue_after_s: float = Field(default=60.0, ge=0)
+    max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=100)
+    upload_stale_s: float = Field(default=3600.0, gt=0)
+    allowed_outbound_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    allowed_s3_prefixes: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("allowed_local_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part.strip()]
+        return value
+
+    @field_validator("allowed_outbound_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_s3_prefixes", mode="before")
+    @classmethod
+    def _split_s3_prefixes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_s3_prefixes")
+    @classmethod
+    def _check_s3_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        normal = []
+        for entry in value:
+            text = entry[len("s3://"):] if entry.startswith("s3://") else entry
+            bucket, _, prefix = text.partition("/")
+            if not _S3_BUCKET.fullmatch(bucket) or any(p in (".", "..") for p in prefix.split("/")):
+                raise ValueError(
+                    f"CAHP_ALLOWED_S3_PREFIXES entries must be bucket or bucket/prefix, got {entry!r}"
+                )
+            prefix = prefix.strip("/")
+            normal.append(f"{bucket}/{prefix}" if prefix else bucket)
+        return tuple(normal)
+
+    @field_validator("data_dir", "hub_cache_dir", "work_dir")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # Absolute at load time, so the API and the worker it starts agree on one place.
+        return None if value is None else value.expanduser().absolute()
+
+    @field_validator("allowed_local_roots")
+    @classmethod
+    def _resolve_roots(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        return tuple(root.expanduser().resolve() for root in value)
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        prefix, colon, index = value.partition(":")
+        if value in ("auto", "cpu", "cuda") or (prefix == "cuda" and colon and index.isdigit()):
+            return value
+        raise ValueError(f"CAHP_DEVICE must be auto, cpu, cuda or cuda:N, got {value!r}")
+
+    @field_validator("artifact_store")
+    @classmethod
+    def _check_store(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith("s3://") and not value[len("s3://"):].strip("/"):
+            raise ValueError("CAHP_ARTIFACT_STORE must name a bucket, like s3://bucket or s3://bucket/prefix")
+        return value
+
+    @model_validator(mode="after")
+    def _check_visibility(self) -> Settings:
+        timeout = self.broker_visibility_timeout_s
+        if timeout is not None and timeout <= self.job_time_limit_s:
+            raise ValueError(
+                f"CAHP_BROKER_VISIBILITY_TIMEOUT_S ({timeout}) must exceed CAHP_JOB_TIME_LIMIT_S "
+                f"({self.job_time_limit_s}); otherwise the broker hands a running job to a second worker"
+            )
+        if self.heartbeat_interval_s * 3 > self.lease_s:
+            raise ValueError(
+                f"CAHP_HEARTBEAT_INTERVAL_S ({self.heartbeat_interval_s}) must be at most a third of CAHP_LEASE_S "
+                f"({self.lease_s}), so that one late heartbeat does not cost a healthy job its lease"
+            )
+        return self
+
+    # --- values with defaults derived from data_dir ------------------------------------------------
+
+    @property
+    def embedded_broker(self) -> bool:
+        """True when no broker is configured and the SQLite broker under ``data_dir`` is used."""
+        return self.broker_url is None
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'cahp.db'}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+
+    @property
+    def resolved_artifact_store(self) -> str:
+        return self.artifact_store or str(self.data_dir / "artifacts")
+
+    @property
+    def s3_store(self) -> bool:
+        """True when artifacts (and ``s3://`` references) go through an S3-compatible store."""
+        return self.resolved_artifact_store.startswith("s3://")
+
+    @property
+    def resolved_work_dir(self) -> Path:
+        return self.work_dir or self.data_dir / "work"
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        return self.broker_visibility_timeout_s or self.job_time_limit_s + 3600
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where the API writes an upload while it arrives (partial files are swept after a crash)."""
+        return self.data_dir / "spool"
+
+    @property
+    def takeover_bound_s(self) -> float:
+        """Longest a job stays ``running`` after its worker died: the lease, plus one sweep."""
+        return self.lease_s + self.sweep_interval_s
+
+    def child_environment(self) -> dict[str, str]:
+        """``CAHP_*`` variables that make another process (an embedded worker) see these settings."""
+        env = {
+            "CAHP_DATA_DIR": str(self.data_dir),
+            "CAHP_DATABASE_URL": self.resolved_database_url,
+            "CAHP_ARTIFACT_STORE": self.resolved_artifact_store,
+            "CAHP_QUEUE": self.queue,
+            "CAHP_DEVICE": self.device,
+            "CAHP_JOB_TIME_LIMIT_S": str(self.job_time_limit_s),
+            "CAHP_BROKER_VISIBILITY_TIMEOUT_S": str(self.visibility_timeout_s),
+            "CAHP_PROGRESS_INTERVAL_S": str(self.progress_interval_s),
+            "CAHP_CANCEL_CHECK_INTERVAL_S": str(self.cancel_check_interval_s),
+            "CAHP_MAX_UNPACKED_BYTES": str(self.max_unpacked_bytes),
+            "CAHP_MAX_ARCHIVE_MEMBERS": str(self.max_archive_members),
+            "CAHP_WORK_DIR": str(self.resolved_work_dir),
+            "CAHP_ALLOWED_LOCAL_ROOTS": os.pathsep.join(str(p) for p in self.allowed_local_roots),
+            "CAHP_LEASE_S": str(self.lease_s),
+            "CAHP_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
+            "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
+            "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
+            "CAHP_ALLOWED_S3_PREFIXES": ",".join(self.allowed_s3_prefixes),
+        }
+        if self.broker_url is not None:
+            env["CAHP_BROKER_URL"] = self.broker_url
+        for name in ("s3_endpoint_url", "s3_region", "hub_cache_dir"):
+            value = getattr(self, name)
+            if value is not None:
+                env[f"CAHP_{name.upper()}"] = str(value)
+        if self.hub_token is not None:
+            env["CAHP_HUB_TOKEN"] = self.hub_token.get_secret_value()
+        return env
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings()
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and addresses in 127.0.0.0/8 or ``::1``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

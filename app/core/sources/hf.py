@@ -1,0 +1,38 @@
+"""``hf://org/name`` (a hub model) and ``hf://datasets/org/name`` (a hub dataset).
+
+Nothing is fetched here: the engine loads hub ids itself, through the hub client and its cache.
+The worker checks first that the hub endpoint is not a loopback, link-local or metadata address
+(:func:`app.core.outbound.check_hub_endpoint`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from app.core.errors import InvalidReferenceError
+from app.core.outbound import check_hub_endpoint
+from app.core.sources.base import Fetched, Reference, Role, Shape, SourceContext
+
+SCHEME = "hf"
+_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
+_HUB_ID = re.compile(rf"{_PART}(/{_PART})?")
+
+
+def parse(uri: str, rest: str, *, role: Role) -> Reference:
+    if rest.startswith("datasets/"):
+        if role == "model":
+            raise InvalidReferenceError(f"{uri!r} names a hub dataset; a model reference is hf://org/name")
+        rest = rest[len("datasets/"):]
+    if not _HUB_ID.fullmatch(rest) or ".." in rest:
+        raise InvalidReferenceError(f"{uri!r} is not a hub id; use hf://org/name")
+    return Reference(uri, SCHEME, rest)
+
+
+def check(ref: Reference, *, role: Role, context: SourceContext) -> Shape:
+    return "hub"
+
+
+def fetch(ref: Reference, *, dest: Path, context: SourceContext) -> Fetched:
+    check_hub_endpoint(allowed_hosts=context.settings.allowed_outbound_hosts)
+    return Fetched(ref.target, "hub")

@@ -1,0 +1,203 @@
+"""Where artifacts and uploads are kept: a local directory or an S3-compatible bucket.
+
+Both stores make a write visible only when it is complete: the local store writes a temporary file
+and renames it, and S3 shows an object only once its PUT (or multipart upload) has finished. The
+database row that points at an object is written after the object, so the API never serves a
+half-written artifact.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+from app.core.errors import InvalidRequestError, NotFoundError, UnavailableError
+from app.core.settings import Settings
+
+CHUNK_SIZE = 1024 * 1024
+#: Media types of stored artifacts, by suffix; anything else is application/octet-stream.
+ARTIFACT_MEDIA_TYPES = {".json": "application/json", ".png": "image/png", ".gz": "application/gzip",
+                        ".csv": "text/csv", ".txt": "text/plain"}
+
+
+class ArtifactStore(Protocol):
+    """Objects under ``/``-separated keys such as ``jobs/<id>/1/report.json``."""
+
+    def put_file(self, key: str, path: Path, *, media_type: str) -> None:
+        """Store the file at ``path`` under ``key``, replacing any object there, all at once."""
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        """Open the object now (NotFoundError if there is none) and stream its bytes."""
+
+    def download(self, key: str, dest: Path) -> None:
+        """Copy the object into the file ``dest``."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+def _check_key(key: str) -> str:
+    parts = PurePosixPath(key).parts
+    if not parts or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+        raise ValueError(f"invalid storage key {key!r}")
+    return key
+
+
+class LocalStore:
+    """A directory on a local or shared filesystem."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def put_file(self, key: str, path: Path, *, media_type: str) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+        try:
+            shutil.copyfile(path, partial)
+            os.replace(partial, target)  # atomic on one filesystem
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        try:
+            handle = open(self._path(key), "rb")
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"stored object {key!r} is missing") from exc
+        return _chunks(handle)
+
+    def download(self, key: str, dest: Path) -> None:
+        try:
+            shutil.copyfile(self._path(key), dest)
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"stored object {key!r} is missing") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+class S3Store:
+    """A bucket (and key prefix) in any S3-compatible service: AWS, MinIO, Ceph, moto."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    def _key(self, key: str) -> str:
+        _check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_file(self, key: str, path: Path, *, media_type: str) -> None:
+        self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"ContentType": media_type})
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _missing(exc):
+                raise NotFoundError(f"stored object {key!r} is missing") from exc
+            raise UnavailableError(f"the artifact store refused a read: {exc}") from exc
+        return _chunks(response["Body"])
+
+    def download(self, key: str, dest: Path) -> None:
+        download_s3_object(self.client, self.bucket, self._key(key), dest)
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _missing(exc):
+                return False
+            raise
+        return True
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def _chunks(handle: Any) -> Iterator[bytes]:
+    """Read an open file-like object to the end in chunks, closing it afterwards."""
+    try:
+        while chunk := handle.read(CHUNK_SIZE):
+            yield chunk
+    finally:
+        handle.close()
+
+
+def _missing(exc: Any) -> bool:
+    return str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound", "NoSuchBucket")
+
+
+def download_s3_object(client: Any, bucket: str, key: str, dest: Path) -> None:
+    """Download one object, mapping a missing one to a message about the reference."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client.download_file(bucket, key, str(dest))
+    except ClientError as exc:
+        if _missing(exc):
+            raise NotFoundError(f"s3://{bucket}/{key} does not exist") from exc
+        raise
+
+
+def make_s3_client(settings: Settings) -> Any:
+    """A boto3 S3 client for the configured endpoint; credentials come from boto3's usual chain.
+
+    Raises
+    ------
+    OutboundUrlRefusedError
+        When the endpoint leads to a loopback, link-local or metadata address that
+        ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow (:mod:`app.core.outbound`).
+    """
+    import boto3
+    from botocore.config import Config
+
+    from app.core.outbound import check_outbound_url
+
+    if settings.s3_endpoint_url is not None:
+        check_outbound_url(settings.s3_endpoint_url, allowed_hosts=settings.allowed_outbound_hosts,
+                           what="CAHP_S3_ENDPOINT_URL")
+
+    return boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        # Path-style addressing for self-hosted endpoints, whose DNS rarely resolves bucket subdomains.
+        config=Config(
+            retries={"max_attempts": 3, "mode": "standard"},
+            s3={"addressing_style": "path" if settings.s3_endpoint_url else "auto"},
+        ),
+    )
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/key`` -> ``("bucket", "some/key")``."""
+    if not uri.startswith("s3://"):
+        raise InvalidRequestError(f"{uri!r} is not an s3:// URI")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key
+
+
+def open_store(settings: Settings) -> ArtifactStore:
+    """The store ``CAHP_ARTIFACT_STORE`` names (default: ``CAHP_DATA_DIR/artifacts``)."""
+    location = settings.resolved_artifact_store
+    if location.startswith("s3://"):
+        bucket, prefix = split_s3_uri(location)
+        return S3Store(make_s3_client(settings), bucket, prefix)
+    return LocalStore(Path(location).expanduser().absolute())

@@ -1,5 +1,0 @@
-import sys
-
-from cahp_engine.cli import main
-
-sys.exit(main())

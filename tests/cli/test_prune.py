@@ -1,0 +1,171 @@
+"""``cahp prune`` end to end on a tiny random model and a tiny dataset written here."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from cahp_engine.checkpoint import load_pruned
+from cahp_engine.evaluation import count_parameters
+from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_dataset(directory: Path, *, n_train=90, n_test=30, num_classes=3, columns=("text", "label"),
+                  string_labels=False) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", n_train, 0), ("test", n_test, 1)):
+        texts, labels = make_texts(n, num_classes=num_classes, seed=seed)
+        rows = [(t, f"class{y}" if string_labels else int(y)) for t, y in zip(texts, labels, strict=True)]
+        with open(directory / f"{split}.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(rows)
+    return directory
+
+
+def write_model(directory: Path, family="bert", **kwargs) -> Path:
+    model = make_classifier(family, **kwargs)
+    model.save_pretrained(directory)
+    make_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def cahp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "app.cli", "prune", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prune")
+    model = write_model(tmp / "model", layers=3, heads=4, num_labels=3)
+    data = write_dataset(tmp / "data", string_labels=True)
+    out = tmp / "out"
+    proc = cahp(str(model), str(data), "--output", str(out), "--epochs", "1", "--latency-repeats", "2",
+                "--poly-degree", "3", "--seed", "7", cwd=tmp)
+    return tmp, out, proc
+
+
+def test_prune_writes_every_artifact_with_its_schema(run):
+    tmp, out, proc = run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "heads kept:" in proc.stdout and "k* =" in proc.stdout
+    names = {p.name for p in out.iterdir()}
+    assert names == {"model", "mss_curve.json", "mss_curve.png", "head_map.json", "head_map.png",
+                     "layer_retention.png", "report.json"}
+    assert not [p for p in tmp.iterdir() if ".partial-" in p.name]
+    curve = json.loads((out / "mss_curve.json").read_text())
+    assert curve["k"] == list(range(2, 12)) and len(curve["mss"]) == 10
+    assert curve["polynomial_degree"] == 3
+    assert set(curve["knees_by_degree"]) == {"2", "3", "4", "5", "6"}
+    assert curve["knee"] == curve["knees_by_degree"]["3"]
+    head_map = json.loads((out / "head_map.json").read_text())
+    assert (head_map["num_layers"], head_map["num_heads"]) == (3, 4)
+    assert np.asarray(head_map["salience"]).shape == (3, 4)
+    assert np.asarray(head_map["cluster"]).shape == (3, 4)
+    assert np.asarray(head_map["graph_space"]).shape == (12, 2)
+    kept = {int(k): v for k, v in head_map["kept"].items()}
+    assert len(head_map["representatives"]) == curve["knee"]
+    for layer, head in head_map["representatives"] + head_map["layer_safety_added"]:
+        assert head in kept[layer]
+    assert all(kept[layer] for layer in range(3))
+    for png in ("mss_curve.png", "head_map.png", "layer_retention.png"):
+        with Image.open(out / png) as image:
+            assert image.format == "PNG" and image.size[0] > 200
+    report = json.loads((out / "report.json").read_text())
+    s = report["summary"]
+    assert s["heads_total"] == 12 and s["heads_kept"] == sum(len(v) for v in kept.values())
+    assert s["retention"] == pytest.approx(s["heads_kept"] / 12)
+    assert report["dataset"]["label_names"] == ["class0", "class1", "class2"]
+    assert report["dataset"]["eval_split"] == "test"
+    for key in ("dense", "pruned_before_recovery", "pruned"):
+        assert 0 <= report["metrics"][key]["accuracy"] <= 1
+    assert report["config"]["seed"] == 7 and report["seed"] == 7
+    assert {"signatures", "salience", "recovery", "surgery", "artifacts"} <= set(report["timings_s"])
+    assert report["environment"]["versions"]["torch"]
+    assert [row["batch_size"] for row in report["speed"]["results"]] == [1, 32]
+    assert report["dense_finetune"]["ran"] is False
+
+
+def test_the_pruned_checkpoint_loads_and_is_smaller(run):
+    tmp, out, proc = run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    pruned = load_pruned(out / "model")
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["cahp"]["kept_heads"] == report["selection"]["kept"]
+    counts = count_parameters(pruned)
+    assert counts.total == report["parameters"]["pruned"]["total"]
+    assert counts.total < report["parameters"]["dense"]["total"]
+    assert counts.attention < report["parameters"]["dense"]["attention"]
+    assert sum(counts.heads_per_layer) == report["summary"]["heads_kept"]
+    ids = torch.randint(5, 30, (2, 9))
+    with torch.no_grad():
+        assert pruned(input_ids=ids).logits.shape == (2, 3)
+
+
+def test_json_flag_prints_the_report(tmp_path):
+    model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=2)
+    data = write_dataset(tmp_path / "data", num_classes=2, n_train=40, n_test=10)
+    proc = cahp(str(model), str(data), "-o", str(tmp_path / "out"), "--epochs", "0", "--latency-repeats", "1",
+                "--strategy", "salience", "--heads-to-keep", "3", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["selection"]["strategy"] == "salience"
+    assert report["summary"]["heads_kept"] == 3
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("missing_model", "does not exist"),
+        ("missing_column", "column 'sentence'"),
+        ("missing_split", "'dev'"),
+        ("output_not_empty", "--overwrite"),
+        ("unsupported", "not supported"),
+        ("bad_degree", "`poly_degree` must be an integer between 1 and 10, got 0"),
+    ],
+)
+def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
+    model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=3)
+    data = write_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    args = [str(model), str(data), "-o", str(out), "--epochs", "0"]
+    if case == "missing_model":
+        args[0] = str(tmp_path / "nope")
+    elif case == "missing_column":
+        args += ["--text-column", "sentence"]
+    elif case == "missing_split":
+        args += ["--eval-split", "dev"]
+    elif case == "output_not_empty":
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    elif case == "unsupported":
+        import transformers as tf
+
+        tf.GPT2ForSequenceClassification(tf.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=40)).save_pretrained(
+            tmp_path / "gpt2")
+        make_tokenizer().save_pretrained(tmp_path / "gpt2")
+        args[0] = str(tmp_path / "gpt2")
+    elif case == "bad_degree":
+        args += ["--poly-degree", "0"]
+    proc = cahp(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert message in proc.stderr
+    if case == "output_not_empty":
+        assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    else:
+        assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]

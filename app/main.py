@@ -16,6 +16,7 @@ from app.routes import health, jobs, uploads
 from app.settings import Settings, get_settings
 from app.storage import open_store
 from app.sweeper import Sweeper
+from app.ui.routes import router as console_router
 
 API_VERSION = "1.0.0"
 
@@ -61,4 +62,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(uploads.router)
+    app.include_router(console_router)
     return app

@@ -40,7 +40,7 @@ def _referenced(text: str) -> set[str]:
 
 
 def test_every_asset_loads_with_its_media_type_and_the_security_headers(client: TestClient) -> None:
-    assert {"app.js", "app.css", "api.js", "live.js", "charts.js"} <= set(ASSETS)
+    assert {"app.js", "app.css", "api.js", "live.js", "mss.js", "heads.js", "plot.js"} <= set(ASSETS)
     for name in ASSETS:
         response = client.get(f"/ui/static/{name}")
         assert response.status_code == 200, name

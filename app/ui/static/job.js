@@ -2,7 +2,8 @@
 // error of a failed job. The state comes from live.js; the result from the job's JSON artifacts.
 
 import { api, ApiError, download } from "./api.js";
-import { headMap, layerRetention, mssChart } from "./charts.js";
+import { headMap, layerRetention } from "./heads.js";
+import { mssChart } from "./mss.js";
 import {
   clear, formatBytes, formatCount, formatDuration, formatNumber, formatPercent, formatTime, h, labelChips,
   secondsBetween, statusBadge, timeElement,

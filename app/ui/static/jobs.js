@@ -97,6 +97,8 @@ export function jobsView(params, { navigate }) {
       const tr = row(job);
       if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
     });
+    // The Labels column shows once a job has labels (older servers have no such field).
+    table.classList.toggle("no-labels", !ordered.some((job) => job.labels && Object.keys(job.labels).length));
     empty.hidden = !firstAnswer || ordered.length > 0;
     table.hidden = ordered.length === 0;
     more.hidden = !olderCursor;

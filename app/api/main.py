@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from app.api.console.routes import router as console_router
 from app.api.problems import install_problem_handlers
 from app.api.producer import JobQueue
 from app.api.routes import health, jobs, uploads
@@ -61,4 +62,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(uploads.router)
+    app.include_router(console_router)
     return app

@@ -1,0 +1,236 @@
+// One job: live state and log, then (once it has succeeded) its summary, plots and artifacts; or the
+// error of a failed job. The state comes from live.js; the result from the job's JSON artifacts.
+
+import { api, ApiError, download } from "./api.js";
+import { headMap, layerRetention } from "./heads.js";
+import { mssChart } from "./mss.js";
+import {
+  clear, formatBytes, formatCount, formatDuration, formatNumber, formatPercent, formatTime, h, labelChips,
+  secondsBetween, statusBadge, timeElement,
+} from "./dom.js";
+import { isFinished, watchJob } from "./live.js";
+
+function field(name, label, ...value) {
+  return [h("dt", {}, label), h("dd", { dataset: { field: name } }, ...value)];
+}
+
+function change(dense, pruned, format) {
+  if (dense === null || dense === undefined || pruned === null || pruned === undefined) return format(pruned ?? dense);
+  return `${format(dense)} → ${format(pruned)}`;
+}
+
+function points(dense, pruned) {
+  if (dense === null || dense === undefined || pruned === null || pruned === undefined) return "";
+  const delta = 100 * (pruned - dense);
+  return ` (${delta >= 0 ? "+" : "−"}${Math.abs(delta).toFixed(1)} pts)`;
+}
+
+function reduction(dense, pruned) {
+  if (!dense || pruned === null || pruned === undefined) return "";
+  return ` (−${formatPercent(1 - pruned / dense, 1)})`;
+}
+
+/** The headline figures, from report.json when there is one, else from the job's result. */
+function summary(job, report, curve) {
+  const result = job.result || {};
+  const sel = report?.selection || {};
+  const metrics = report?.metrics || {};
+  const params = report?.parameters || {};
+  const kept = result.heads_kept ?? sel.heads_kept;
+  const total = result.heads_total ?? sel.heads_total;
+  const kStar = result.k_star ?? sel.k_star;
+  const fixed = curve ? curve.fixed_heads_to_keep !== null && curve.fixed_heads_to_keep !== undefined
+    : job.params?.heads_to_keep !== null && job.params?.heads_to_keep !== undefined;
+  const degree = sel.poly_degree ?? curve?.polynomial_degree ?? job.params?.poly_degree;
+  const knee = fixed ? "fixed by heads_to_keep"
+    : `knee at degree ${degree}${(sel.knee_found ?? curve?.knee_found) === false ? " (none found: fallback rule)" : ""}`;
+  const dense = metrics.dense || {};
+  const pruned = metrics.pruned || {};
+  const denseAcc = dense.accuracy ?? result.dense_accuracy;
+  const prunedAcc = pruned.accuracy ?? result.pruned_accuracy;
+  const pct = (x) => formatPercent(x, 1);
+  const speed = (report?.speed?.results || []).map((entry) =>
+    h("div", {}, `×${formatNumber(entry.speedup, 2)} at batch ${entry.batch_size}`,
+      h("span", { class: "muted" }, ` (p50 ${formatNumber(entry.dense?.p50_ms, 2)} → ${formatNumber(entry.pruned?.p50_ms, 2)} ms)`)));
+  const speedNote = report?.speed ? `${report.speed.device}, sequence length ${report.speed.seq_len}` : "";
+  return h("dl", { class: "summary" },
+    field("heads", "Heads kept", `${kept ?? "–"} of ${total ?? "–"}`,
+      h("span", { class: "muted" }, ` (${formatPercent(kept / total)})`)),
+    field("k_star", "k*", h("strong", {}, kStar ?? "–"), h("span", { class: "muted" }, ` · ${knee}`)),
+    field("accuracy", "Accuracy", change(denseAcc, prunedAcc, pct), h("span", { class: "muted" }, points(denseAcc, prunedAcc))),
+    field("macro_f1", "Macro-F1", change(dense.macro_f1, pruned.macro_f1, (x) => formatNumber(x, 3))),
+    field("parameters", "Parameters",
+      h("div", {}, `${change(params.dense?.total, params.pruned?.total, formatCount)}${reduction(params.dense?.total, params.pruned?.total)}`),
+      params.dense ? h("div", { class: "muted" }, `attention ${change(params.dense?.attention, params.pruned?.attention, formatCount)}`) : null),
+    field("speedup", "Speed-up", speed.length ? speed : `×${formatNumber(result.speedup, 2)}`,
+      speedNote ? h("div", { class: "muted" }, speedNote) : null),
+    report?.dataset ? field("dataset_rows", "Evaluated on", `${report.dataset.eval_rows} rows of ${report.dataset.eval_split}`) : null,
+    report?.wall_time_s ? field("wall_time", "Run time", formatDuration(report.wall_time_s)) : null);
+}
+
+function artifactTable(jobId, manifest, onError) {
+  const rows = manifest.map((artifact) => {
+    const button = h("button", { type: "button", class: "secondary", "aria-label": `Download ${artifact.name}` }, "Download");
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        await download(`v1/jobs/${encodeURIComponent(jobId)}/artifacts/${encodeURIComponent(artifact.name)}`, artifact.name);
+      } catch (error) {
+        onError(`Could not download ${artifact.name}: ${error.message}`);
+      } finally {
+        button.disabled = false;
+      }
+    });
+    return h("tr", { dataset: { artifact: artifact.name } },
+      h("th", { scope: "row", "data-label": "Name" }, h("code", {}, artifact.name)),
+      h("td", { "data-label": "Size", title: `${artifact.size} bytes` }, formatBytes(artifact.size)),
+      h("td", { "data-label": "sha256" }, h("code", { class: "hash" }, artifact.sha256)),
+      h("td", { "data-label": "" }, button));
+  });
+  return h("table", { class: "artifacts" },
+    h("thead", {}, h("tr", {}, ["Name", "Size", "sha256", ""].map((name) => h("th", { scope: "col" }, name)))),
+    h("tbody", {}, rows));
+}
+
+export function jobView(jobId) {
+  let job = null;
+  let resultShown = false;
+  const destroyers = [];
+
+  const title = h("h1", {}, "Job ", h("code", { class: "job-id" }, jobId));
+  const badge = h("span", { class: "badge-slot" });
+  const cancel = h("button", { type: "button", class: "danger", hidden: true }, "Cancel job");
+  const notice = h("p", { class: "notice", role: "status", hidden: true });
+  const problem = h("div", { class: "problem", role: "alert", hidden: true });
+  const progress = h("progress", { max: 1, value: 0, "aria-labelledby": "job-progress-label" });
+  const progressText = h("span", { id: "job-progress-label" });
+  const meta = h("dl", { class: "meta" });
+  const result = h("div", { class: "result" });
+  const logList = h("ol", { class: "log-lines" });
+  const log = h("div", { class: "log", tabindex: 0, role: "log", "aria-label": "Job log" }, logList);
+  const logEmpty = h("p", { class: "muted" }, "No log lines yet.");
+  const element = h("section", { class: "job-view" },
+    h("p", {}, h("a", { href: "./", "data-nav": "" }, "← All jobs")),
+    h("div", { class: "title-row" }, title, badge, cancel),
+    notice, problem,
+    h("div", { class: "progress-row" }, progress, progressText),
+    meta, result,
+    h("section", { class: "log-section" }, h("h2", {}, "Log"), logEmpty, log));
+
+  function say(text) {
+    notice.textContent = text;
+    notice.hidden = !text;
+  }
+
+  function showJob(next) {
+    job = next;
+    clear(badge, statusBadge(job.status, job.cancel_requested));
+    progress.value = job.progress;
+    const stage = job.stage ? ` · ${job.stage}` : "";
+    progressText.textContent = `${formatPercent(job.progress)}${stage}${job.cancel_requested && !isFinished(job) ? " · cancel requested, stopping at the next step" : ""}`;
+    const runFor = job.started_at ? formatDuration(secondsBetween(job.started_at, job.finished_at)) : "–";
+    clear(meta,
+      field("status", "Status", job.status),
+      field("stage", "Stage", job.stage || "–"),
+      field("created", "Created", timeElement(job.created_at), h("span", { class: "muted" }, ` (${formatTime(job.created_at)})`)),
+      field("started", "Started", job.started_at ? formatTime(job.started_at) : "–"),
+      field("finished", "Finished", job.finished_at ? formatTime(job.finished_at) : "–"),
+      field("duration", "Duration", runFor),
+      field("model", "Model", h("code", {}, job.model?.uri), job.model?.revision ? ` @ ${job.model.revision}` : ""),
+      field("dataset", "Dataset", h("code", {}, job.dataset?.uri)),
+      job.labels ? field("labels", "Labels", labelChips(job.labels)) : null,
+      field("params", "Settings", h("details", {}, h("summary", {}, `degree ${job.params?.poly_degree ?? "–"}, epochs ${job.params?.epochs ?? "–"}, strategy ${job.params?.strategy ?? "–"}`),
+        h("pre", { class: "params" }, JSON.stringify(job.params, null, 2)))));
+    cancel.hidden = isFinished(job) || job.cancel_requested;
+    if (job.error) {
+      const heading = job.status === "cancelled" ? "Cancelled" : "Failed";
+      clear(problem, h("h2", {}, `${heading}: `, h("code", { dataset: { field: "error_code" } }, job.error.code)),
+        h("p", { dataset: { field: "error_message" } }, job.error.message));
+      problem.hidden = false;
+    } else {
+      problem.hidden = true;
+    }
+    if (job.status === "succeeded" && !resultShown) {
+      resultShown = true;
+      showResult();
+    }
+  }
+
+  function appendLogs(lines) {
+    const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 16;
+    for (const line of lines) {
+      logList.append(h("li", {}, h("time", { datetime: line.time, title: formatTime(line.time) },
+        new Date(line.time).toLocaleTimeString("en-GB", { hour12: false })), " ", h("span", {}, line.message)));
+    }
+    logEmpty.hidden = logList.children.length > 0;
+    if (atBottom) log.scrollTop = log.scrollHeight;
+  }
+
+  async function showResult() {
+    clear(result, h("p", { class: "muted" }, "Loading the result…"));
+    const base = `v1/jobs/${encodeURIComponent(jobId)}/artifacts`;
+    let manifest = [];
+    try {
+      manifest = (await api(base)).data;
+    } catch (error) {
+      clear(result, h("p", { class: "error" }, `Could not list the artifacts: ${error.message}`));
+      return;
+    }
+    const names = new Set(manifest.map((artifact) => artifact.name));
+    const read = (name) => (names.has(name) ? api(`${base}/${name}`) : Promise.resolve(null));
+    const [report, curve, map] = (await Promise.allSettled([read("report.json"), read("mss_curve.json"), read("head_map.json")]))
+      .map((settled) => (settled.status === "fulfilled" ? settled.value : null));
+    const parts = [h("h2", {}, "Result"), summary(job, report, curve)];
+    if (curve) {
+      const chart = mssChart(curve);
+      destroyers.push(chart.destroy);
+      parts.push(h("h2", {}, "MSS curve"), chart.element);
+    }
+    if (map) {
+      const grid = headMap(map);
+      const retention = layerRetention(map);
+      destroyers.push(grid.destroy, retention.destroy);
+      parts.push(h("h2", {}, "Heads"), h("div", { class: "side-by-side" }, grid.element, retention.element));
+    }
+    parts.push(h("h2", {}, "Artifacts"), manifest.length ? artifactTable(jobId, manifest, say) : h("p", { class: "muted" }, "None stored."));
+    clear(result, ...parts);
+  }
+
+  cancel.addEventListener("click", async () => {
+    cancel.disabled = true;
+    try {
+      showJob(await api(`v1/jobs/${encodeURIComponent(jobId)}/cancel`, { method: "POST" }));
+      watch.now();
+      say("");
+    } catch (error) {
+      say(`Could not cancel: ${error.message}`);
+    } finally {
+      cancel.disabled = false;
+    }
+  });
+
+  const watch = watchJob(jobId, {
+    onJob(next) {
+      say("");
+      showJob(next);
+    },
+    onLogs: appendLogs,
+    onError(error) {
+      if (error instanceof ApiError && error.status === 404) {
+        watch.stop();
+        clear(element, h("h1", {}, "No such job"),
+          h("p", {}, `No job ${jobId} belongs to this key. `, h("a", { href: "./", "data-nav": "" }, "Back to the jobs.")));
+        return;
+      }
+      say(`The service did not answer (${error.message}); retrying…`);
+    },
+  });
+
+  return {
+    element,
+    destroy() {
+      watch.stop();
+      for (const destroy of destroyers) destroy();
+    },
+  };
+}

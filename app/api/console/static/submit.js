@@ -1,0 +1,127 @@
+// The submit form: upload a model and a dataset archive (or name them by URI), pick the degree and the
+// epochs, submit. One Idempotency-Key per filled-in form, so a double click or a retry makes one job.
+
+import { api, ApiError, upload } from "./api.js";
+import { clear, formatPercent, h } from "./dom.js";
+
+const ARCHIVES = ".tar.gz,.tgz,.tar,.zip";
+
+function idempotencyKey() {
+  // crypto.randomUUID needs a secure context; getRandomValues works on plain http too (team mode).
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return `ui-${[...bytes].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+function source(kind, label, hint) {
+  const file = h("input", { type: "file", id: `${kind}-file`, accept: ARCHIVES, "aria-describedby": `${kind}-hint` });
+  const uri = h("input", { type: "text", id: `${kind}-uri`, spellcheck: "false", autocomplete: "off",
+                           placeholder: kind === "model" ? "hf://org/name" : "hf://datasets/org/name",
+                           "aria-describedby": `${kind}-hint` });
+  const bar = h("progress", { max: 1, value: 0, hidden: true, "aria-label": `${label} upload` });
+  const barText = h("span", { class: "muted" });
+  const fieldset = h("fieldset", {}, h("legend", {}, label),
+    h("label", { for: `${kind}-file` }, "Archive to upload"), file,
+    h("label", { for: `${kind}-uri` }, "or a reference"), uri,
+    h("p", { id: `${kind}-hint`, class: "muted" }, hint),
+    h("div", { class: "upload-progress" }, bar, barText));
+  return { fieldset, file, uri, bar, barText };
+}
+
+export function submitView({ navigate }) {
+  let key = idempotencyKey();
+  const uploaded = new Map(); // "name:size:lastModified" -> upload:// URI, so a retry does not upload again
+  const model = source("model", "Model",
+    "A Hugging Face classifier directory (config.json, safetensors weights, tokenizer) as .tar.gz, .tgz, .tar or .zip.");
+  const dataset = source("dataset", "Dataset",
+    "A directory of train.csv and test.csv (or .jsonl/.parquet) with text and label columns, as an archive.");
+  const degree = h("input", { type: "number", id: "poly-degree", min: 1, max: 10, step: 1, value: 2, required: true });
+  const epochs = h("input", { type: "number", id: "epochs", min: 0, step: "any", value: 3, required: true });
+  const extra = h("textarea", { id: "extra-params", rows: 4, spellcheck: "false", placeholder: '{"strategy": "cahp", "seed": 42}' });
+  const error = h("div", { class: "error", role: "alert" });
+  const status = h("p", { class: "muted", "aria-live": "polite" });
+  const button = h("button", { type: "submit" }, "Submit job");
+  const form = h("form", { class: "submit", novalidate: true },
+    h("h1", {}, "New job"),
+    model.fieldset, dataset.fieldset,
+    h("fieldset", {}, h("legend", {}, "Settings"),
+      h("div", { class: "pair" },
+        h("div", {}, h("label", { for: "poly-degree" }, "Polynomial degree of the knee"), degree),
+        h("div", {}, h("label", { for: "epochs" }, "Recovery epochs"), epochs)),
+      h("details", {}, h("summary", {}, "More settings (JSON)"),
+        h("label", { for: "extra-params" }, "Any other cahp prune setting, in snake_case"), extra)),
+    error, status, button);
+
+  function fail(message, problem) {
+    const items = (problem?.errors || []).map((e) => h("li", {}, `${(e.loc || []).join(".")}: ${e.msg}`));
+    clear(error, h("p", {}, message), items.length ? h("ul", {}, items) : null);
+  }
+
+  async function reference(part, label) {
+    const chosen = part.file.files[0];
+    const typed = part.uri.value.trim();
+    if (chosen && typed) throw new Error(`${label}: choose a file or type a reference, not both.`);
+    if (typed) return typed;
+    if (!chosen) throw new Error(`${label}: choose an archive to upload, or type a reference.`);
+    const id = `${chosen.name}:${chosen.size}:${chosen.lastModified}`;
+    if (uploaded.has(id)) return uploaded.get(id);
+    part.bar.hidden = false;
+    const answer = await upload(chosen, (fraction) => {
+      part.bar.value = fraction;
+      part.barText.textContent = ` ${formatPercent(fraction)} of ${chosen.name}`;
+    });
+    part.barText.textContent = ` uploaded as ${answer.uri}`;
+    uploaded.set(id, answer.uri);
+    return answer.uri;
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clear(error);
+    let params;
+    try {
+      params = extra.value.trim() ? JSON.parse(extra.value) : {};
+      if (typeof params !== "object" || params === null || Array.isArray(params)) throw new Error("not an object");
+    } catch (problem) {
+      fail(`More settings must be one JSON object (${problem.message}).`);
+      extra.focus();
+      return;
+    }
+    const degreeValue = Number(degree.value);
+    const epochsValue = Number(epochs.value);
+    if (!Number.isInteger(degreeValue) || degreeValue < 1 || degreeValue > 10) {
+      fail("The polynomial degree must be an integer from 1 to 10.");
+      degree.focus();
+      return;
+    }
+    if (!(epochsValue >= 0) || epochs.value.trim() === "") {
+      fail("Epochs must be a number >= 0.");
+      epochs.focus();
+      return;
+    }
+    button.disabled = true;
+    try {
+      status.textContent = "Uploading…";
+      const modelUri = await reference(model, "Model");
+      const datasetUri = await reference(dataset, "Dataset");
+      status.textContent = "Submitting…";
+      const job = await api("v1/jobs", {
+        method: "POST",
+        extraHeaders: { "Idempotency-Key": key },
+        body: { model: { uri: modelUri }, dataset: { uri: datasetUri },
+                params: { ...params, poly_degree: degreeValue, epochs: epochsValue } },
+      });
+      key = idempotencyKey();
+      navigate(`jobs/${encodeURIComponent(job.id)}`);
+    } catch (problem) {
+      status.textContent = "";
+      if (problem instanceof ApiError) fail(`${problem.message} (${problem.code})`, problem.problem);
+      else fail(problem.message || String(problem));
+      // A refused submission may be fixed and sent again: that is a new request, with a new key.
+      if (problem instanceof ApiError && problem.status === 422) key = idempotencyKey();
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  return { element: form };
+}

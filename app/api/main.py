@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app.api.console.routes import router as console_router
+from app.api.docs_page import router as docs_router
 from app.api.problems import install_problem_handlers
 from app.api.producer import JobQueue
 from app.api.routes import health, jobs, uploads
@@ -53,6 +54,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Submit a pruning job naming a model and a dataset, poll it, download the pruned "
         "checkpoint, the MSS curve and the head map. Errors are application/problem+json.",
         lifespan=lifespan,
+        docs_url=None,  # served by app.api.docs_page from the app's own files
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.sessions = sessions
@@ -63,4 +66,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(uploads.router)
     app.include_router(console_router)
+    app.include_router(docs_router)
     return app

@@ -28,3 +28,19 @@ def test_openapi_documents_the_v1_api(client: TestClient) -> None:
     expected = {f.name for f in dataclasses.fields(PruningConfig)} - {"device"}
     assert set(params["properties"]) == expected and params["additionalProperties"] is False
     assert client.get("/docs").status_code == 200
+
+
+def test_the_docs_page_loads_swagger_ui_from_the_app_itself(client: TestClient) -> None:
+    import re
+
+    page = client.get("/docs")
+    assert page.status_code == 200
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sources and all(s.startswith("/") for s in sources), sources  # nothing from another host
+    for url, kind in (("/docs/static/swagger-ui-bundle.js", "text/javascript"),
+                      ("/docs/static/swagger-ui.css", "text/css")):
+        asset = client.get(url)
+        assert asset.status_code == 200 and asset.headers["content-type"].startswith(kind)
+        assert len(asset.content) > 100_000
+    assert client.get("/docs/static/LICENSE").status_code == 404
+    assert client.get("/redoc").status_code == 404

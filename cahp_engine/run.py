@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cahp_engine.analysis import validate_inputs
 from cahp_engine.checkpoint import load_pruned, save_pruned
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, encode
@@ -31,7 +32,7 @@ from cahp_engine.datasets_io import DatasetOptions, DatasetSplits, load_splits
 from cahp_engine.errors import InvalidInputError, PipelineError
 from cahp_engine.evaluation import as_device, compare_speed, count_parameters, evaluate
 from cahp_engine.models import load_classifier
-from cahp_engine.pipeline import SelectionResult, select_heads, validate_inputs
+from cahp_engine.pipeline import SelectionResult, select_heads
 from cahp_engine.plots import plot_head_map, plot_layer_retention, plot_mss_curve
 from cahp_engine.progress import Monitor
 from cahp_engine.surgery import prune_heads

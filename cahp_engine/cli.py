@@ -9,11 +9,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cahp_engine.config import PruningConfig
-from cahp_engine.datasets_io import DatasetOptions
+from cahp_engine.config import DENSE_FINETUNE_MODES, PruningConfig
+from cahp_engine.dataset_options import DatasetOptions
 from cahp_engine.errors import CahpError, InvalidInputError, JobCancelledError
+from cahp_engine.progress import STAGE_SPAN
+from cahp_engine.strategies import STRATEGIES
+
+if TYPE_CHECKING:
+    from cahp_engine.report import RunReport
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -57,12 +62,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--calibration-fraction", type=float, default=0.25)
     s.add_argument("--signature-samples", type=_fraction_or_count, default=None, help="count or fraction "
                    "(default: the whole training split)")
-    s.add_argument("--strategy", choices=("cahp", "salience", "random"), default="cahp")
+    s.add_argument("--strategy", choices=STRATEGIES, default="cahp")
     t = p.add_argument_group("fine-tuning")
     t.add_argument("--epochs", type=float, default=3.0, help="recovery epochs (default 3)")
     t.add_argument("--lr", type=float, default=2e-5, help="recovery learning rate (default 2e-5)")
     t.add_argument("--batch-size", type=int, default=32)
-    t.add_argument("--dense-finetune", choices=("auto", "always", "never"), default="auto")
+    t.add_argument("--dense-finetune", choices=DENSE_FINETUNE_MODES, default="auto")
     t.add_argument("--dense-epochs", type=float, default=3.0)
     t.add_argument("--dense-lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=42)
@@ -104,9 +109,7 @@ class _Bars:
             return
         from tqdm import tqdm
 
-        from cahp_engine.run import _STAGE_SPAN
-
-        lo, hi = _STAGE_SPAN.get(stage, (0.0, 1.0))
+        lo, hi = STAGE_SPAN.get(stage, (0.0, 1.0))
         within = min(1.0, max(0.0, (overall - lo) / (hi - lo) if hi > lo else 1.0))
         if stage != self.stage:
             self.close()
@@ -162,39 +165,37 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     bars.close()
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report.to_dict(), indent=2))
     else:
         print(format_summary(report, args.output))
     return EXIT_OK
 
 
-def format_summary(report: dict[str, Any], output: Path) -> str:
+def format_summary(report: RunReport, output: Path) -> str:
     """The one-screen summary printed at the end of ``cahp prune``."""
-    s = report["summary"]
-    sel = report["selection"]
-    m = report["metrics"]
+    s, sel, m, speed = report.summary, report.selection, report.metrics, report.speed
     lines = [
-        f"CAHP ({sel['strategy']}) on {report['model']['ref']} — {report['dataset']['ref']}",
-        f"  k* = {s['k_star']} (polynomial degree {sel['poly_degree']}; knees by degree: "
-        + ", ".join(f"d{d}={k}" for d, k in sel["knees_by_degree"].items()) + ")",
-        f"  heads kept: {s['heads_kept']} of {s['heads_total']} ({s['retention']:.1%})",
+        f"CAHP ({sel.strategy}) on {report.model.ref} — {report.dataset.ref}",
+        f"  k* = {s.k_star} (polynomial degree {sel.poly_degree}; knees by degree: "
+        + ", ".join(f"d{d}={k}" for d, k in sel.knees_by_degree.items()) + ")",
+        f"  heads kept: {s.heads_kept} of {s.heads_total} ({s.retention:.1%})",
     ]
-    for layer, heads in sel["kept"].items():
-        lines.append(f"    layer {int(layer):>2}: {len(heads):>2} kept  {heads}")
+    for layer, heads in sel.kept.items():
+        lines.append(f"    layer {layer:>2}: {len(heads):>2} kept  {list(heads)}")
     lines += [
-        f"  accuracy (eval split '{report['dataset']['eval_split']}'): dense {m['dense']['accuracy']:.4f}, "
-        f"pruned before recovery {m['pruned_before_recovery']['accuracy']:.4f}, "
-        f"after recovery {m['pruned']['accuracy']:.4f}",
-        f"  macro-F1: dense {m['dense']['macro_f1']:.4f}, pruned {m['pruned']['macro_f1']:.4f}",
-        f"  parameters: {report['parameters']['dense']['total']:,} -> {report['parameters']['pruned']['total']:,}",
+        f"  accuracy (eval split '{report.dataset.eval_split}'): dense {m.dense.accuracy:.4f}, "
+        f"pruned before recovery {m.pruned_before_recovery.accuracy:.4f}, "
+        f"after recovery {m.pruned.accuracy:.4f}",
+        f"  macro-F1: dense {m.dense.macro_f1:.4f}, pruned {m.pruned.macro_f1:.4f}",
+        f"  parameters: {report.parameters.dense.total:,} -> {report.parameters.pruned.total:,}",
     ]
-    for row in report["speed"]["results"]:
+    for row in speed.results:
         lines.append(
-            f"  latency batch {row['batch_size']:>2} x {report['speed']['seq_len']} tokens on {report['device']}: "
-            f"p50 {row['dense']['p50_ms']:.2f} ms -> {row['pruned']['p50_ms']:.2f} ms (x{row['speedup']:.2f})"
+            f"  latency batch {row.batch_size:>2} x {speed.seq_len} tokens on {report.device}: "
+            f"p50 {row.dense.p50_ms:.2f} ms -> {row.pruned.p50_ms:.2f} ms (x{row.speedup:.2f})"
         )
-    lines.append(f"  wall time {report['wall_time_s']:.1f} s; artifacts in {output}")
-    for warning in report.get("warnings", []):
+    lines.append(f"  wall time {report.wall_time_s:.1f} s; artifacts in {output}")
+    for warning in report.warnings:
         lines.append(f"  warning: {warning}")
     return "\n".join(lines)
 

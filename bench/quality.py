@@ -32,15 +32,16 @@ from torch import nn
 from bench import common
 from bench.sst5_selection import minilm_path
 from cahp_engine.adapters import heads_per_layer
+from cahp_engine.analysis import analyze_heads
 from cahp_engine.checkpoint import save_pruned
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import EncodedDataset, LabelledTexts, draw_subset, encode
 from cahp_engine.datasets_io import DatasetOptions, load_splits
 from cahp_engine.evaluation import evaluate
 from cahp_engine.models import load_classifier
-from cahp_engine.pipeline import select_heads
 from cahp_engine.run import resolve_device
-from cahp_engine.selection import Selection, select_random, select_representatives, select_top_salience
+from cahp_engine.selection import Selection
+from cahp_engine.strategies import choose
 from cahp_engine.surgery import prune_heads
 from cahp_engine.training import finetune
 
@@ -188,33 +189,31 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
 
 
 def selections_for_seed(dense: nn.Module, train: EncodedDataset, protocol: Protocol, seed: int) -> dict[str, Any]:
-    """One CAHP selection at ``seed``, turned into every degree's CAHP, salience and random sets."""
+    """One head analysis at ``seed``; per degree, CAHP at that degree's knee and both baselines at its count.
+
+    The choices are :func:`cahp_engine.strategies.choose`, what ``cahp prune --strategy`` runs.
+    """
     degrees = tuple(sorted(set(REPORTED_DEGREES) | set(protocol.degrees)))
     config = PruningConfig(poly_degree=protocol.degrees[0], resolution=protocol.resolution, seed=seed,
                            batch_size=protocol.batch_size, reported_degrees=degrees)
-    result = select_heads(dense, train, config)
-    shape = result.selection.kept_mask.shape
+    analysis = analyze_heads(dense, train, config)
     per_degree: dict[str, Any] = {}
     for degree in protocol.degrees:
-        knee = result.knees[degree]
-        labels = result.curve.at(knee.k).labels if knee.k >= 2 else np.zeros(int(np.prod(shape)), dtype=np.int64)
-        cahp = select_representatives(labels, result.salience)
-        if degree == config.poly_degree and not np.array_equal(cahp.kept_mask, result.selection.kept_mask):
-            raise RuntimeError("the benchmark's CAHP selection disagrees with select_heads; the two drifted apart")
-        count = cahp.num_kept
-        chosen = {"cahp": cahp, "salience": select_top_salience(result.salience, count),
-                  "random": select_random((int(shape[0]), int(shape[1])), count, seed=seed)}
+        knee = analysis.knees[degree]
+        chosen = {name: choose(analysis, knee.k, name, seed=seed) for name in STRATEGIES}
+        cahp = chosen["cahp"]
         per_degree[str(degree)] = {
-            "k_star": knee.k, "knee_found": knee.found, "heads_kept": count,
-            "retention": count / cahp.kept_mask.size,
+            "k_star": knee.k, "knee_found": knee.found, "heads_kept": cahp.num_kept,
+            "retention": cahp.retention,
             "layer_safety_added": [list(h) for h in cahp.layer_safety_added],
             "kept": {name: _heads(sel) for name, sel in chosen.items()},
         }
     return {
-        "seed": seed, "shape": list(shape), "timings_s": result.timings, "warnings": list(result.warnings),
-        "knees": {str(d): {"k": k.k, "found": k.found} for d, k in sorted(result.knees.items())},
-        "mss_curve": {"ks": result.curve.ks.tolist(), "mss": result.curve.mss.tolist()},
-        "salience": result.salience.tolist(), "degrees": per_degree,
+        "seed": seed, "shape": list(analysis.shape), "timings_s": analysis.timings,
+        "warnings": list(analysis.warnings),
+        "knees": {str(d): {"k": k.k, "found": k.found} for d, k in sorted(analysis.knees.items())},
+        "mss_curve": {"ks": analysis.curve.ks.tolist(), "mss": analysis.curve.mss.tolist()},
+        "salience": analysis.salience.tolist(), "degrees": per_degree,
     }
 
 

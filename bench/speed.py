@@ -141,7 +141,7 @@ def measure_model(name: str, *, retentions: Sequence[float], seq_lens: Sequence[
                 warmup, repeats = counts[batch]
                 speed = compare_speed(model, pruned, batch_sizes=(batch,), seq_len=seq_len, warmup=warmup,
                                       repeats=repeats, seed=seed)
-                result = speed["results"][0]
+                result = speed.results[0].to_dict()
                 measured = result["speedup"]
                 rows.append({
                     "retention_target": retention, "heads_kept": kept,

@@ -15,7 +15,10 @@ __all__ = [
     "save_pruned",
     "prune_heads",
     "select_heads",
+    "analyze_heads",
+    "choose",
     "run_pruning",
+    "RunReport",
     "load_classifier",
     "load_splits",
 ]
@@ -26,7 +29,10 @@ _LOCATIONS = {
     "save_pruned": "cahp_engine.checkpoint",
     "prune_heads": "cahp_engine.surgery",
     "select_heads": "cahp_engine.pipeline",
+    "analyze_heads": "cahp_engine.analysis",
+    "choose": "cahp_engine.strategies",
     "run_pruning": "cahp_engine.run",
+    "RunReport": "cahp_engine.report",
     "load_classifier": "cahp_engine.models",
     "load_splits": "cahp_engine.datasets_io",
 }

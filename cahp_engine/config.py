@@ -10,47 +10,23 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from cahp_engine._validation import Interval, Options, check, is_int, parse_device
 from cahp_engine.errors import ConfigError
+from cahp_engine.strategies import STRATEGIES
 
-Strategy = Literal["cahp", "salience", "random"]
+if TYPE_CHECKING:
+    Strategy = str
+else:
+    #: The registered strategy names (:data:`cahp_engine.strategies.REGISTRY`), as a type: the job
+    #: API's generated schema lists them.
+    Strategy = Literal[STRATEGIES]
 DenseFinetune = Literal["auto", "always", "never"]
 
-STRATEGIES: tuple[str, ...] = ("cahp", "salience", "random")
 DENSE_FINETUNE_MODES: tuple[str, ...] = ("auto", "always", "never")
 #: Polynomial degrees reported in ``knees_by_degree`` (the paper's sweep, Section IV-B.2).
 REPORTED_DEGREES: tuple[int, ...] = (2, 3, 4, 5, 6)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _require_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> None:
-    bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-    if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
-        raise ConfigError(f"`{name}` must be an integer {bound}, got {value!r}")
-
-
-def _require_real(name: str, value: Any, *, low: float, high: float, low_open: bool, high_open: bool) -> None:
-    ok = _is_real(value) and value == value  # NaN fails the second test
-    if ok:
-        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-    if not ok:
-        left = "(" if low_open else "["
-        right = ")" if high_open else "]"
-        raise ConfigError(f"`{name}` must be a number in {left}{low}, {high}{right}, got {value!r}")
-
-
-def _require_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"`{name}` must be one of {', '.join(choices)}, got {value!r}")
-
 
 @dataclass(frozen=True)
 class PruningConfig:
@@ -125,43 +101,38 @@ class PruningConfig:
     reported_degrees: tuple[int, ...] = field(default=REPORTED_DEGREES)
 
     def __post_init__(self) -> None:
-        _require_int("poly_degree", self.poly_degree, minimum=1, maximum=10)
-        if self.heads_to_keep is not None:
-            _require_int("heads_to_keep", self.heads_to_keep, minimum=1)
-        if self.resolution is not None:
-            _require_int("resolution", self.resolution, minimum=2, maximum=512)
-        _require_real("calibration_fraction", self.calibration_fraction,
-                      low=0.0, high=1.0, low_open=True, high_open=False)
+        check("poly_degree", self.poly_degree, Interval("integer", 1, 10))
+        check("heads_to_keep", self.heads_to_keep, Interval("integer", 1, None, closed="left"), allow_none=True)
+        check("resolution", self.resolution, Interval("integer", 2, 512), allow_none=True)
+        check("calibration_fraction", self.calibration_fraction, Interval("real", 0.0, 1.0, closed="right"))
         s = self.signature_samples
-        if s is not None:
-            if _is_int(s):
-                _require_int("signature_samples", s, minimum=2)
-            elif _is_real(s):
-                _require_real("signature_samples", s, low=0.0, high=1.0, low_open=True, high_open=False)
-            else:
-                raise ConfigError(
-                    f"`signature_samples` must be an integer count >= 2, a fraction in (0, 1] or None, got {s!r}"
-                )
-        _require_choice("strategy", self.strategy, STRATEGIES)
-        _require_int("seed", self.seed, minimum=0, maximum=2**32 - 1)
-        _require_int("batch_size", self.batch_size, minimum=1, maximum=4096)
-        _require_int("max_length", self.max_length, minimum=2, maximum=8192)
-        if self.perplexity is not None:
-            _require_real("perplexity", self.perplexity, low=0.0, high=1e6, low_open=True, high_open=True)
-        _require_real("var_floor", self.var_floor, low=0.0, high=1.0, low_open=True, high_open=True)
+        if is_int(s):
+            check("signature_samples", s, Interval("integer", 2, None, closed="left"))
+        elif isinstance(s, numbers.Real) and not isinstance(s, bool):
+            check("signature_samples", s, Interval("real", 0.0, 1.0, closed="right"))
+        elif s is not None:
+            raise ConfigError(
+                f"`signature_samples` must be an integer count >= 2, a fraction in (0, 1] or None, got {s!r}"
+            )
+        check("strategy", self.strategy, Options(STRATEGIES))
+        check("seed", self.seed, Interval("integer", 0, 2**32 - 1))
+        check("batch_size", self.batch_size, Interval("integer", 1, 4096))
+        check("max_length", self.max_length, Interval("integer", 2, 8192))
+        check("perplexity", self.perplexity, Interval("real", 0.0, 1e6, closed="neither"), allow_none=True)
+        check("var_floor", self.var_floor, Interval("real", 0.0, 1.0, closed="neither"))
         for name in ("epochs", "dense_epochs"):
-            _require_real(name, getattr(self, name), low=0.0, high=1000.0, low_open=False, high_open=False)
+            check(name, getattr(self, name), Interval("real", 0.0, 1000.0))
         for name in ("lr", "dense_lr"):
-            _require_real(name, getattr(self, name), low=0.0, high=1.0, low_open=True, high_open=False)
-        _require_real("warmup_ratio", self.warmup_ratio, low=0.0, high=1.0, low_open=False, high_open=False)
-        _require_real("weight_decay", self.weight_decay, low=0.0, high=1.0, low_open=False, high_open=False)
-        _require_real("max_grad_norm", self.max_grad_norm, low=0.0, high=1e6, low_open=True, high_open=False)
-        _require_choice("dense_finetune", self.dense_finetune, DENSE_FINETUNE_MODES)
-        _require_int("latency_warmup", self.latency_warmup, minimum=0, maximum=1000)
-        _require_int("latency_repeats", self.latency_repeats, minimum=1, maximum=10000)
-        if not isinstance(self.device, str) or not _valid_device(self.device):
-            raise ConfigError(f"`device` must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        if not self.reported_degrees or not all(_is_int(d) and 1 <= d <= 10 for d in self.reported_degrees):
+            check(name, getattr(self, name), Interval("real", 0.0, 1.0, closed="right"))
+        check("warmup_ratio", self.warmup_ratio, Interval("real", 0.0, 1.0))
+        check("weight_decay", self.weight_decay, Interval("real", 0.0, 1.0))
+        check("max_grad_norm", self.max_grad_norm, Interval("real", 0.0, 1e6, closed="right"))
+        check("dense_finetune", self.dense_finetune, Options(DENSE_FINETUNE_MODES))
+        check("latency_warmup", self.latency_warmup, Interval("integer", 0, 1000))
+        check("latency_repeats", self.latency_repeats, Interval("integer", 1, 10000))
+        parse_device(self.device)
+        degree = Interval("integer", 1, 10)
+        if not self.reported_degrees or not all(d in degree for d in self.reported_degrees):
             raise ConfigError(
                 f"`reported_degrees` must be a non-empty tuple of integers between 1 and 10, "
                 f"got {self.reported_degrees!r}"
@@ -189,9 +160,3 @@ class PruningConfig:
             values["reported_degrees"] = tuple(values["reported_degrees"])
         return cls(**values)
 
-
-def _valid_device(device: str) -> bool:
-    if device in ("auto", "cpu", "cuda"):
-        return True
-    prefix, _, index = device.partition(":")
-    return prefix == "cuda" and index.isdigit()

@@ -2,16 +2,14 @@
 
 :func:`evaluate` scores a model on an encoded split, :func:`count_parameters` sizes it and its
 attention blocks, and :func:`measure_latency` / :func:`compare_speed` time its forward pass on random
-inputs of a fixed shape. Every result is a small frozen dataclass with a JSON-ready ``to_dict()``.
+inputs of a fixed shape. Every result is a small frozen dataclass of :mod:`cahp_engine.results` with
+a JSON-ready ``to_dict()``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,97 +17,29 @@ import torch
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
 from torch import nn
 
+from cahp_engine._torch import as_device, model_inputs, num_parameters
+from cahp_engine._validation import Interval, check
 from cahp_engine.adapters import get_adapter, heads_per_layer
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError
+from cahp_engine.results import ClassificationMetrics, Latency, ParameterCounts, SpeedComparison, SpeedRow
 
+__all__ = [
+    "ClassificationMetrics",
+    "Latency",
+    "ParameterCounts",
+    "SpeedComparison",
+    "SpeedRow",
+    "as_device",
+    "compare_speed",
+    "count_parameters",
+    "evaluate",
+    "measure_latency",
+    "model_inputs",
+]
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-class _JsonResult:
-    """Mixin giving frozen result dataclasses a plain ``to_dict()`` (tuples become lists)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return _jsonable(dataclasses.asdict(self))  # type: ignore[call-overload]
-
-
-@dataclass(frozen=True)
-class ClassificationMetrics(_JsonResult):
-    """Scores of a model on one split.
-
-    ``confusion[i][j]`` counts samples of true class ``i`` predicted as class ``j``; it has one row
-    and column per class of the dataset.
-    """
-
-    accuracy: float
-    macro_f1: float
-    n: int
-    confusion: tuple[tuple[int, ...], ...] | None = None
-
-
-@dataclass(frozen=True)
-class ParameterCounts(_JsonResult):
-    """Parameter counts of a model.
-
-    ``attention`` covers the query, key, value and output-projection weights and biases of every
-    layer; ``heads_per_layer`` is the current head count of each layer.
-    """
-
-    total: int
-    attention: int
-    heads_per_layer: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Latency(_JsonResult):
-    """Forward-pass time of one input shape, over ``repeats`` timed runs after ``warmup`` untimed ones."""
-
-    batch_size: int
-    seq_len: int
-    p50_ms: float
-    p95_ms: float
-    mean_ms: float
-    throughput_per_s: float
-    warmup: int
-    repeats: int
-    device: str
-
-
-# --------------------------------------------------------------------------- shared helpers
-
-
-def as_device(device: torch.device | str) -> torch.device:
-    """Parse ``device``, refusing a CUDA device this machine does not have."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise InvalidInputError(f"`device` must be cpu, cuda or cuda:N, got {device!r}") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidInputError(f"`device` is {device!r} but CUDA is not available here; use device='cpu'")
-    return dev
-
-
-def model_inputs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The tensors of ``batch`` the model's forward names, without ``labels``.
-
-    DistilBERT takes no ``token_type_ids`` (it would swallow them in ``**kwargs``), and the loss is
-    computed by the caller, so both are dropped here.
-    """
-    accepted = inspect.signature(model.forward).parameters
-    return {k: v for k, v in batch.items() if k != "labels" and k in accepted}
-
-
-def _require_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"`{name}` must be an integer >= 1, got {value!r}")
+_AT_LEAST_ONE = Interval("integer", 1, None, closed="left")
+_AT_LEAST_ZERO = Interval("integer", 0, None, closed="left")
 
 
 # --------------------------------------------------------------------------- accuracy
@@ -135,7 +65,7 @@ def evaluate(
         Macro-F1 averages over the classes that occur in the labels or the predictions
         (scikit-learn's default), counting an undefined F1 as 0.
     """
-    _require_positive_int("batch_size", batch_size)
+    check("batch_size", batch_size, _AT_LEAST_ONE)
     if len(data) == 0:
         raise DatasetError("the evaluation split has no rows; give at least one labelled sample")
     dev = as_device(device)
@@ -179,9 +109,8 @@ def count_parameters(model: nn.Module) -> ParameterCounts:
         parts = adapter.attention(layer)
         for linear in (parts.query, parts.key, parts.value, parts.output):
             attention += sum(p.numel() for p in linear.parameters())
-    total = sum(p.numel() for p in model.parameters())
     return ParameterCounts(
-        total=int(total), attention=int(attention), heads_per_layer=tuple(heads_per_layer(model))
+        total=num_parameters(model), attention=int(attention), heads_per_layer=tuple(heads_per_layer(model))
     )
 
 
@@ -223,8 +152,8 @@ class _Timer:
     """Times single forward passes of one model on one fixed input."""
 
     def __init__(self, model: nn.Module, batch_size: int, seq_len: int, seed: int, dev: torch.device) -> None:
-        _require_positive_int("batch_size", batch_size)
-        _require_positive_int("seq_len", seq_len)
+        check("batch_size", batch_size, _AT_LEAST_ONE)
+        check("seq_len", seq_len, _AT_LEAST_ONE)
         limit = _max_positions(model.config)
         if seq_len > limit:
             raise InvalidInputError(f"`seq_len` must be at most {limit} for this model, got {seq_len}")
@@ -259,9 +188,8 @@ class _Timer:
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
-        raise ConfigError(f"`warmup` must be an integer >= 0, got {warmup!r}")
-    _require_positive_int("repeats", repeats)
+    check("warmup", warmup, _AT_LEAST_ZERO)
+    check("repeats", repeats, _AT_LEAST_ONE)
 
 
 def _timed(models: Sequence[nn.Module], body: Callable[[], Any]) -> Any:
@@ -319,7 +247,7 @@ def compare_speed(
     warmup: int = 3,
     repeats: int = 20,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> SpeedComparison:
     """Latency of a dense model and its pruned copy, and the speed-up, per batch size.
 
     Both models see the same random inputs. Their timed passes alternate (dense then pruned, then
@@ -327,10 +255,9 @@ def compare_speed(
 
     Returns
     -------
-    dict
-        ``{"device", "seq_len", "warmup", "repeats", "results": [{"batch_size", "dense",
-        "pruned", "speedup"}, ...]}`` where ``dense`` and ``pruned`` are :meth:`Latency.to_dict`
-        and ``speedup`` is dense p50 / pruned p50.
+    SpeedComparison
+        One :class:`SpeedRow` per batch size, in order: the dense and pruned :class:`Latency` and
+        ``speedup`` = dense p50 / pruned p50.
     """
     _check_counts(warmup, repeats)
     if not batch_sizes:
@@ -346,7 +273,7 @@ def compare_speed(
     dense.to(dev)
     pruned.to(dev)
 
-    def body() -> list[dict[str, Any]]:
+    def body() -> tuple[SpeedRow, ...]:
         rows = []
         for bs in batch_sizes:
             timers = [_Timer(dense, bs, seq_len, seed, dev), _Timer(pruned, bs, seq_len, seed, dev)]
@@ -357,13 +284,9 @@ def compare_speed(
                 for timer in timers if rep % 2 == 0 else timers[::-1]:
                     timer.run(record=True)
             lat_dense, lat_pruned = (t.result(bs, seq_len, warmup) for t in timers)
-            rows.append({
-                "batch_size": int(bs),
-                "dense": lat_dense.to_dict(),
-                "pruned": lat_pruned.to_dict(),
-                "speedup": lat_dense.p50_ms / lat_pruned.p50_ms,
-            })
-        return rows
+            rows.append(SpeedRow(batch_size=int(bs), dense=lat_dense, pruned=lat_pruned,
+                                 speedup=lat_dense.p50_ms / lat_pruned.p50_ms))
+        return tuple(rows)
 
     results = _timed([dense, pruned], body)
-    return {"device": str(dev), "seq_len": seq_len, "warmup": warmup, "repeats": repeats, "results": results}
+    return SpeedComparison(device=str(dev), seq_len=seq_len, warmup=warmup, repeats=repeats, results=results)

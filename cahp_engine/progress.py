@@ -13,6 +13,25 @@ ProgressFn = Callable[[str, float], None]
 #: Polled between steps; True stops the run with :class:`JobCancelledError`.
 CancelFn = Callable[[], bool]
 
+#: Share of a whole pruning run each stage takes, roughly: ``run_pruning`` reports
+#: ``lo + (hi - lo) * fraction`` as the overall progress, and progress bars map it back to the stage.
+STAGE_SPAN: dict[str, tuple[float, float]] = {
+    "load": (0.00, 0.02),
+    "dense_finetune": (0.02, 0.25),
+    "dense_evaluation": (0.25, 0.28),
+    "signatures": (0.28, 0.40),
+    "separation": (0.40, 0.41),
+    "graph_space": (0.41, 0.42),
+    "sweep": (0.42, 0.43),
+    "knee": (0.43, 0.435),
+    "salience": (0.435, 0.50),
+    "selection": (0.50, 0.505),
+    "surgery": (0.505, 0.51),
+    "recovery": (0.51, 0.88),
+    "evaluation": (0.88, 0.97),
+    "artifacts": (0.97, 1.00),
+}
+
 
 class Monitor:
     """Bundles the optional progress and cancellation callbacks with a per-stage wall clock."""

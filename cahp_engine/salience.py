@@ -8,7 +8,7 @@ min-max normalised).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -19,17 +19,16 @@ from cahp_engine.errors import PipelineError
 
 
 class HeadImportance(Protocol):
-    """``(model, batches) -> Tensor of shape (L, H)``: a score per head, higher = more important."""
+    """``(model, batches) -> Tensor of shape (L, H)``: a score per head, higher = more important.
+
+    :func:`cahp_engine.analysis.analyze_heads` takes one (``importance=``) and min-max normalises
+    its scores; :func:`gradient_salience` is the default.
+    """
 
     def __call__(self, model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> torch.Tensor: ...
 
 
-def gradient_salience(
-    model: nn.Module,
-    batches: Iterable[dict[str, torch.Tensor]],
-    *,
-    on_batch: Callable[[int], None] | None = None,
-) -> torch.Tensor:
+def gradient_salience(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> torch.Tensor:
     """Mean absolute gradient of the loss with respect to each head's output gate.
 
     Parameters
@@ -37,8 +36,6 @@ def gradient_salience(
     model : an unpruned supported sequence classifier
     batches : iterable of dicts with ``input_ids``, ``attention_mask``, ``labels`` (n,) and
         optionally ``token_type_ids``
-    on_batch : callable, optional
-        Called with the sample count of each finished batch.
 
     Returns
     -------
@@ -79,8 +76,6 @@ def gradient_salience(
                 (grad,) = torch.autograd.grad(out.loss, gates)
                 total += grad.abs().to(torch.float64)
                 seen += 1
-                if on_batch is not None:
-                    on_batch(int(batch["labels"].numel()))
     finally:
         for p, flag in flags:
             p.requires_grad_(flag)

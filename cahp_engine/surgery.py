@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cahp_engine._torch import num_parameters
 from cahp_engine.adapters import AttentionParts, ModelAdapter, get_adapter
 from cahp_engine.errors import InvalidInputError, ModelLoadError, PipelineError
 
@@ -87,7 +88,7 @@ def prune_heads(model: nn.Module, kept: Mapping[int, Sequence[int]]) -> SurgeryR
     plan = _plan(kept, current, adapter.num_heads(config))
 
     heads_before = sum(len(heads) for heads in current)
-    params_before = _count_parameters(model)
+    params_before = num_parameters(model)
     for index, layer in enumerate(layers):
         new = plan[index]
         if new == current[index]:
@@ -100,7 +101,7 @@ def prune_heads(model: nn.Module, kept: Mapping[int, Sequence[int]]) -> SurgeryR
         heads_before=heads_before,
         heads_after=sum(len(heads) for heads in plan),
         params_before=params_before,
-        params_after=_count_parameters(model),
+        params_after=num_parameters(model),
     )
 
 
@@ -296,7 +297,3 @@ def _forward_without_heads(
     if output_name is not None:
         heads = module.get_submodule(output_name)(heads)
     return heads, weights
-
-
-def _count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

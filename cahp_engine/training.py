@@ -7,12 +7,10 @@ A plain torch loop rather than the transformers ``Trainer``: the loop is short, 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,53 +19,23 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import get_linear_schedule_with_warmup
 
+from cahp_engine._torch import as_device, model_inputs
+from cahp_engine._validation import Interval, check
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
-from cahp_engine.errors import ConfigError, DatasetError, JobCancelledError, PipelineError
-from cahp_engine.evaluation import as_device, model_inputs
+from cahp_engine.errors import DatasetError, JobCancelledError, PipelineError
+from cahp_engine.results import TrainingResult
 
-
-@dataclass(frozen=True)
-class TrainingResult:
-    """What one fine-tuning run did.
-
-    ``epochs`` is the number of passes over the data actually made (``steps`` over the batches of
-    one epoch). ``loss_per_epoch`` and ``seconds_per_epoch`` have one entry per epoch begun, the
-    last one possibly partial. ``precision`` is ``bf16``, ``fp16`` (with loss scaling) or ``fp32``.
-    """
-
-    steps: int
-    epochs: float
-    loss_per_epoch: tuple[float, ...]
-    wall_s: float
-    seconds_per_epoch: tuple[float, ...]
-    device: str
-    precision: str
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["loss_per_epoch"] = list(self.loss_per_epoch)
-        out["seconds_per_epoch"] = list(self.seconds_per_epoch)
-        return out
+__all__ = ["TrainingResult", "finetune"]
 
 
 def _check_recipe(epochs: float, lr: float, batch_size: int, warmup_ratio: float, weight_decay: float,
                   max_grad_norm: float) -> None:
-    def real(value: Any) -> bool:
-        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
-            and math.isfinite(value)
-
-    if not real(epochs) or epochs < 0:
-        raise ConfigError(f"`epochs` must be a number >= 0, got {epochs!r}")
-    if not real(lr) or lr <= 0:
-        raise ConfigError(f"`lr` must be a number > 0, got {lr!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ConfigError(f"`batch_size` must be an integer >= 1, got {batch_size!r}")
-    if not real(warmup_ratio) or not 0 <= warmup_ratio <= 1:
-        raise ConfigError(f"`warmup_ratio` must be a number in [0, 1], got {warmup_ratio!r}")
-    if not real(weight_decay) or weight_decay < 0:
-        raise ConfigError(f"`weight_decay` must be a number >= 0, got {weight_decay!r}")
-    if not real(max_grad_norm) or max_grad_norm <= 0:
-        raise ConfigError(f"`max_grad_norm` must be a number > 0, got {max_grad_norm!r}")
+    check("epochs", epochs, Interval("real", 0, None, closed="left"))
+    check("lr", lr, Interval("real", 0, None, closed="neither"))
+    check("batch_size", batch_size, Interval("integer", 1, None, closed="left"))
+    check("warmup_ratio", warmup_ratio, Interval("real", 0, 1))
+    check("weight_decay", weight_decay, Interval("real", 0, None, closed="left"))
+    check("max_grad_norm", max_grad_norm, Interval("real", 0, None, closed="neither"))
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 from cahp_engine.checkpoint import check_weight_files
 from cahp_engine.errors import CahpError, JobCancelledError, PipelineError
+from cahp_engine.report import RunReport
 from worker.artifacts import store_artifacts
 from worker.lease import LeaseKeeper
 from worker.redaction import job_redactor
@@ -40,9 +41,7 @@ from worker.reporting import JobReporter
 logger = logging.getLogger(__name__)
 
 #: ``run_pruning``'s signature (see cahp_engine.run); tests may pass another real pipeline.
-Pipeline = Callable[..., dict[str, Any]]
-SUMMARY_KEYS = ("k_star", "heads_total", "heads_kept", "retention", "dense_accuracy", "pruned_accuracy",
-                "speedup")
+Pipeline = Callable[..., RunReport]
 
 
 class Outcome(enum.StrEnum):
@@ -146,8 +145,7 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
     finally:
         lease.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    summary = report.get("summary") or {}
-    result = {key: summary.get(key) for key in SUMMARY_KEYS}
+    result = report.summary.to_dict()
     reporter.log("succeeded; stored " + ", ".join(a.name for a in artifacts))
     return _finish(context, reporter, claimed, JobStatus.succeeded, result=result, artifacts=artifacts)
 
@@ -172,7 +170,7 @@ def _remove_earlier_workdirs(work_dir: Path, job_id: str) -> None:
 
 def _run(
     claimed: _Claimed, context: WorkerContext, reporter: JobReporter, workdir: Path, pipeline: Pipeline | None
-) -> tuple[dict[str, Any], list[ArtifactRecord]]:
+) -> tuple[RunReport, list[ArtifactRecord]]:
     settings = context.settings
     # Settings and options first: they are checked again here (a row may predate a rule), before any
     # of them is used as a file name.

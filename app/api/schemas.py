@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from app.core.models import JobStatus
 from app.core.params import SERVICE_ONLY_PARAMS
 from cahp_engine.config import PruningConfig
+from cahp_engine.dataset_options import DatasetOptions
+from cahp_engine.report import RunSummary
 
 T = TypeVar("T")
 
@@ -33,23 +35,41 @@ class ModelSpec(_Input):
     revision: str | None = Field(default=None, max_length=255, description="Hub revision (hf:// only)")
 
 
-class DatasetSpec(_Input):
-    uri: str = Field(
-        min_length=1, max_length=2048,
-        description="hf://datasets/org/name, file:///dir, upload://id or s3://bucket/key; a directory or "
-        "archive of {split}.csv/.jsonl/.parquet files, or a single split file (then give eval_uri)",
+def _dataset_spec_model() -> type[BaseModel]:
+    """``DatasetSpec``: the dataset's URIs plus every :class:`DatasetOptions` field, with its default.
+
+    Built from the dataclass, like ``JobParams``, so an option the engine adds is accepted here too.
+    """
+    hints = get_type_hints(DatasetOptions)
+    options: dict[str, Any] = {
+        f.name: (hints[f.name], Field(default=f.default, min_length=1, max_length=200))
+        for f in dataclasses.fields(DatasetOptions)
+    }
+    return create_model(
+        "DatasetSpec",
+        __base__=_Input,
+        __doc__="The dataset: where it is, and which of its columns and splits to use.",
+        uri=(str, Field(
+            min_length=1, max_length=2048,
+            description="hf://datasets/org/name, file:///dir, upload://id or s3://bucket/key; a directory or "
+            "archive of {split}.csv/.jsonl/.parquet files, or a single split file (then give eval_uri)",
+        )),
+        eval_uri=(str | None, Field(
+            default=None, max_length=2048,
+            description="A second single file holding the evaluation split, when `uri` is a single file",
+        )),
+        **options,
     )
-    eval_uri: str | None = Field(
-        default=None, max_length=2048,
-        description="A second single file holding the evaluation split, when `uri` is a single file",
-    )
-    text_column: str = Field(default="text", min_length=1, max_length=200)
-    text_pair_column: str | None = Field(default=None, min_length=1, max_length=200)
-    label_column: str = Field(default="label", min_length=1, max_length=200)
-    train_split: str = Field(default="train", min_length=1, max_length=200)
-    eval_split: str | None = Field(default=None, min_length=1, max_length=200)
 
 
+if TYPE_CHECKING:
+
+    class DatasetSpec(_Input):
+        uri: str
+        eval_uri: str | None
+
+else:
+    DatasetSpec = _dataset_spec_model()
 
 
 def _params_model() -> type[BaseModel]:
@@ -104,14 +124,21 @@ class JobError(BaseModel):
     message: str
 
 
-class JobResult(BaseModel):
-    k_star: int | None = None
-    heads_total: int | None = None
-    heads_kept: int | None = None
-    retention: float | None = None
-    dense_accuracy: float | None = None
-    pruned_accuracy: float | None = None
-    speedup: float | None = None
+def _result_model() -> type[BaseModel]:
+    """``JobResult``: the engine's :class:`RunSummary`, every field nullable (rows from older releases)."""
+    hints = get_type_hints(RunSummary)
+    fields: dict[str, Any] = {f.name: (hints[f.name] | None, None) for f in dataclasses.fields(RunSummary)}
+    return create_model("JobResult", __doc__="The headline figures of a succeeded job (report.json's `summary`).",
+                        **fields)
+
+
+if TYPE_CHECKING:
+
+    class JobResult(BaseModel):
+        pass
+
+else:
+    JobResult = _result_model()
 
 
 class JobLinks(BaseModel):

@@ -16,10 +16,9 @@ from typing import Any
 
 from app.cli.exit_codes import ExitCode, fail
 from app.cli.output import print_json
+from cahp_engine.dataset_options import DATASET_OPTION_FIELDS
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: The dataset options a submit may set (``DatasetOptions``' fields; kept in step by a test).
-DATASET_FLAGS = ("text_column", "text_pair_column", "label_column", "train_split", "eval_split")
 
 
 def register(sub: Any) -> None:
@@ -39,7 +38,7 @@ def register(sub: Any) -> None:
     submit.add_argument("--revision")
     submit.add_argument("--dataset", required=True, help="URI, or a local directory/archive/file to upload")
     submit.add_argument("--eval-dataset", help="the evaluation split file, when --dataset is a single file")
-    for name in DATASET_FLAGS:
+    for name in DATASET_OPTION_FIELDS:
         submit.add_argument(f"--{name.replace('_', '-')}")
     submit.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a pruning setting, e.g. --param epochs=1 (repeatable; values are JSON)")
@@ -107,7 +106,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         dataset: dict[str, Any] = {"uri": _reference(args.dataset, client)}
         if args.eval_dataset:
             dataset["eval_uri"] = _reference(args.eval_dataset, client)
-        for name in DATASET_FLAGS:
+        for name in DATASET_OPTION_FIELDS:
             if getattr(args, name) is not None:
                 dataset[name] = getattr(args, name)
         body = {"model": {"uri": _reference(args.model, client), "revision": args.revision},

@@ -15,16 +15,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cli.exit_codes import ExitCode
-from cahp_engine.config import DENSE_FINETUNE_MODES, STRATEGIES, PruningConfig
+from cahp_engine.config import DENSE_FINETUNE_MODES, PruningConfig
+from cahp_engine.dataset_options import DATASET_OPTION_FIELDS, DatasetOptions
 from cahp_engine.errors import CahpError, InvalidInputError, JobCancelledError
+from cahp_engine.progress import STAGE_SPAN
+from cahp_engine.strategies import STRATEGIES
 
 if TYPE_CHECKING:
-    from cahp_engine.datasets_io import DatasetOptions
-
+    from cahp_engine.report import RunReport
 
 def _default(name: str) -> Any:
     """The default of a :class:`PruningConfig` field."""
     return PruningConfig.__dataclass_fields__[name].default
+
+
+def _dataset_default(name: str) -> Any:
+    """The default of a :class:`DatasetOptions` field."""
+    return DatasetOptions.__dataclass_fields__[name].default
 
 
 def _fraction_or_count(text: str) -> int | float:
@@ -53,11 +60,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output when the run succeeds")
     p.add_argument("--revision", help="hub revision of the model")
     d = p.add_argument_group("dataset")
-    d.add_argument("--text-column", default="text")
-    d.add_argument("--text-pair-column", default=None, help="second text of sentence-pair tasks (e.g. MNLI)")
-    d.add_argument("--label-column", default="label")
-    d.add_argument("--train-split", default="train")
-    d.add_argument("--eval-split", default=None, help="default: the first of test, validation, dev")
+    helps = {"text_pair_column": "second text of sentence-pair tasks (e.g. MNLI)",
+             "eval_split": "default: the first of test, validation, dev"}
+    for name in DATASET_OPTION_FIELDS:
+        d.add_argument(f"--{name.replace('_', '-')}", default=_dataset_default(name), help=helps.get(name))
     s = p.add_argument_group("selection")
     s.add_argument("--poly-degree", type=int, default=_default("poly_degree"),
                    help="Kneedle polynomial degree (default %(default)s)")
@@ -85,8 +91,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOptions]:
     """Build the validated settings from parsed arguments (raises InvalidInputError subclasses)."""
-    from cahp_engine.datasets_io import DatasetOptions
-
     config = PruningConfig(
         poly_degree=args.poly_degree, heads_to_keep=args.heads_to_keep, resolution=args.resolution,
         calibration_fraction=args.calibration_fraction, signature_samples=args.signature_samples,
@@ -94,10 +98,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOp
         dense_finetune=args.dense_finetune, dense_epochs=args.dense_epochs, dense_lr=args.dense_lr,
         device=args.device, latency_repeats=args.latency_repeats,
     )
-    options = DatasetOptions(
-        text_column=args.text_column, text_pair_column=args.text_pair_column, label_column=args.label_column,
-        train_split=args.train_split, eval_split=args.eval_split,
-    )
+    options = DatasetOptions(**{name: getattr(args, name) for name in DATASET_OPTION_FIELDS})
     return config, options
 
 
@@ -116,9 +117,7 @@ class _Bars:
             return
         from tqdm import tqdm
 
-        from cahp_engine.run import _STAGE_SPAN
-
-        lo, hi = _STAGE_SPAN.get(stage, (0.0, 1.0))
+        lo, hi = STAGE_SPAN.get(stage, (0.0, 1.0))
         within = min(1.0, max(0.0, (overall - lo) / (hi - lo) if hi > lo else 1.0))
         if stage != self.stage:
             self.close()
@@ -174,38 +173,36 @@ def run_command(args: argparse.Namespace) -> int:
         return ExitCode.FAILED
     bars.close()
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report.to_dict(), indent=2))
     else:
         print(format_summary(report, args.output))
     return ExitCode.OK
 
 
-def format_summary(report: dict[str, Any], output: Path) -> str:
+def format_summary(report: RunReport, output: Path) -> str:
     """The one-screen summary printed at the end of ``cahp prune``."""
-    s = report["summary"]
-    sel = report["selection"]
-    m = report["metrics"]
+    s, sel, m, speed = report.summary, report.selection, report.metrics, report.speed
     lines = [
-        f"CAHP ({sel['strategy']}) on {report['model']['ref']} — {report['dataset']['ref']}",
-        f"  k* = {s['k_star']} (polynomial degree {sel['poly_degree']}; knees by degree: "
-        + ", ".join(f"d{d}={k}" for d, k in sel["knees_by_degree"].items()) + ")",
-        f"  heads kept: {s['heads_kept']} of {s['heads_total']} ({s['retention']:.1%})",
+        f"CAHP ({sel.strategy}) on {report.model.ref} — {report.dataset.ref}",
+        f"  k* = {s.k_star} (polynomial degree {sel.poly_degree}; knees by degree: "
+        + ", ".join(f"d{d}={k}" for d, k in sel.knees_by_degree.items()) + ")",
+        f"  heads kept: {s.heads_kept} of {s.heads_total} ({s.retention:.1%})",
     ]
-    for layer, heads in sel["kept"].items():
-        lines.append(f"    layer {int(layer):>2}: {len(heads):>2} kept  {heads}")
+    for layer, heads in sel.kept.items():
+        lines.append(f"    layer {layer:>2}: {len(heads):>2} kept  {list(heads)}")
     lines += [
-        f"  accuracy (eval split '{report['dataset']['eval_split']}'): dense {m['dense']['accuracy']:.4f}, "
-        f"pruned before recovery {m['pruned_before_recovery']['accuracy']:.4f}, "
-        f"after recovery {m['pruned']['accuracy']:.4f}",
-        f"  macro-F1: dense {m['dense']['macro_f1']:.4f}, pruned {m['pruned']['macro_f1']:.4f}",
-        f"  parameters: {report['parameters']['dense']['total']:,} -> {report['parameters']['pruned']['total']:,}",
+        f"  accuracy (eval split '{report.dataset.eval_split}'): dense {m.dense.accuracy:.4f}, "
+        f"pruned before recovery {m.pruned_before_recovery.accuracy:.4f}, "
+        f"after recovery {m.pruned.accuracy:.4f}",
+        f"  macro-F1: dense {m.dense.macro_f1:.4f}, pruned {m.pruned.macro_f1:.4f}",
+        f"  parameters: {report.parameters.dense.total:,} -> {report.parameters.pruned.total:,}",
     ]
-    for row in report["speed"]["results"]:
+    for row in speed.results:
         lines.append(
-            f"  latency batch {row['batch_size']:>2} x {report['speed']['seq_len']} tokens on {report['device']}: "
-            f"p50 {row['dense']['p50_ms']:.2f} ms -> {row['pruned']['p50_ms']:.2f} ms (x{row['speedup']:.2f})"
+            f"  latency batch {row.batch_size:>2} x {speed.seq_len} tokens on {report.device}: "
+            f"p50 {row.dense.p50_ms:.2f} ms -> {row.pruned.p50_ms:.2f} ms (x{row.speedup:.2f})"
         )
-    lines.append(f"  wall time {report['wall_time_s']:.1f} s; artifacts in {output}")
-    for warning in report.get("warnings", []):
+    lines.append(f"  wall time {report.wall_time_s:.1f} s; artifacts in {output}")
+    for warning in report.warnings:
         lines.append(f"  warning: {warning}")
     return "\n".join(lines)

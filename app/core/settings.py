@@ -20,6 +20,9 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from cahp_engine.config import parse_device
+from cahp_engine.errors import ConfigError
+
 #: Largest job time limit accepted, so a mistyped value cannot hold a GPU for months.
 MAX_JOB_TIME_LIMIT_S = 30 * 24 * 3600
 #: Defaults of the lease on a running job and of the attempts a job gets (see docs/operations.md).
@@ -179,10 +182,11 @@ class Settings(BaseSettings):
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
-        prefix, colon, index = value.partition(":")
-        if value in ("auto", "cpu", "cuda") or (prefix == "cuda" and colon and index.isdigit()):
-            return value
-        raise ValueError(f"CAHP_DEVICE must be auto, cpu, cuda or cuda:N, got {value!r}")
+        # The engine's own rule, so a worker never accepts a device its runs would refuse.
+        try:
+            return parse_device(value)
+        except ConfigError as exc:
+            raise ValueError(f"CAHP_DEVICE: {exc}") from exc
 
     @field_validator("artifact_store")
     @classmethod

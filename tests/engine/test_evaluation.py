@@ -137,14 +137,18 @@ def test_compare_speed_pairs_dense_and_pruned():
     pruned = make_classifier("distilbert", seed=0)
     for layer in range(2):
         _keep_heads(pruned, layer, [0])
-    report = compare_speed(dense, pruned, batch_sizes=(1, 4), seq_len=16, warmup=1, repeats=4)
-    assert json.loads(json.dumps(report)) == report
-    assert [row["batch_size"] for row in report["results"]] == [1, 4]
-    for row in report["results"]:
-        assert row["dense"]["repeats"] == row["pruned"]["repeats"] == 4
-        assert row["dense"]["batch_size"] == row["pruned"]["batch_size"] == row["batch_size"]
-        assert row["speedup"] == pytest.approx(row["dense"]["p50_ms"] / row["pruned"]["p50_ms"])
-    assert (report["seq_len"], report["warmup"], report["repeats"], report["device"]) == (16, 1, 4, "cpu")
+    speed = compare_speed(dense, pruned, batch_sizes=(1, 4), seq_len=16, warmup=1, repeats=4)
+    assert [row.batch_size for row in speed.results] == [1, 4]
+    for row in speed.results:
+        assert row.dense.repeats == row.pruned.repeats == 4
+        assert row.dense.batch_size == row.pruned.batch_size == row.batch_size
+        assert row.speedup == pytest.approx(row.dense.p50_ms / row.pruned.p50_ms)
+    assert (speed.seq_len, speed.warmup, speed.repeats, speed.device) == (16, 1, 4, "cpu")
+    assert speed.speedup_at(4) == speed.results[1].speedup and speed.speedup_at(32) == speed.results[0].speedup
+    as_json = json.loads(json.dumps(speed.to_dict()))
+    assert list(as_json) == ["device", "seq_len", "warmup", "repeats", "results"]
+    assert list(as_json["results"][0]) == ["batch_size", "dense", "pruned", "speedup"]
+    assert type(speed).from_dict(as_json) == speed
     other = make_classifier("distilbert", seed=0)
     other.resize_token_embeddings(50)
     with pytest.raises(InvalidInputError, match="different vocabularies"):

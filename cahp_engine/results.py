@@ -1,0 +1,175 @@
+"""Small frozen records of what a stage measured, JSON-ready both ways; importable without torch or numpy.
+
+:class:`ClassificationMetrics`, :class:`ParameterCounts` and :class:`Latency` /
+:class:`SpeedComparison` come from :mod:`cahp_engine.evaluation`, :class:`TrainingResult` from
+:mod:`cahp_engine.training`, and all of them go into the run report (:mod:`cahp_engine.report`).
+Each has ``to_dict()`` (plain JSON types: lists for tuples, string keys) and ``from_dict()``, its
+inverse, both derived from the field types by :class:`JsonRecord`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Self
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with mappings keyed by strings, tuples as lists and numpy scalars as Python ones."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    # A numpy scalar can only exist once numpy is imported; this module does not import it itself.
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic):
+        return value.item()
+    return value
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def from_json(hint: Any, value: Any) -> Any:
+    """Rebuild a value of type ``hint`` from its :func:`jsonable` form.
+
+    Dataclasses are built field by field (unknown or missing keys raise ``ValueError``), tuples and
+    mappings element by element (integer keys from their strings); scalars pass through as they are.
+    """
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{hint.__name__} is read from an object, got {type(value).__name__}")
+        fields = [f for f in dataclasses.fields(hint) if f.init]
+        names = {f.name for f in fields}
+        unknown = sorted(set(value) - names)
+        missing = sorted(f.name for f in fields if f.name not in value
+                         and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        if unknown or missing:
+            raise ValueError(f"{hint.__name__}: unknown keys {unknown}, missing keys {missing}")
+        hints = _hints(hint)
+        return hint(**{f.name: from_json(hints[f.name], value[f.name]) for f in fields if f.name in value})
+    if origin in (types.UnionType, typing.Union):
+        if value is None:
+            return None
+        options = [a for a in args if a is not type(None)]
+        return from_json(options[0], value) if len(options) == 1 else value
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_json(args[0], v) for v in value)
+        return tuple(from_json(a, v) for a, v in zip(args, value, strict=True))
+    if origin in (dict, Mapping):
+        key, item = args
+        return {(int(k) if key is int else k): from_json(item, v) for k, v in value.items()}
+    if origin is list:
+        return [from_json(args[0], v) for v in value]
+    return value
+
+
+class JsonRecord:
+    """Mixin for frozen dataclasses: ``to_dict()`` in field order, and ``from_dict()`` reversing it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready mapping of every field, in field order."""
+        out: dict[str, Any] = jsonable(dataclasses.asdict(self))  # type: ignore[call-overload]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """The record whose :meth:`to_dict` is ``data``."""
+        record: Self = from_json(cls, data)
+        return record
+
+
+@dataclass(frozen=True)
+class ClassificationMetrics(JsonRecord):
+    """Scores of a model on one split.
+
+    ``confusion[i][j]`` counts samples of true class ``i`` predicted as class ``j``; it has one row
+    and column per class of the dataset.
+    """
+
+    accuracy: float
+    macro_f1: float
+    n: int
+    confusion: tuple[tuple[int, ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class ParameterCounts(JsonRecord):
+    """Parameter counts of a model.
+
+    ``attention`` covers the query, key, value and output-projection weights and biases of every
+    layer; ``heads_per_layer`` is the current head count of each layer.
+    """
+
+    total: int
+    attention: int
+    heads_per_layer: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Latency(JsonRecord):
+    """Forward-pass time of one input shape, over ``repeats`` timed runs after ``warmup`` untimed ones."""
+
+    batch_size: int
+    seq_len: int
+    p50_ms: float
+    p95_ms: float
+    mean_ms: float
+    throughput_per_s: float
+    warmup: int
+    repeats: int
+    device: str
+
+
+@dataclass(frozen=True)
+class SpeedRow(JsonRecord):
+    """Dense and pruned latency at one batch size; ``speedup`` is dense p50 / pruned p50."""
+
+    batch_size: int
+    dense: Latency
+    pruned: Latency
+    speedup: float
+
+
+@dataclass(frozen=True)
+class SpeedComparison(JsonRecord):
+    """A dense model and its pruned copy timed on the same random inputs, one row per batch size."""
+
+    device: str
+    seq_len: int
+    warmup: int
+    repeats: int
+    results: tuple[SpeedRow, ...]
+
+    def speedup_at(self, batch_size: int) -> float | None:
+        """The speed-up at ``batch_size``, else at the first batch size measured, else None."""
+        speedups = {row.batch_size: row.speedup for row in self.results}
+        return speedups.get(batch_size, next(iter(speedups.values()), None))
+
+
+@dataclass(frozen=True)
+class TrainingResult(JsonRecord):
+    """What one fine-tuning run did.
+
+    ``epochs`` is the number of passes over the data actually made (``steps`` over the batches of
+    one epoch). ``loss_per_epoch`` and ``seconds_per_epoch`` have one entry per epoch begun, the
+    last one possibly partial. ``precision`` is ``bf16``, ``fp16`` (with loss scaling) or ``fp32``.
+    """
+
+    steps: int
+    epochs: float
+    loss_per_epoch: tuple[float, ...]
+    wall_s: float
+    seconds_per_epoch: tuple[float, ...]
+    device: str
+    precision: str

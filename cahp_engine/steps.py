@@ -1,0 +1,194 @@
+"""The steps of a pruning run, in order: load, dense fine-tune, select, prune, recover, evaluate.
+
+Each step takes the run's shared :class:`RunContext` and keyword arguments, runs inside its stage of
+the run's :class:`~cahp_engine.progress.Monitor` and returns a small typed result; writing the
+artifacts is :mod:`cahp_engine.artifacts`, and :func:`cahp_engine.run.run_pruning` chains them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from cahp_engine.analysis import validate_inputs
+from cahp_engine.config import PruningConfig
+from cahp_engine.data import EncodedDataset, encode
+from cahp_engine.datasets_io import DatasetOptions, DatasetSplits, load_splits
+from cahp_engine.evaluation import compare_speed, count_parameters, evaluate
+from cahp_engine.models import LoadedClassifier, load_classifier
+from cahp_engine.pipeline import SelectionResult, select_heads
+from cahp_engine.progress import CancelFn, Monitor
+from cahp_engine.report import DenseFinetuneRecord, RunParameters
+from cahp_engine.results import ClassificationMetrics, SpeedComparison, TrainingResult
+from cahp_engine.selection import Selection
+from cahp_engine.surgery import prune_heads
+from cahp_engine.training import finetune
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every step of one run shares.
+
+    Attributes
+    ----------
+    config : PruningConfig
+    device : torch.device
+        Where the run computes (``config.device`` resolved).
+    monitor : Monitor
+        Stage timings, progress within a stage, cancellation.
+    say : callable(str)
+        Receives human-readable lines about what the run is doing.
+    overall : callable(stage, fraction)
+        Progress of a stage that reports it in steps (fine-tuning), mapped to the whole run.
+    should_cancel : callable() -> bool, optional
+    """
+
+    config: PruningConfig
+    device: torch.device
+    monitor: Monitor
+    say: Callable[[str], None]
+    overall: Callable[[str, float], None]
+    should_cancel: CancelFn | None = None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The loaded model and the tokenised splits."""
+
+    loaded: LoadedClassifier
+    splits: DatasetSplits
+    train: EncodedDataset
+    evaluation: EncodedDataset
+
+
+def load(
+    run: RunContext,
+    *,
+    model_ref: str,
+    dataset_ref: str,
+    options: DatasetOptions,
+    revision: str | None,
+    hub_token: str | None,
+    cache_dir: str | None,
+    model_name: str,
+    dataset_name: str,
+) -> Inputs:
+    """Read the splits, load the classifier onto the run's device, tokenise, check the inputs."""
+    config, device = run.config, run.device
+    with run.monitor.stage("load"):
+        run.say(f"reading dataset {dataset_name}")
+        splits = load_splits(dataset_ref, options, revision=None, cache_dir=cache_dir, token=hub_token)
+        run.say(f"loading model {model_name}" + (f" at revision {revision}" if revision else ""))
+        loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
+                                 cache_dir=cache_dir, token=hub_token, device=device)
+        loaded.model.to(device).eval()
+        train = encode(loaded.tokenizer, splits.train, max_length=config.max_length)
+        evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
+        validate_inputs(loaded.model, train, config)
+        run.say(f"{len(train)} training and {len(evaluation)} evaluation samples, {train.num_classes} classes; "
+                f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
+    return Inputs(loaded=loaded, splits=splits, train=train, evaluation=evaluation)
+
+
+def dense_finetune(
+    run: RunContext, *, model: nn.Module, train: EncodedDataset, classifier_trained: bool
+) -> DenseFinetuneRecord:
+    """Fine-tune the dense model in place first, when ``config.dense_finetune`` asks for it."""
+    config = run.config
+    ran, reason = _dense_decision(config.dense_finetune, classifier_trained)
+    training = None
+    if ran:
+        with run.monitor.stage("dense_finetune"):
+            run.say(f"dense fine-tuning ({reason}): {config.dense_epochs} epochs at lr {config.dense_lr}")
+            training = train_model(run, model=model, train=train, epochs=config.dense_epochs, lr=config.dense_lr,
+                                   stage="dense_finetune")
+    return DenseFinetuneRecord(mode=config.dense_finetune, ran=ran, reason=reason, training=training)
+
+
+def evaluate_dense(run: RunContext, *, model: nn.Module, evaluation: EncodedDataset) -> ClassificationMetrics:
+    """Score the dense model on the evaluation split."""
+    with run.monitor.stage("dense_evaluation"):
+        metrics = evaluate(model, evaluation, batch_size=run.config.batch_size, device=run.device)
+        run.say(f"dense accuracy {metrics.accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
+    return metrics
+
+
+def select(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> SelectionResult:
+    """Head selection (:func:`~cahp_engine.pipeline.select_heads`); its stage timings join the run's."""
+    run.say("selecting heads")
+    result = select_heads(model, train, run.config, progress=run.monitor.report, should_cancel=run.should_cancel)
+    run.monitor.timings.update(result.timings)
+    sel = result.selection
+    run.say(f"k* = {result.k_star}; keeping {sel.num_kept} of {sel.kept_mask.size} heads ({sel.retention:.1%})")
+    return result
+
+
+def prune(run: RunContext, *, model: nn.Module, selection: Selection) -> tuple[nn.Module, RunParameters]:
+    """A pruned copy of ``model`` keeping ``selection``, and the parameter counts of both."""
+    with run.monitor.stage("surgery"):
+        dense_params = count_parameters(model)
+        pruned = copy.deepcopy(model)
+        prune_heads(pruned, selection.kept)
+        pruned.eval()
+        pruned_params = count_parameters(pruned)
+    return pruned, RunParameters(dense=dense_params, pruned=pruned_params)
+
+
+def evaluate_pruned(run: RunContext, *, model: nn.Module, evaluation: EncodedDataset) -> ClassificationMetrics:
+    """Score the pruned model before recovery."""
+    with run.monitor.stage("evaluation"):
+        metrics = evaluate(model, evaluation, batch_size=run.config.batch_size, device=run.device)
+    run.say(f"pruned accuracy before recovery {metrics.accuracy:.4f}")
+    return metrics
+
+
+def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> TrainingResult:
+    """Recovery fine-tuning of the pruned model, in place."""
+    with run.monitor.stage("recovery"):
+        run.say(f"recovery fine-tuning: {run.config.epochs} epochs at lr {run.config.lr}")
+        return train_model(run, model=model, train=train, epochs=run.config.epochs, lr=run.config.lr,
+                           stage="recovery")
+
+
+def evaluate_recovered(
+    run: RunContext, *, dense: nn.Module, pruned: nn.Module, evaluation: EncodedDataset
+) -> tuple[ClassificationMetrics, SpeedComparison]:
+    """Score the recovered model, and time it against the dense one.
+
+    The latency is measured at sequence length ``min(64, max(8, p95 of the evaluation lengths))``.
+    """
+    config = run.config
+    with run.monitor.stage("evaluation"):
+        metrics = evaluate(pruned, evaluation, batch_size=config.batch_size, device=run.device)
+        run.say(f"pruned accuracy after recovery {metrics.accuracy:.4f}")
+        seq_len = int(min(64, max(8, np.percentile(evaluation.lengths, 95))))
+        speed = compare_speed(dense, pruned, batch_sizes=(1, 32), seq_len=seq_len, device=run.device,
+                              warmup=config.latency_warmup, repeats=config.latency_repeats, seed=config.seed)
+    return metrics, speed
+
+
+def train_model(
+    run: RunContext, *, model: nn.Module, train: EncodedDataset, epochs: float, lr: float, stage: str
+) -> TrainingResult:
+    """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs and rate."""
+    config = run.config
+    return finetune(
+        model, train, epochs=epochs, lr=lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, device=run.device,
+        progress=lambda step, total: run.overall(stage, step / max(total, 1)), should_cancel=run.should_cancel,
+    )
+
+
+def _dense_decision(mode: str, classifier_trained: bool) -> tuple[bool, str]:
+    if mode == "always":
+        return True, "requested (--dense-finetune always)"
+    if mode == "never":
+        return False, "turned off (--dense-finetune never)"
+    if classifier_trained:
+        return False, "the model has a trained classification head for these labels"
+    return True, "the model has no trained classification head for the dataset's labels"

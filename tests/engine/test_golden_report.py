@@ -1,0 +1,94 @@
+"""A fresh golden run writes what the code wrote before the refactor (timings, dates and speed aside).
+
+The committed files under ``tests/engine/golden/`` come from ``python -m tests.engine.golden.make_golden``
+run on the code before the run report became typed and head selection a registry of strategies.
+This test runs the same thing now and compares: the same keys in the same order everywhere, the
+same selection (kept heads, k*, knees, representatives, layer-safety heads, cluster labels, salience
+to 1e-9) and the same values otherwise, except wall times, dates, the environment and the measured
+latencies, which no two runs share.
+
+Floats are compared to a relative 1e-9: the run is deterministic on one machine (two runs give
+byte-identical selections), and a machine with other float kernels would differ far below any
+change of behaviour. Regenerate the files only from a commit whose behaviour is the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.golden.make_golden import FILES, HERE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Values that change from run to run; their keys and list lengths are still compared.
+VOLATILE = tuple(re.compile(p) for p in (
+    r"^report\.json\.created_at$",
+    r"^report\.json\.wall_time_s$",
+    r"^report\.json\.timings_s\.[a-z_]+$",
+    r"^report\.json\.environment\..*$",
+    r"^report\.json\.summary\.speedup$",
+    r"^report\.json\.speed\.results\[\d+\]\.(dense|pruned)\.(p50_ms|p95_ms|mean_ms|throughput_per_s)$",
+    r"^report\.json\.speed\.results\[\d+\]\.speedup$",
+    r"^report\.json\.(recovery|dense_finetune\.training)\.(wall_s|seconds_per_epoch\[\d+\])$",
+))
+#: Salience (normalised to [0, 1]) is compared to an absolute 1e-9.
+SALIENCE = re.compile(r"^(head_map\.json|selections\.json\[\d+\])\.salience(_raw)?\[")
+
+
+def _differences(golden: Any, fresh: Any, where: str) -> list[str]:
+    if any(p.match(where) for p in VOLATILE):
+        return []
+    if isinstance(golden, dict):
+        if not isinstance(fresh, dict) or list(golden) != list(fresh):
+            return [f"{where}: keys {list(golden)} became {list(fresh) if isinstance(fresh, dict) else fresh!r}"]
+        return [d for key in golden for d in _differences(golden[key], fresh[key], f"{where}.{key}")]
+    if isinstance(golden, list):
+        if not isinstance(fresh, list) or len(golden) != len(fresh):
+            return [f"{where}: {golden!r:.200} became {fresh!r:.200}"]
+        pairs = enumerate(zip(golden, fresh, strict=True))
+        return [d for i, (a, b) in pairs for d in _differences(a, b, f"{where}[{i}]")]
+    if type(golden) is not type(fresh):
+        return [f"{where}: {golden!r} ({type(golden).__name__}) became {fresh!r} ({type(fresh).__name__})"]
+    if isinstance(golden, float):
+        close = (math.isclose(golden, fresh, rel_tol=0, abs_tol=1e-9) if SALIENCE.match(where)
+                 else math.isclose(golden, fresh, rel_tol=1e-9, abs_tol=1e-12))
+        return [] if close else [f"{where}: {golden!r} became {fresh!r}"]
+    return [] if golden == fresh else [f"{where}: {golden!r} became {fresh!r}"]
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("golden")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "tests.engine.golden.make_golden", "--out", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FILES)
+def test_a_fresh_run_writes_what_the_code_wrote_before_the_refactor(fresh: Path, name: str) -> None:
+    golden = json.loads((HERE / name).read_text())
+    now = json.loads((fresh / name).read_text())
+    assert _differences(golden, now, name) == []
+
+
+def test_the_comparison_sees_a_changed_selection_and_a_reordered_key() -> None:
+    golden = json.loads((HERE / "report.json").read_text())
+    moved = {**golden, "selection": {**golden["selection"], "k_star": golden["selection"]["k_star"] + 1}}
+    assert _differences(golden, moved, "report.json") == [
+        f"report.json.selection.k_star: {golden['selection']['k_star']} became {golden['selection']['k_star'] + 1}"]
+    reordered = {"summary": golden["summary"], **{k: v for k, v in golden.items() if k != "summary"}}
+    assert len(_differences(golden, reordered, "report.json")) == 1
+    later = {**golden, "created_at": "2030-01-01T00:00:00+00:00", "timings_s": dict.fromkeys(golden["timings_s"], 9.0)}
+    assert _differences(golden, later, "report.json") == []

@@ -107,7 +107,7 @@ def count_parameters(model: nn.Module) -> ParameterCounts:
     attention = 0
     for layer in adapter.layers(model):
         parts = adapter.attention(layer)
-        for linear in (parts.query, parts.key, parts.value, parts.output):
+        for linear in (*parts.projections, parts.output):
             attention += sum(p.numel() for p in linear.parameters())
     return ParameterCounts(
         total=num_parameters(model), attention=int(attention), heads_per_layer=tuple(heads_per_layer(model))
@@ -118,11 +118,7 @@ def count_parameters(model: nn.Module) -> ParameterCounts:
 
 
 def _max_positions(config: Any) -> int:
-    limit = int(getattr(config, "max_position_embeddings", 512))
-    # RoBERTa-style embeddings number positions from padding_idx + 1, which costs that many slots.
-    if getattr(config, "model_type", None) in ("roberta", "xlm-roberta"):
-        limit -= int(config.pad_token_id or 0) + 1
-    return limit
+    return get_adapter(config).max_positions(config)
 
 
 def _random_inputs(

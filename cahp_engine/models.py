@@ -234,7 +234,7 @@ def _load_tokenizer(where: str, ref: str, hub: dict[str, Any]) -> Any:
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, trust_remote_code=False, **hub)
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ModelLoadError(f"cannot load a tokenizer from {ref!r}: {exc}") from exc
+        raise ModelLoadError(f"cannot load a tokenizer from {ref!r}: {exc}{_sentencepiece_hint(where)}") from exc
     # transformers 5 builds a tokenizer with only the special tokens when the files are missing,
     # which would silently map every word to [UNK].
     if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
@@ -243,6 +243,16 @@ def _load_tokenizer(where: str, ref: str, hub: dict[str, Any]) -> Any:
             "save the tokenizer next to the model with tokenizer.save_pretrained"
         )
     return tokenizer
+
+
+def _sentencepiece_hint(where: str) -> str:
+    # DeBERTa-v3's released checkpoints ship only spm.model; transformers converts it with the
+    # sentencepiece package and, failing that, reports a tiktoken error that hides the cause.
+    directory = Path(where)
+    if not directory.is_dir() or (directory / "tokenizer.json").is_file() or not any(directory.glob("*.model")):
+        return ""
+    return (" (the tokenizer is a SentencePiece model without tokenizer.json: install the `sentencepiece` "
+            "package, or save the tokenizer with a recent transformers, which writes tokenizer.json)")
 
 
 def _from_pretrained(

@@ -108,7 +108,8 @@ class ParameterCounts(JsonRecord):
     """Parameter counts of a model.
 
     ``attention`` covers the query, key, value and output-projection weights and biases of every
-    layer; ``heads_per_layer`` is the current head count of each layer.
+    layer (and DeBERTa's separate relative-position projections); ``heads_per_layer`` is the current
+    head count of each layer.
     """
 
     total: int

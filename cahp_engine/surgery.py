@@ -1,9 +1,11 @@
 """Physical removal of attention heads, and the record that lets a pruned model be rebuilt.
 
 Removing head ``h`` of a layer deletes rows ``h*d : (h+1)*d`` of the query, key and value projections
-(weights and biases) and the same columns of the output projection, so the layer computes exactly
-what the unpruned layer computes with that head's gate at zero. transformers 5 dropped its own
-``prune_heads``; this module is the replacement, written once over :mod:`cahp_engine.adapters`.
+(weights and biases; in each of the three blocks of a fused q/k/v projection, and in DeBERTa's
+relative-position projections when it has separate ones) and the same columns of the output
+projection, so the layer computes exactly what the unpruned layer computes with that head's gate at
+zero. transformers 5 dropped its own ``prune_heads``; this module is the replacement, written once
+over :mod:`cahp_engine.adapters`.
 
 The result is recorded on the config as ``config.cahp`` (see :func:`pruning_record`), so that
 ``save_pretrained`` writes it into ``config.json`` and :mod:`cahp_engine.checkpoint` can rebuild the
@@ -118,7 +120,7 @@ def current_kept_heads(model: nn.Module) -> list[tuple[int, ...]]:
     """
     adapter = get_adapter(model)
     head_dim = adapter.head_dim(model.config)
-    shapes = [adapter.attention(layer).query.out_features // head_dim for layer in adapter.layers(model)]
+    shapes = [adapter.attention(layer).output.in_features // head_dim for layer in adapter.layers(model)]
     recorded = pruning_record(model.config)
     if recorded is None:
         total = adapter.num_heads(model.config)
@@ -238,13 +240,13 @@ def _record(num_heads: int, plan: list[tuple[int, ...]]) -> dict[str, Any]:
 
 def _slice_layer(adapter: ModelAdapter, parts: AttentionParts, positions: list[int], head_dim: int) -> None:
     """Keep the heads at ``positions`` (current numbering) of one layer's attention."""
-    device = parts.query.weight.device
-    index = torch.tensor(
-        [p * head_dim + i for p in positions for i in range(head_dim)], dtype=torch.long, device=device
-    )
-    for projection in (parts.query, parts.key, parts.value):
-        _keep_features(projection, index, dim=0)
-    _keep_features(parts.output, index, dim=1)
+    device = parts.output.weight.device
+    width = parts.output.in_features  # H * d, the current heads
+    columns = [p * head_dim + i for p in positions for i in range(head_dim)]
+    rows = [block * width + c for block in range(parts.blocks) for c in columns]
+    for projection in parts.projections:
+        _keep_features(projection, torch.tensor(rows, dtype=torch.long, device=device), dim=0)
+    _keep_features(parts.output, torch.tensor(columns, dtype=torch.long, device=device), dim=1)
     adapter.set_head_count(parts, len(positions), head_dim)
     if not positions:
         _bypass_attention(adapter, parts)

@@ -6,7 +6,11 @@ import numpy as np
 import torch
 import transformers as tf
 
-FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "distilbert")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "data2vec-text", "roberta-prelayernorm", "xlm-roberta-xl",
+            "electra", "distilbert", "deberta-v2", "modernbert")
+# Families whose layout differs from BERT's beyond module names: the checks that depend on the
+# attention layout run on these and on one BERT-like family, not on every RoBERTa twin.
+LAYOUTS = ("bert", "distilbert", "deberta-v2", "modernbert")
 
 WORDS = (
     "good great fine bad awful terrible movie film plot actor story boring fun dull "
@@ -24,23 +28,32 @@ def make_tokenizer() -> tf.PreTrainedTokenizerFast:
 VOCAB_SIZE = 5 + len(WORDS)
 
 
-def make_config(family: str, *, num_labels: int = 3, layers: int = 2, heads: int = 4, head_dim: int = 8):
+def make_config(family: str, *, num_labels: int = 3, layers: int = 2, heads: int = 4, head_dim: int = 8,
+                **overrides):
+    """A tiny config of ``family``; ``overrides`` replace any of its fields."""
     hidden = heads * head_dim
     common = {"num_labels": num_labels, "vocab_size": VOCAB_SIZE, "pad_token_id": 0}
     if family == "distilbert":
-        return tf.DistilBertConfig(dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=2 * hidden,
-                                   max_position_embeddings=128, **common)
+        return tf.DistilBertConfig(**{"dim": hidden, "n_layers": layers, "n_heads": heads, "hidden_dim": 2 * hidden,
+                                      "max_position_embeddings": 128, **common, **overrides})
     bert_like = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                      intermediate_size=2 * hidden, max_position_embeddings=130, **common)
-    if family == "bert":
-        return tf.BertConfig(**bert_like)
-    if family == "roberta":
-        return tf.RobertaConfig(**bert_like)
-    if family == "xlm-roberta":
-        return tf.XLMRobertaConfig(**bert_like)
     if family == "electra":
-        return tf.ElectraConfig(embedding_size=max(8, hidden // 2), **bert_like)
-    raise ValueError(family)
+        bert_like["embedding_size"] = max(8, hidden // 2)
+    if family == "deberta-v2":
+        # DeBERTa-v3's layout (microsoft/deberta-v3-base): relative positions only, in log buckets,
+        # projected through the shared query/key projections; both c2p and p2c terms.
+        bert_like.update(relative_attention=True, pos_att_type="p2c|c2p", position_buckets=8,
+                         max_relative_positions=-1, share_att_key=True, position_biased_input=False,
+                         norm_rel_ebd="layer_norm", type_vocab_size=0)
+    if family == "modernbert":
+        # Layers 0 and 2 attend globally, layer 1 in a window of 2 tokens each side, so the short
+        # test sentences reach past it. Mean pooling, as ModernBERT-base's classifier does.
+        bert_like.update(local_attention=4, global_attn_every_n_layers=2, classifier_pooling="mean",
+                         cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3)
+    if family not in FAMILIES:
+        raise ValueError(family)
+    return tf.AutoConfig.for_model(family, **{**bert_like, **overrides})
 
 
 def make_classifier(family: str = "bert", *, seed: int = 0, **kwargs) -> torch.nn.Module:

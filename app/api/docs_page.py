@@ -30,6 +30,8 @@ def swagger_page(request: Request) -> HTMLResponse:
         swagger_js_url=f"{root}/docs/static/swagger-ui-bundle.js",
         swagger_css_url=f"{root}/docs/static/swagger-ui.css",
         swagger_favicon_url=f"{root}/ui/static/favicon.svg",
+        # No badge that sends the API description to validator.swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
     )
 
 

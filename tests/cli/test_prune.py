@@ -169,3 +169,24 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
     else:
         assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+@pytest.mark.parametrize("family", ["deberta-v2", "modernbert"])
+def test_prune_runs_end_to_end_on_the_newer_encoder_layouts(tmp_path, family):
+    model = write_model(tmp_path / "model", family=family, layers=3, heads=4, num_labels=3)
+    data = write_dataset(tmp_path / "data")
+    out = tmp_path / "out"
+    proc = cahp(str(model), str(data), "-o", str(out), "--epochs", "1", "--latency-repeats", "1", "--seed", "3",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["model"]["family"] == family
+    kept = {int(k): v for k, v in report["selection"]["kept"].items()}
+    assert 0 < report["summary"]["heads_kept"] == sum(len(v) for v in kept.values()) < 12
+    pruned = load_pruned(out / "model")
+    assert type(pruned).__name__.lower().startswith(family.replace("-", ""))
+    assert count_parameters(pruned).heads_per_layer == tuple(len(kept[layer]) for layer in range(3))
+    assert count_parameters(pruned).total == report["parameters"]["pruned"]["total"]
+    ids = torch.randint(5, 30, (2, 9))
+    with torch.no_grad():
+        assert torch.isfinite(pruned(input_ids=ids, attention_mask=torch.ones_like(ids)).logits).all()

@@ -14,13 +14,17 @@ def test_every_family_exposes_its_heads(family):
     assert adapter.family == family
     assert heads_per_layer(model) == [4, 4, 4]
     parts = adapter.attention(adapter.layers(model)[0])
-    assert parts.query.out_features == parts.output.in_features == 4 * adapter.head_dim(model.config)
+    width = 4 * adapter.head_dim(model.config)
+    assert parts.output.in_features == width
+    assert [p.out_features for p in parts.projections] == [width * parts.blocks] * len(parts.projections)
 
 
 def test_unsupported_family_names_the_supported_ones():
     model = tf.GPT2ForSequenceClassification(tf.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10))
-    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*bert, roberta"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*model types bert, roberta") as caught:
         get_adapter(model)
+    for model_type in ("camembert", "deberta-v2", "modernbert", "distilbert"):
+        assert model_type in str(caught.value)
     assert set(SUPPORTED_FAMILIES) == set(FAMILIES)
 
 

@@ -18,8 +18,8 @@ from tests.tiny_models import FAMILIES, make_classifier, make_tokenizer
 KEPT = {0: [2], 1: [], 2: [0, 1, 3]}
 
 
-def _model(family: str) -> torch.nn.Module:
-    model = make_classifier(family, layers=3, heads=4, head_dim=8)
+def _model(family: str, **overrides: object) -> torch.nn.Module:
+    model = make_classifier(family, layers=3, heads=4, head_dim=8, **overrides)
     # Wider than the default init, so that a misplaced weight would move the logits visibly.
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -65,6 +65,27 @@ def test_pruned_round_trip_gives_identical_logits(family: str, tmp_path: Path) -
     assert type(loaded) is type(model)
     assert heads_per_layer(loaded) == [1, 0, 3]
     assert loaded.config.cahp == model.config.cahp
+    _assert_same_weights(loaded, model)
+    torch.testing.assert_close(_logits(loaded), _logits(model), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [
+        ("deberta-v2", {"share_att_key": False, "pos_att_type": "p2c|c2p", "position_biased_input": True}),
+        ("modernbert", {"attention_bias": True, "global_attn_every_n_layers": 3}),
+    ],
+)
+def test_round_trip_rebuilds_layout_options_from_the_config(family: str, overrides: dict, tmp_path: Path) -> None:
+    model = _model(family, **overrides)
+    with torch.no_grad():  # non-zero biases, which these layouts slice too
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2)
+    prune_heads(model, KEPT)
+    save_pruned(model, make_tokenizer(), tmp_path)
+    loaded = load_pruned(tmp_path)
+    assert heads_per_layer(loaded) == [1, 0, 3]
     _assert_same_weights(loaded, model)
     torch.testing.assert_close(_logits(loaded), _logits(model), atol=0, rtol=0)
 

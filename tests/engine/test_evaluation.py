@@ -22,6 +22,7 @@ from cahp_engine.evaluation import (
     measure_latency,
     model_inputs,
 )
+from cahp_engine.surgery import prune_heads
 from cahp_engine.training import finetune
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
@@ -117,8 +118,30 @@ def test_measure_latency_reports_its_counts():
     assert not model.training
 
 
-def test_random_inputs_avoid_special_ids_and_respect_positions():
-    model = make_classifier("roberta", seed=0)
+@pytest.mark.parametrize(
+    ("family", "overrides", "pattern"),
+    [
+        ("deberta-v2", {"share_att_key": False, "pos_att_type": "p2c|c2p"},
+         r"attention\.(self\.(query|key|value|pos_key|pos_query)_proj|output\.dense)\."),
+        ("modernbert", {}, r"attn\.(Wqkv|Wo)\."),
+    ],
+)
+def test_count_parameters_covers_fused_and_position_projections(family, overrides, pattern):
+    model = make_classifier(family, seed=0, layers=2, heads=4, head_dim=8, **overrides)
+
+    def manual() -> int:
+        return sum(p.numel() for n, p in model.named_parameters() if re.search(pattern, n))
+
+    assert count_parameters(model).attention == manual() > 0
+    prune_heads(model, {0: [1, 3], 1: []})
+    counts = count_parameters(model)
+    assert counts.attention == manual() and counts.heads_per_layer == (2, 0)
+    assert counts.total == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", ["roberta", "camembert", "data2vec-text"])
+def test_random_inputs_avoid_special_ids_and_respect_positions(family):
+    model = make_classifier(family, seed=0)
     inputs = _random_inputs(model, 4, 64, seed=0, dev=torch.device("cpu"))
     assert inputs["input_ids"].shape == (4, 64)
     config = model.config

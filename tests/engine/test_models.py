@@ -129,6 +129,15 @@ def test_missing_tokenizer_is_refused(tmp_path: Path) -> None:
         load_classifier(str(tmp_path))
 
 
+def test_a_sentencepiece_only_tokenizer_says_what_it_needs(tmp_path: Path) -> None:
+    # DeBERTa-v3's released checkpoints ship spm.model and no tokenizer.json.
+    make_classifier("deberta-v2").save_pretrained(tmp_path)
+    (tmp_path / "spm.model").write_bytes(b"\x0a\x05piece" * 8)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "DebertaV2Tokenizer"}))
+    with pytest.raises(ModelLoadError, match="SentencePiece model without tokenizer.json: install the `sentencepiece`"):
+        load_classifier(str(tmp_path))
+
+
 def test_unsupported_families_are_refused(tmp_path: Path) -> None:
     tf.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=40).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*bert"):

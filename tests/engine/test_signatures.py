@@ -6,7 +6,7 @@ from cahp_engine.adapters import eager_attention
 from cahp_engine.data import LabelledTexts, collate, encode, iterate_batches, length_grouped_batches
 from cahp_engine.errors import PipelineError
 from cahp_engine.signatures import ClassMoments, crop_and_resize, default_resolution, extract_signatures
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.tiny_models import LAYOUTS, make_classifier, make_texts, make_tokenizer
 
 
 def test_streaming_moments_equal_numpy_on_the_concatenated_data():
@@ -53,16 +53,17 @@ def _one_sentence_batch(tok, sentence, width, left):
     return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.tensor([0])}
 
 
-@pytest.mark.parametrize("family", ["roberta", "bert"])
+@pytest.mark.parametrize("family", ["roberta", "bert", "deberta-v2", "modernbert"])
 def test_same_sentence_padded_differently_gives_the_same_signature(family):
-    model = make_classifier(family, layers=2, heads=4)
+    model = make_classifier(family, layers=3, heads=4)
     tok = make_tokenizer()
     sentence = "the movie was very good but the plot was dull"
     n = len(tok(sentence)["input_ids"])
     # BERT's position ids count from the first column, so only right padding leaves it invariant;
-    # RoBERTa derives positions from the non-pad tokens, so left padding is tested on it.
+    # RoBERTa derives positions from the non-pad tokens, and DeBERTa-v3 and ModernBERT (rotary, with
+    # a local window in layer 1) see only relative positions, so left padding is tested on them.
     variants = [(n, False), (n + 3, False), (n + 9, False)]
-    if family == "roberta":
+    if family != "bert":
         variants += [(n + 4, True), (n + 1, True)]
     sigs = [
         extract_signatures(model, [_one_sentence_batch(tok, sentence, w, left)], num_classes=1, resolution=6)
@@ -72,8 +73,9 @@ def test_same_sentence_padded_differently_gives_the_same_signature(family):
         np.testing.assert_allclose(s.mean, sigs[0].mean, atol=2e-6)
 
 
-def test_extraction_restores_mode_and_attention_implementation():
-    model = make_classifier("distilbert", layers=2, heads=4)
+@pytest.mark.parametrize("family", ["distilbert", "deberta-v2", "modernbert"])
+def test_extraction_restores_mode_and_attention_implementation(family):
+    model = make_classifier(family, layers=2, heads=4)
     tok = make_tokenizer()
     texts, labels = make_texts(20, num_classes=2)
     data = encode(tok, LabelledTexts(tuple(texts), labels, ("a", "b")), max_length=32)
@@ -85,6 +87,7 @@ def test_extraction_restores_mode_and_attention_implementation():
     batches = length_grouped_batches(data.lengths, np.arange(len(data)), 8)
     sig = extract_signatures(model, iterate_batches(data, batches), num_classes=2, resolution=5)
     assert model.training
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())  # none left behind
     model.eval()
     with torch.no_grad():  # the early-stopped passes left no state behind
         torch.testing.assert_close(model(**probe).logits, logits)
@@ -93,8 +96,10 @@ def test_extraction_restores_mode_and_attention_implementation():
     model.train()
     assert model.config._attn_implementation == before
     assert sig.mean.shape == (2, 8, 25) and sig.counts.tolist() == [10, 10]
-    # Each map is a resized row-stochastic matrix: all values positive.
-    assert (sig.mean > 0).all()
+    # Each map is a resized row-stochastic matrix: all values positive, except where ModernBERT's
+    # local layer (layer 1 of 2 here) puts exactly zero on tokens outside its window.
+    full = sig.mean.reshape(2, 2, 4, 25)[:, 0 if family == "modernbert" else slice(None)]
+    assert (full > 0).all() and (sig.mean >= 0).all()
 
 
 def test_batching_does_not_change_the_signature():
@@ -125,3 +130,31 @@ def test_default_resolution_is_the_70th_percentile():
     lengths = np.arange(1, 101)
     assert default_resolution(lengths) == round(np.percentile(lengths, 70))
     assert default_resolution(np.array([1, 1, 1])) == 2
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("family", LAYOUTS)
+def test_signature_is_the_class_mean_of_the_cropped_resized_maps(family, padding_side):
+    model = make_classifier(family, layers=3, heads=4)
+    tok = make_tokenizer()
+    texts, labels = make_texts(12, num_classes=2, seed=5)
+    data = encode(tok, LabelledTexts(tuple(texts), labels, ("a", "b")), max_length=32)
+    batch = collate(data, np.arange(len(data)), padding_side=padding_side)
+    assert (batch["attention_mask"] == 0).any()
+    sig = extract_signatures(model, [batch], num_classes=2, resolution=5)
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with eager_attention(model), torch.no_grad():
+        attentions = model(**inputs, output_attentions=True).attentions
+    maps = torch.cat([crop_and_resize(a, batch["attention_mask"], 5) for a in attentions], dim=1).double()
+    assert maps.shape == (12, 12, 25)
+    for c in range(2):
+        rows = maps[batch["labels"] == c]
+        np.testing.assert_allclose(sig.mean[c], rows.mean(0).numpy(), atol=1e-6)
+        np.testing.assert_allclose(sig.var[c], rows.var(0, unbiased=False).numpy(), atol=1e-6)
+    assert ((sig.mean >= 0) & (sig.mean < 1)).all()  # resized probabilities
+    if family == "modernbert":
+        # Layer 1 attends within 2 tokens each side: the far corners of its maps are exactly 0,
+        # the global layers' are not.
+        corners = sig.mean.reshape(2, 3, 4, 5, 5)[:, :, :, [0, -1], [-1, 0]]
+        assert (corners[:, 1] == 0).all() and (corners[:, [0, 2]] > 0).all()

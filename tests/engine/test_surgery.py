@@ -11,7 +11,7 @@ import transformers as tf
 from cahp_engine.adapters import eager_attention, gate_heads, get_adapter, heads_per_layer
 from cahp_engine.errors import InvalidInputError, ModelLoadError, PipelineError
 from cahp_engine.surgery import current_kept_heads, prune_heads, pruning_record
-from tests.tiny_models import FAMILIES, make_classifier, make_tokenizer
+from tests.tiny_models import FAMILIES, LAYOUTS, make_classifier, make_tokenizer
 
 LAYERS, HEADS, HEAD_DIM = 3, 4, 8
 HIDDEN = HEADS * HEAD_DIM
@@ -34,13 +34,14 @@ def _gates(kept: list[tuple[int, ...]] | dict[int, list[int]]) -> list[torch.Ten
             for layer in range(LAYERS)]
 
 
-def _model(family: str) -> torch.nn.Module:
-    model = make_classifier(family, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM)
+def _model(family: str, **overrides: object) -> torch.nn.Module:
+    model = make_classifier(family, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, **overrides)
     # The default init (std 0.02) gives nearly constant logits; wider weights make every head matter.
+    # Biases are drawn too (they start at zero), so a bias entry kept for the wrong head shows.
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 or name.endswith(".bias"):
                 parameter.normal_(0.0, 0.2, generator=generator)
     return model
 
@@ -75,7 +76,9 @@ def test_parameter_count_drops_by_the_sliced_rows_and_columns(family: str) -> No
     result = prune_heads(model, KEPT)
     removed = LAYERS * HEADS - 5
     # Per head: d rows of W_q, W_k, W_v (each HIDDEN wide) and their biases, d columns of W_o.
-    per_head = HEAD_DIM * (3 * HIDDEN + 3) + HEAD_DIM * HIDDEN
+    # ModernBERT's fused Wqkv loses 3 * d rows per head the same way; it has no biases.
+    biases = 0 if family == "modernbert" else 3
+    per_head = HEAD_DIM * (3 * HIDDEN + biases) + HEAD_DIM * HIDDEN
     assert result.params_before == before
     assert result.params_before - result.params_after == removed * per_head
     assert result.params_after == sum(p.numel() for p in model.parameters())
@@ -113,7 +116,8 @@ def test_zero_head_layer_adds_only_the_output_bias(family: str) -> None:
     finally:
         handle.remove()
     (out,) = seen
-    torch.testing.assert_close(out, parts.output.bias.expand_as(out), atol=0, rtol=0)
+    bias = parts.output.bias if parts.output.bias is not None else torch.zeros(HIDDEN)  # ModernBERT: no bias
+    torch.testing.assert_close(out, bias.expand_as(out), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -214,7 +218,7 @@ def test_deepcopy_of_a_model_with_an_empty_layer_runs_on_its_own_modules() -> No
     assert not torch.allclose(_logits(twin, batch), _logits(model, batch))
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert"])
+@pytest.mark.parametrize("family", LAYOUTS)
 def test_pruned_model_trains_and_gates_with_an_empty_layer(family: str) -> None:
     model = _model(family)
     prune_heads(model, KEPT)
@@ -222,8 +226,9 @@ def test_pruned_model_trains_and_gates_with_an_empty_layer(family: str) -> None:
     model.train()
     loss = model(**batch, labels=torch.tensor([0, 1, 2, 0])).loss
     loss.backward()
-    query = get_adapter(model).attention(get_adapter(model).layers(model)[0]).query
-    assert query.weight.grad is not None and query.weight.grad.shape == (2 * HEAD_DIM, HIDDEN)
+    parts = get_adapter(model).attention(get_adapter(model).layers(model)[0])
+    query = parts.projections[0]
+    assert query.weight.grad is not None and query.weight.grad.shape == (parts.blocks * 2 * HEAD_DIM, HIDDEN)
     model.eval()
     gates = [torch.ones(n) for n in heads_per_layer(model)]
     with gate_heads(model, gates):
@@ -239,7 +244,7 @@ def test_a_record_that_disagrees_with_the_shapes_is_a_pipeline_error() -> None:
         prune_heads(model, {1: [0]})
 
 
-@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+@pytest.mark.parametrize("family", ["roberta", "distilbert", "modernbert"])
 def test_empty_layer_never_reaches_the_attention_kernel(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Fused GPU kernels (flash, cuDNN) reject zero-size inputs; emulate that refusal on CPU.
     kernel = torch.nn.functional.scaled_dot_product_attention
@@ -257,3 +262,62 @@ def test_empty_layer_never_reaches_the_attention_kernel(family: str, monkeypatch
     prune_heads(model, KEPT)
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", strict_kernel)
     torch.testing.assert_close(_logits(model, batch), expected, atol=1e-5, rtol=0)
+
+
+# DeBERTa-v2 configurations with their own relative-position projections (``share_att_key=False``),
+# absolute positions added to the input and the convolution after the first layer (deberta-v2-xlarge).
+DEBERTA_SEPARATE = {"share_att_key": False, "position_biased_input": True, "conv_kernel_size": 3,
+                    "position_buckets": -1, "max_relative_positions": 16, "norm_rel_ebd": "none"}
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("pos_att_type", ["p2c|c2p", "c2p", "p2c"])
+def test_deberta_separate_position_projections_lose_the_same_heads(pos_att_type: str, padding_side: str) -> None:
+    model = _model("deberta-v2", pos_att_type=pos_att_type, **DEBERTA_SEPARATE)
+    adapter = get_adapter(model)
+    present = [{"c2p": "pos_key_proj", "p2c": "pos_query_proj"}[kind] for kind in pos_att_type.split("|")]
+    batch = _batch(padding_side)
+    with gate_heads(model, _gates(KEPT)):
+        gated = _logits(model, batch)
+    assert not torch.allclose(gated, _logits(model, batch), atol=1e-4)
+
+    result = prune_heads(model, KEPT)
+
+    torch.testing.assert_close(_logits(model, batch), gated, atol=1e-5, rtol=0)
+    for layer, heads in KEPT.items():
+        module = adapter.attention(adapter.layers(model)[layer]).module
+        assert module.num_attention_heads == len(heads) and module.all_head_size == len(heads) * HEAD_DIM
+        for name in ("query_proj", "key_proj", "value_proj", *present):
+            assert getattr(module, name).weight.shape == (len(heads) * HEAD_DIM, HIDDEN)
+            assert getattr(module, name).bias.shape == (len(heads) * HEAD_DIM,)
+    # Per head: d rows (and bias entries) of q, k, v and of each position projection, d columns of the output.
+    per_head = HEAD_DIM * (3 + len(present)) * (HIDDEN + 1) + HEAD_DIM * HIDDEN
+    assert result.params_before - result.params_after == (LAYERS * HEADS - 5) * per_head
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_modernbert_fused_qkv_slices_every_block_in_global_and_local_layers(implementation: str,
+                                                                            padding_side: str) -> None:
+    model = _model("modernbert", attention_bias=True)
+    model.set_attn_implementation(implementation)
+    adapter = get_adapter(model)
+    assert model.config.layer_types == ["full_attention", "sliding_attention", "full_attention"]
+    batch = _batch(padding_side)
+    # The shortest sentence has more padding than the local window (2 tokens each side) spans, so
+    # some padded rows of the local layer see no real token at all.
+    mask = batch["attention_mask"]
+    assert int(mask.shape[1] - mask.sum(dim=1).min()) > model.config.sliding_window
+    kept = {0: [1, 3], 1: [0, 2, 3], 2: []}  # uneven heads in the local layer, a global layer emptied
+    with gate_heads(model, _gates(kept)):
+        gated = _logits(model, batch)
+
+    prune_heads(model, kept)
+
+    torch.testing.assert_close(_logits(model, batch), gated, atol=1e-5, rtol=0)
+    for layer, heads in kept.items():
+        parts = adapter.attention(adapter.layers(model)[layer])
+        assert parts.module.Wqkv.weight.shape == (3 * len(heads) * HEAD_DIM, HIDDEN)
+        assert parts.module.Wqkv.bias.shape == (3 * len(heads) * HEAD_DIM,)
+        assert parts.module.Wo.weight.shape == (HIDDEN, len(heads) * HEAD_DIM)
+        assert parts.module.head_dim == HEAD_DIM  # rotary embeddings still rotate d-wide heads

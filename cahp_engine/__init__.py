@@ -18,6 +18,7 @@ __all__ = [
     "run_pruning",
     "load_classifier",
     "load_splits",
+    "export_onnx",
 ]
 
 _LOCATIONS = {
@@ -29,6 +30,7 @@ _LOCATIONS = {
     "run_pruning": "cahp_engine.run",
     "load_classifier": "cahp_engine.models",
     "load_splits": "cahp_engine.datasets_io",
+    "export_onnx": "cahp_engine.export",
 }
 
 

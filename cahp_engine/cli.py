@@ -1,4 +1,5 @@
-"""``cahp prune``: the whole pipeline on one machine, from the command line.
+"""``cahp prune``: the whole pipeline on one machine, from the command line; ``cahp export``: a
+checked ONNX directory from a pruned checkpoint.
 
 Exit codes: 0 success, 2 bad input (the message says what to change), 1 anything else.
 """
@@ -30,7 +31,7 @@ def _fraction_or_count(text: str) -> int | float:
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``prune`` subcommand to an ``argparse`` subparsers object."""
+    """Add the ``prune`` (returned) and ``export`` subcommands to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
         "prune",
         help="prune the attention heads of a fine-tuned encoder classifier with CAHP",
@@ -70,6 +71,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--latency-repeats", type=int, default=20)
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of a summary")
     p.set_defaults(func=run_command)
+    register_export(subparsers)
     return p
 
 
@@ -199,8 +201,108 @@ def format_summary(report: dict[str, Any], output: Path) -> str:
     return "\n".join(lines)
 
 
+def register_export(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``export`` subcommand to an ``argparse`` subparsers object."""
+    from cahp_engine.export_checkpoint import EXPORT_FORMATS
+
+    p = subparsers.add_parser(
+        "export",
+        help="export a pruned checkpoint to ONNX (optionally int8), checked against PyTorch",
+        description="Write PRUNED_DIR as an ONNX directory (model.onnx, config.json, tokenizer files, README.md) "
+        "that onnxruntime loads without cahp. The graph's logits must match PyTorch's within 1e-4 on the "
+        "dataset's evaluation rows (--data) or on random token ids; otherwise nothing is written.",
+    )
+    p.add_argument("checkpoint", metavar="PRUNED_DIR", help="a directory written by cahp prune (its model/) or "
+                   "save_pruned")
+    p.add_argument("--format", choices=EXPORT_FORMATS, default="onnx", help="onnx (float32, default) or onnx-int8 "
+                   "(dynamic int8 quantization)")
+    p.add_argument("--output", "-o", required=True, type=Path, help="directory to write")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output when the export succeeds")
+    p.add_argument("--data", metavar="DATASET", default=None, help="dataset whose evaluation split gives the parity "
+                   "rows and the accuracies (same forms as for prune)")
+    d = p.add_argument_group("dataset")
+    d.add_argument("--text-column", default="text")
+    d.add_argument("--text-pair-column", default=None)
+    d.add_argument("--label-column", default="label")
+    d.add_argument("--train-split", default="train")
+    d.add_argument("--eval-split", default=None, help="default: the first of test, validation, dev")
+    p.add_argument("--samples", type=int, default=64, help="samples compared for parity (default 64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--latency-repeats", type=int, default=20, help="timed passes per runtime and batch size; "
+                   "0 skips timing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout instead of a summary")
+    p.set_defaults(func=export_command)
+    return p
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """Run ``cahp export``; returns the exit code (as ``cahp prune``'s)."""
+    from cahp_engine.export_checkpoint import export_checkpoint
+
+    try:
+        options = DatasetOptions(
+            text_column=args.text_column, text_pair_column=args.text_pair_column, label_column=args.label_column,
+            train_split=args.train_split, eval_split=args.eval_split,
+        )
+        result = export_checkpoint(
+            args.checkpoint, args.output, fmt=args.format, dataset=args.data, dataset_options=options,
+            overwrite=args.overwrite, samples=args.samples, seed=args.seed, latency_repeats=args.latency_repeats,
+            log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
+        )
+    except InvalidInputError as exc:
+        print(f"cahp export: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except CahpError as exc:
+        print(f"cahp export: failed ({exc.code}): {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("cahp export: interrupted; nothing was written to the output directory", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_export_summary(result.to_dict()))
+    return EXIT_OK
+
+
+def format_export_summary(result: dict[str, Any]) -> str:
+    """The summary printed at the end of ``cahp export``, from ``CheckpointExport.to_dict()``."""
+    onnx, parity = result["onnx"], result["parity"]
+    lines = [
+        f"{result['format']} export of {result['checkpoint']} ({result['family']}, heads per layer "
+        f"{result['heads_per_layer']}) -> {result['output']}",
+        f"  inputs {', '.join(onnx['inputs'])}; output logits; opset {onnx['opset']}; dynamic batch_size and "
+        "sequence_length",
+        f"  parity: max |logit difference| {parity['max_abs_diff']:.2e} on {parity['samples']} {parity['source']} "
+        f"samples, padded right and left (threshold {parity['threshold']:.0e})",
+    ]
+    int8 = result.get("int8")
+    if int8:
+        lines.append(f"  int8: {int8['quantized_nodes']} quantized products, {int8['size_bytes'] / 2**20:.1f} MiB "
+                     f"(fp32 {int8['fp32_size_bytes'] / 2**20:.1f} MiB)")
+        if int8.get("deviation"):
+            dev = int8["deviation"]
+            lines.append(f"  int8 vs PyTorch: max |logit difference| {dev['max_abs_diff']:.3g}, same class on "
+                         f"{dev['prediction_agreement']:.1%} of runs")
+    if result.get("accuracy"):
+        figures = ", ".join(f"{name} {m['accuracy']:.4f}" for name, m in result["accuracy"].items())
+        lines.append(f"  accuracy on split '{result['eval_split']}': {figures}")
+    speed = result.get("speed")
+    if speed:
+        for row in speed["results"]:
+            cells = ", ".join(
+                f"{name} {lat['p50_ms']:.2f} ms"
+                + ("" if name == speed["baseline"] else f" (x{row['speedup'][name]:.2f})")
+                for name, lat in row["latency"].items()
+            )
+            lines.append(f"  latency batch {row['batch_size']:>2} x {speed['seq_len']} tokens, CPU, "
+                         f"{speed['threads']} thread(s): {cells}")
+    lines.append(f"  wall time {result['wall_s']:.1f} s")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m cahp_engine``) with only the ``prune`` command."""
+    """Stand-alone entry point (``python -m cahp_engine``) with the ``prune`` and ``export`` commands."""
     parser = argparse.ArgumentParser(prog="cahp")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)

@@ -152,9 +152,17 @@ def evaluate(
                 order.append(idx)
     finally:
         model.train(was_training)
-    y_pred = np.concatenate(predictions)
-    y_true = data.labels[np.concatenate(order)]
-    classes = np.arange(max(data.num_classes, int(y_pred.max()) + 1, int(y_true.max()) + 1))
+    return classification_metrics(data.labels[np.concatenate(order)], np.concatenate(predictions), data.num_classes)
+
+
+def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> ClassificationMetrics:
+    """Accuracy, macro-F1 and confusion matrix of predictions ``y_pred`` (n,) against ``y_true`` (n,).
+
+    Shared by :func:`evaluate` and the onnxruntime evaluation, so both score alike. Macro-F1 averages
+    over the classes that occur in the labels or the predictions (scikit-learn's default), counting an
+    undefined F1 as 0.
+    """
+    classes = np.arange(max(num_classes, int(y_pred.max()) + 1, int(y_true.max()) + 1))
     confusion = confusion_matrix(y_true, y_pred, labels=classes)
     return ClassificationMetrics(
         accuracy=float(accuracy_score(y_true, y_pred)),

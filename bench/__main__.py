@@ -12,6 +12,7 @@ BENCHMARKS = {
     "speed": "bench.speed",
     "quality": "bench.quality",
     "load": "bench.load",
+    "onnx-speed": "bench.onnx_speed",
 }
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "RunReport",
     "load_classifier",
     "load_splits",
+    "export_onnx",
 ]
 
 _LOCATIONS = {
@@ -35,6 +36,7 @@ _LOCATIONS = {
     "RunReport": "cahp_engine.report",
     "load_classifier": "cahp_engine.models",
     "load_splits": "cahp_engine.datasets_io",
+    "export_onnx": "cahp_engine.export",
 }
 
 

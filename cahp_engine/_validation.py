@@ -100,6 +100,14 @@ def check(name: str, value: Any, constraint: Interval | Options, *, allow_none: 
         raise ConfigError(f"`{name}` must be {constraint}, got {value!r}")
 
 
+POSITIVE_INT = Interval("integer", 1, None, closed="left")
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    """Raise :class:`ConfigError` ("`name` must be an integer >= 1, got ...") unless ``value`` is one."""
+    check(name, value, POSITIVE_INT)
+
+
 def parse_device(text: Any) -> str:
     """Return ``text`` if it names a device the engine accepts: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
 

@@ -10,6 +10,7 @@
     │   └── UnsupportedModelError  a model family with no adapter in the registry
     ├── JobCancelledError          a cancellation request was seen between two steps
     └── PipelineError              a stage could not produce its result (a bug or an environment fault)
+        └── ExportParityError      the exported ONNX graph does not reproduce the PyTorch model's logits
 
 Each class carries a stable snake_case ``code`` that the service stores with a failed job.
 """
@@ -63,3 +64,16 @@ class PipelineError(CahpError):
     """A stage could not produce its result for a reason that is not the caller's input."""
 
     code = "pipeline_error"
+
+
+class ExportParityError(PipelineError):
+    """onnxruntime's logits differ from the PyTorch model's by more than the parity threshold.
+
+    ``parity`` is the :class:`~cahp_engine.export.Parity` record that failed.
+    """
+
+    code = "export_parity_failed"
+
+    def __init__(self, message: str, parity: object = None) -> None:
+        super().__init__(message)
+        self.parity = parity

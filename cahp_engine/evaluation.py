@@ -34,8 +34,11 @@ __all__ = [
     "compare_speed",
     "count_parameters",
     "evaluate",
+    "check_counts",
+    "max_positions",
     "measure_latency",
     "model_inputs",
+    "random_inputs",
 ]
 
 _AT_LEAST_ONE = Interval("integer", 1, None, closed="left")
@@ -82,9 +85,17 @@ def evaluate(
                 order.append(idx)
     finally:
         model.train(was_training)
-    y_pred = np.concatenate(predictions)
-    y_true = data.labels[np.concatenate(order)]
-    classes = np.arange(max(data.num_classes, int(y_pred.max()) + 1, int(y_true.max()) + 1))
+    return classification_metrics(data.labels[np.concatenate(order)], np.concatenate(predictions), data.num_classes)
+
+
+def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> ClassificationMetrics:
+    """Accuracy, macro-F1 and confusion matrix of predictions ``y_pred`` (n,) against ``y_true`` (n,).
+
+    Shared by :func:`evaluate` and the onnxruntime evaluation, so both score alike. Macro-F1 averages
+    over the classes that occur in the labels or the predictions (scikit-learn's default), counting an
+    undefined F1 as 0.
+    """
+    classes = np.arange(max(num_classes, int(y_pred.max()) + 1, int(y_true.max()) + 1))
     confusion = confusion_matrix(y_true, y_pred, labels=classes)
     return ClassificationMetrics(
         accuracy=float(accuracy_score(y_true, y_pred)),
@@ -117,11 +128,11 @@ def count_parameters(model: nn.Module) -> ParameterCounts:
 # --------------------------------------------------------------------------- speed
 
 
-def _max_positions(config: Any) -> int:
+def max_positions(config: Any) -> int:
     return get_adapter(config).max_positions(config)
 
 
-def _random_inputs(
+def random_inputs(
     model: nn.Module, batch_size: int, seq_len: int, seed: int, dev: torch.device
 ) -> dict[str, torch.Tensor]:
     """Token ids drawn from the vocabulary minus the config's special ids, with a full mask.
@@ -150,12 +161,12 @@ class _Timer:
     def __init__(self, model: nn.Module, batch_size: int, seq_len: int, seed: int, dev: torch.device) -> None:
         check("batch_size", batch_size, _AT_LEAST_ONE)
         check("seq_len", seq_len, _AT_LEAST_ONE)
-        limit = _max_positions(model.config)
+        limit = max_positions(model.config)
         if seq_len > limit:
             raise InvalidInputError(f"`seq_len` must be at most {limit} for this model, got {seq_len}")
         self.model = model
         self.dev = dev
-        self.inputs = _random_inputs(model, batch_size, seq_len, seed, dev)
+        self.inputs = random_inputs(model, batch_size, seq_len, seed, dev)
         self.times_s: list[float] = []
 
     def run(self, *, record: bool) -> None:
@@ -183,7 +194,7 @@ class _Timer:
         )
 
 
-def _check_counts(warmup: int, repeats: int) -> None:
+def check_counts(warmup: int, repeats: int) -> None:
     check("warmup", warmup, _AT_LEAST_ZERO)
     check("repeats", repeats, _AT_LEAST_ONE)
 
@@ -217,7 +228,7 @@ def measure_latency(
     synchronisation on a GPU, so it measures finished work rather than queued kernels.
     ``throughput_per_s`` is samples per second at the mean latency.
     """
-    _check_counts(warmup, repeats)
+    check_counts(warmup, repeats)
     dev = as_device(device)
     model.to(dev)
     timer = _Timer(model, batch_size, seq_len, seed, dev)
@@ -255,7 +266,7 @@ def compare_speed(
         One :class:`SpeedRow` per batch size, in order: the dense and pruned :class:`Latency` and
         ``speedup`` = dense p50 / pruned p50.
     """
-    _check_counts(warmup, repeats)
+    check_counts(warmup, repeats)
     if not batch_sizes:
         raise ConfigError("`batch_sizes` must name at least one batch size, got an empty sequence")
     dense_config: Any = dense.config

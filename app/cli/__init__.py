@@ -3,7 +3,7 @@
 Server side (read the ``CAHP_*`` settings; :mod:`app.cli.server`): ``serve``, ``worker``,
 ``db upgrade``, ``keys create|list|revoke``. Client side (read ``CAHP_URL`` and ``CAHP_API_KEY``;
 :mod:`app.cli.client_commands`): ``upload``, ``submit``, ``status``, ``wait``, ``download``. Local
-run without the service (:mod:`app.cli.prune`): ``prune``.
+runs without the service: ``prune`` (:mod:`app.cli.prune`) and ``export`` (:mod:`app.cli.export`).
 
 Exit codes are :class:`app.cli.exit_codes.ExitCode`. Building the parser imports neither the
 engine's torch code nor the service: each command imports what it needs when it runs.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from app.cli import client_commands, prune, server
+from app.cli import client_commands, export, prune, server
 from app.cli.exit_codes import ExitCode, fail
 
 __all__ = ["ExitCode", "build_parser", "main"]
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.register(sub)
     client_commands.register(sub)
     prune.register(sub)
+    export.register(sub)
     return parser
 
 

@@ -34,6 +34,19 @@ def _dataset_default(name: str) -> Any:
     return DatasetOptions.__dataclass_fields__[name].default
 
 
+def add_dataset_flags(group: Any) -> None:
+    """One flag per :class:`DatasetOptions` field, with its default (``--text-column``, ...)."""
+    helps = {"text_pair_column": "second text of sentence-pair tasks (e.g. MNLI)",
+             "eval_split": "default: the first of test, validation, dev"}
+    for name in DATASET_OPTION_FIELDS:
+        group.add_argument(f"--{name.replace('_', '-')}", default=_dataset_default(name), help=helps.get(name))
+
+
+def dataset_options_from_args(args: argparse.Namespace) -> DatasetOptions:
+    """The validated :class:`DatasetOptions` from parsed dataset flags (DatasetError if refused)."""
+    return DatasetOptions(**{name: getattr(args, name) for name in DATASET_OPTION_FIELDS})
+
+
 def _fraction_or_count(text: str) -> int | float:
     try:
         return int(text)
@@ -46,7 +59,7 @@ def _fraction_or_count(text: str) -> int | float:
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``prune`` subcommand to an ``argparse`` subparsers object."""
+    """Add the ``prune`` (returned) and ``export`` subcommands to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
         "prune",
         help="prune the attention heads of a fine-tuned encoder classifier with CAHP",
@@ -60,10 +73,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output when the run succeeds")
     p.add_argument("--revision", help="hub revision of the model")
     d = p.add_argument_group("dataset")
-    helps = {"text_pair_column": "second text of sentence-pair tasks (e.g. MNLI)",
-             "eval_split": "default: the first of test, validation, dev"}
-    for name in DATASET_OPTION_FIELDS:
-        d.add_argument(f"--{name.replace('_', '-')}", default=_dataset_default(name), help=helps.get(name))
+    add_dataset_flags(d)
     s = p.add_argument_group("selection")
     s.add_argument("--poly-degree", type=int, default=_default("poly_degree"),
                    help="Kneedle polynomial degree (default %(default)s)")
@@ -98,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOp
         dense_finetune=args.dense_finetune, dense_epochs=args.dense_epochs, dense_lr=args.dense_lr,
         device=args.device, latency_repeats=args.latency_repeats,
     )
-    options = DatasetOptions(**{name: getattr(args, name) for name in DATASET_OPTION_FIELDS})
+    options = dataset_options_from_args(args)
     return config, options
 
 

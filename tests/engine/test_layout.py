@@ -14,7 +14,7 @@ ENGINE = ROOT / "cahp_engine"
 #: Modules the command line and the job service import to build parsers and schemas.
 LIGHT = ("cahp_engine", "cahp_engine.config", "cahp_engine.dataset_options", "cahp_engine.strategies",
          "cahp_engine.report", "cahp_engine.results", "cahp_engine._validation", "cahp_engine.errors",
-         "cahp_engine.progress", "cahp_engine.cli")
+         "cahp_engine.progress")
 HEAVY = ("torch", "transformers", "numpy", "scipy", "sklearn", "datasets", "pyarrow", "matplotlib")
 
 

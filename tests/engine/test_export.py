@@ -1,0 +1,199 @@
+"""ONNX export, parity, int8 quantization and onnxruntime timing on tiny random models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+from transformers import AutoTokenizer
+
+from cahp_engine.data import LabelledTexts, collate, encode
+from cahp_engine.errors import ConfigError, ExportParityError, PipelineError
+from cahp_engine.evaluation import evaluate
+from cahp_engine.export import (
+    OPSET,
+    check_parity,
+    export_onnx,
+    generated_rows,
+    onnx_input_names,
+    quantize_int8,
+)
+from cahp_engine.onnx_runtime import compare_runtimes, evaluate_onnx, onnx_session, run_logits
+from cahp_engine.surgery import prune_heads
+from tests.tiny_models import FAMILIES, make_classifier, make_config, make_texts, make_tokenizer
+
+# Uneven heads per layer, and layer 1 without any.
+KEPT = {0: [1, 3], 1: [], 2: [0, 1, 2]}
+
+
+def _pruned(family: str = "bert", **kwargs) -> torch.nn.Module:
+    model = make_classifier(family, layers=3, heads=4, **kwargs)
+    prune_heads(model, KEPT)
+    return model.eval()
+
+
+def _rows(n: int = 24, seed: int = 3):
+    texts, labels = make_texts(n, seed=seed)
+    return encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
+
+
+def _logits(model: torch.nn.Module, batch: dict, names) -> np.ndarray:
+    with torch.no_grad():
+        return model(**{k: batch[k] for k in names}).logits.numpy()
+
+
+@pytest.fixture(scope="module")
+def bert_export(tmp_path_factory):
+    """A pruned BERT exported once, with the rows its parity was checked on."""
+    model, rows = _pruned("bert"), _rows()
+    directory = tmp_path_factory.mktemp("bert") / "onnx"
+    return model, rows, directory, export_onnx(model, make_tokenizer(), directory, data=rows)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pruned_export_reproduces_pytorch_with_left_and_right_padding(family: str, tmp_path: Path) -> None:
+    model, rows = _pruned(family), _rows()
+    result = export_onnx(model, make_tokenizer(), tmp_path / "onnx", data=rows)
+
+    assert result.parity is not None and result.parity.passed
+    assert result.parity.max_abs_diff <= 1e-4 and result.parity.threshold == 1e-4
+    assert result.parity.source == "data" and result.parity.samples == len(rows)
+    assert result.parity.padding_sides == ("right", "left")
+    assert result.heads_per_layer == (2, 0, 3) and result.opset == OPSET
+    assert {"model.onnx", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(result.files)
+    config = json.loads((tmp_path / "onnx" / "config.json").read_text())
+    assert config["cahp"]["kept_heads"] == {"0": [1, 3], "1": [], "2": [0, 1, 2]}
+
+    # What a deployer does: a default session, the tokenizer saved beside it.
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"))
+    expected_inputs = ["input_ids", "attention_mask"] + ([] if family == "distilbert" else ["token_type_ids"])
+    assert [i.name for i in session.get_inputs()] == expected_inputs
+    assert all(i.shape == ["batch_size", "sequence_length"] and i.type == "tensor(int64)"
+               for i in session.get_inputs())
+    assert [o.name for o in session.get_outputs()] == ["logits"]
+    assert session.get_outputs()[0].shape == ["batch_size", 3]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "onnx")
+    encoded = tokenizer(["good film", "a very dull and boring plot"], padding=True, return_tensors="np")
+    feed = {name: encoded[name] for name in expected_inputs}
+    got = session.run(["logits"], feed)[0]
+    np.testing.assert_allclose(got, _logits(model, {k: torch.from_numpy(v) for k, v in feed.items()},
+                                            expected_inputs), atol=1e-4)
+    # Left padding changes every position of the shorter rows; the graph must follow it.
+    left = collate(rows, np.arange(8), padding_side="left")
+    assert (left["attention_mask"][:, 0] == 0).any()
+    np.testing.assert_allclose(run_logits(session, left), _logits(model, left, expected_inputs), atol=1e-4)
+
+
+def test_inputs_follow_what_the_model_can_use(tmp_path: Path) -> None:
+    assert onnx_input_names(_pruned("bert")) == ("input_ids", "attention_mask", "token_type_ids")
+    assert onnx_input_names(_pruned("distilbert")) == ("input_ids", "attention_mask")
+    # A real RoBERTa has one token type: the input is left out, as its tokenizer returns none.
+    config = make_config("roberta", layers=3)
+    config.type_vocab_size = 1
+    torch.manual_seed(0)
+    from transformers import AutoModelForSequenceClassification
+
+    roberta = AutoModelForSequenceClassification.from_config(config).eval()
+    prune_heads(roberta, KEPT)
+    result = export_onnx(roberta, make_tokenizer(), tmp_path / "roberta", data=_rows())
+    assert result.inputs == ("input_ids", "attention_mask")
+    assert result.parity is not None and result.parity.max_abs_diff <= 1e-4
+
+
+def test_parity_without_data_uses_generated_ids_with_two_token_types(bert_export) -> None:
+    model, _rows_, directory, _ = bert_export
+    parity = check_parity(model, directory, samples=20, seed=5)
+    assert parity.source == "generated" and parity.samples == 20 and parity.passed
+    rows = generated_rows(model.config, 20, seed=5, token_types=True)
+    assert all(0 in t and 1 in t for t in rows.token_type_ids) and rows.lengths.min() >= 2
+    assert all(0 not in ids for ids in rows.input_ids)  # no pad (or other special) ids inside a row
+
+
+def test_a_perturbed_graph_fails_parity_with_its_code(bert_export, tmp_path: Path) -> None:
+    model, rows, directory, _ = bert_export
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    graph = onnx.load(str(broken / "model.onnx"))
+    weight = next(i for i in graph.graph.initializer if "classifier" in i.name and len(i.dims) == 2)
+    values = numpy_helper.to_array(weight).copy()
+    values[0, 0] += 0.05
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    onnx.save(graph, str(broken / "model.onnx"))
+
+    with pytest.raises(ExportParityError) as caught:
+        check_parity(model, broken, data=rows)
+    assert caught.value.code == "export_parity_failed"
+    assert isinstance(caught.value, PipelineError)
+    assert caught.value.parity.max_abs_diff > 1e-4 and not caught.value.parity.passed
+    assert "threshold 0.0001" in str(caught.value)
+    measured = check_parity(model, broken, data=rows, threshold=None)
+    assert measured.passed and measured.threshold is None and measured.max_abs_diff > 1e-4
+
+
+def test_parity_leaves_the_model_as_it_was_and_checks_its_arguments(bert_export) -> None:
+    model, rows, directory, _ = bert_export
+    model.train()
+    try:
+        check_parity(model, directory, data=rows, samples=4)
+        assert model.training
+    finally:
+        model.eval()
+    with pytest.raises(ConfigError, match="`threshold` must be a number > 0"):
+        check_parity(model, directory, threshold=0)
+    with pytest.raises(ConfigError, match="`samples` must be an integer >= 1"):
+        check_parity(model, directory, samples=0)
+
+
+def test_int8_quantizes_every_weight_product_and_reports(bert_export, tmp_path: Path) -> None:
+    model, rows, directory, _ = bert_export
+    result = quantize_int8(directory, tmp_path / "onnx-int8", model=model, parity_data=rows, eval_data=rows)
+
+    graph = onnx.load(str(tmp_path / "onnx-int8" / "model.onnx"))
+    assert result.quantized_nodes == sum(n.op_type == "MatMulInteger" for n in graph.graph.node) > 0
+    assert result.size_bytes < result.fp32_size_bytes
+    assert {"model.onnx", "config.json", "tokenizer.json"} <= set(result.files)
+    assert result.deviation is not None and result.deviation.threshold is None
+    assert result.deviation.samples == len(rows) and 0 <= result.deviation.prediction_agreement <= 1
+    assert result.accuracy is not None and result.accuracy.n == len(rows)
+    assert result.accuracy == evaluate_onnx(tmp_path / "onnx-int8", rows)
+    json.dumps(result.to_dict())
+
+
+def test_onnx_accuracy_matches_pytorch(bert_export) -> None:
+    model, rows, directory, _ = bert_export
+    assert evaluate_onnx(directory, rows) == evaluate(model, rows)
+
+
+def test_runtimes_are_timed_together_against_a_baseline(bert_export, tmp_path: Path) -> None:
+    pruned, rows, directory, _ = bert_export
+    dense = make_classifier("bert", layers=3, heads=4)
+    export_onnx(dense, None, tmp_path / "dense", check=False)
+    speed = compare_runtimes({"onnx_dense": tmp_path / "dense", "onnx_pruned": directory},
+                             torch_models={"torch_dense": dense, "torch_pruned": pruned},
+                             batch_sizes=(1, 2), seq_len=8, warmup=0, repeats=2)
+    assert speed.baseline == "torch_dense" and speed.device == "cpu" and speed.threads >= 1
+    assert speed.runtimes["onnx_pruned"].startswith("onnxruntime ")
+    assert speed.runtimes["torch_dense"].startswith("torch ")
+    assert [r.batch_size for r in speed.results] == [1, 2]
+    for row in speed.results:
+        assert set(row.latency) == {"onnx_dense", "onnx_pruned", "torch_dense", "torch_pruned"}
+        assert row.speedup["torch_dense"] == 1.0
+        assert all(lat.repeats == 2 and lat.seq_len == 8 for lat in row.latency.values())
+    json.dumps(speed.to_dict())
+    with pytest.raises(ConfigError, match="`baseline` must be one of"):
+        compare_runtimes({"a": directory}, baseline="b")
+
+
+def test_an_export_that_cannot_run_is_reported_as_a_load_error(tmp_path: Path) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"not a graph")
+    from cahp_engine.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="onnxruntime cannot load"):
+        onnx_session(tmp_path)

@@ -33,7 +33,6 @@ import shutil
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,8 @@ from cahp_engine.errors import (
     PipelineError,
     UnsupportedModelError,
 )
-from cahp_engine.evaluation import ClassificationMetrics, max_positions
+from cahp_engine.evaluation import max_positions
+from cahp_engine.export_records import Int8Export, OnnxExport, Parity
 from cahp_engine.onnx_runtime import (
     ONNX_FILE,
     _feed,
@@ -64,7 +64,6 @@ from cahp_engine.onnx_runtime import (
     runtime_versions,
     session_inputs,
 )
-from cahp_engine.results import JsonRecord
 
 #: The opset of exported graphs: the lowest the torch.export-based exporter writes.
 OPSET = 18
@@ -76,84 +75,6 @@ PARITY_SAMPLES = 64
 BATCH_AXIS, SEQUENCE_AXIS = "batch_size", "sequence_length"
 _MODEL_FILES = (ONNX_FILE, ONNX_FILE + ".data", ONNX_FILE + "_data")
 _PADDING_SIDES = ("right", "left")
-
-
-@dataclass(frozen=True)
-class Parity(JsonRecord):
-    """How closely an ONNX graph reproduces the PyTorch model's logits.
-
-    Attributes
-    ----------
-    max_abs_diff, mean_abs_diff : float
-        Over every logit of every compared sample, each sample run padded on the right and on the left.
-    prediction_agreement : float
-        Share of those runs whose arg-max class is the same in both.
-    threshold : float or None
-        The tolerated ``max_abs_diff``; None when the comparison was only measured (int8).
-    passed : bool
-        ``max_abs_diff <= threshold`` (True without a threshold).
-    samples : int
-        Distinct samples compared.
-    source : str
-        ``"data"`` (rows drawn from the given split) or ``"generated"`` (random token ids).
-    padding_sides : tuple of str
-    """
-
-    max_abs_diff: float
-    mean_abs_diff: float
-    prediction_agreement: float
-    threshold: float | None
-    passed: bool
-    samples: int
-    source: str
-    padding_sides: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class OnnxExport(JsonRecord):
-    """An exported directory and what was checked about it.
-
-    ``heads_per_layer`` is None for a model family without a head adapter. ``exporter`` names the
-    torch exporter; ``versions`` the ONNX stack's package versions.
-    """
-
-    path: str
-    model_file: str
-    files: tuple[str, ...]
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    dynamic_axes: tuple[str, ...]
-    opset: int
-    num_labels: int
-    heads_per_layer: tuple[int, ...] | None
-    size_bytes: int
-    export_s: float
-    exporter: str
-    versions: dict[str, str | None]
-    parity: Parity | None
-
-
-@dataclass(frozen=True)
-class Int8Export(JsonRecord):
-    """A dynamically quantized copy of an exported graph.
-
-    Weights of every matrix product with a constant operand are int8 (symmetric; per output channel
-    when ``per_channel``), activations are quantized to uint8 at run time, per tensor. ``deviation``
-    compares its logits with the PyTorch model's (measured, no threshold: int8 is not meant to be
-    exact); ``accuracy`` scores it on the evaluation rows when they were given.
-    """
-
-    path: str
-    model_file: str
-    files: tuple[str, ...]
-    per_channel: bool
-    quantized_nodes: int
-    size_bytes: int
-    fp32_size_bytes: int
-    quantize_s: float
-    versions: dict[str, str | None]
-    deviation: Parity | None
-    accuracy: ClassificationMetrics | None
 
 
 # --------------------------------------------------------------------------- export

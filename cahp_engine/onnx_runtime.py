@@ -13,7 +13,6 @@ import copy
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from cahp_engine.evaluation import (
     model_inputs,
     random_inputs,
 )
-from cahp_engine.results import JsonRecord
+from cahp_engine.export_records import RuntimeLatencies, RuntimeSpeed
 
 #: Name of the graph file in an exported directory, as Optimum names it.
 ONNX_FILE = "model.onnx"
@@ -153,35 +152,6 @@ def evaluate_onnx(
 
 
 # --------------------------------------------------------------------------- speed
-
-
-@dataclass(frozen=True)
-class RuntimeLatencies(JsonRecord):
-    """Latency of every candidate at one batch size.
-
-    ``speedup[name]`` is the baseline's p50 over ``name``'s p50 (the baseline itself is 1.0).
-    """
-
-    batch_size: int
-    latency: dict[str, Latency]
-    speedup: dict[str, float]
-
-
-@dataclass(frozen=True)
-class RuntimeSpeed(JsonRecord):
-    """Latencies of onnxruntime graphs and PyTorch models timed together on the CPU.
-
-    ``runtimes[name]`` says what ran a candidate, e.g. ``"onnxruntime 1.32.0"`` or ``"torch 2.13.0"``.
-    """
-
-    device: str
-    seq_len: int
-    warmup: int
-    repeats: int
-    threads: int
-    baseline: str
-    runtimes: dict[str, str]
-    results: tuple[RuntimeLatencies, ...]
 
 
 def compare_runtimes(

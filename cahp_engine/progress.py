@@ -28,8 +28,9 @@ STAGE_SPAN: dict[str, tuple[float, float]] = {
     "selection": (0.50, 0.505),
     "surgery": (0.505, 0.51),
     "recovery": (0.51, 0.88),
-    "evaluation": (0.88, 0.97),
-    "artifacts": (0.97, 1.00),
+    "evaluation": (0.88, 0.94),
+    "export": (0.94, 0.98),
+    "artifacts": (0.98, 1.00),
 }
 
 

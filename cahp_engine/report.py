@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cahp_engine.config import PruningConfig
+from cahp_engine.export_records import ExportRecord
 from cahp_engine.results import (
     ClassificationMetrics,
     JsonRecord,
@@ -44,6 +45,15 @@ class RunSummary(JsonRecord):
         Accuracy of the pruned model after recovery fine-tuning.
     speedup : float or None
         Dense p50 latency over pruned p50 latency at batch size 32 (else the first batch size timed).
+    onnx_max_abs_diff : float or None
+        The ONNX export's parity: the largest absolute logit difference from PyTorch (None without
+        an export).
+    onnx_speedup : float or None
+        Dense PyTorch p50 over pruned onnxruntime p50, CPU, batch 32: the speed a deployer serving
+        the ONNX model sees, against the model they started from.
+    int8_accuracy, int8_speedup : float or None
+        Accuracy of ``onnx-int8/`` on the evaluation split, and its speed-up as ``onnx_speedup``
+        (None without ``quantize="int8"``).
     """
 
     k_star: int
@@ -53,6 +63,10 @@ class RunSummary(JsonRecord):
     dense_accuracy: float
     pruned_accuracy: float
     speedup: float | None
+    onnx_max_abs_diff: float | None = None
+    onnx_speedup: float | None = None
+    int8_accuracy: float | None = None
+    int8_speedup: float | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +259,8 @@ class RunReport(JsonRecord):
     speed : SpeedComparison
     recovery : TrainingResult
     checkpoint : CheckpointRecord
+    export : ExportRecord
+        The ONNX and int8 directories, their checks and their onnxruntime timing.
     timings_s : dict of str to float
         Wall seconds per stage, in the order the stages first ran.
     warnings : tuple of str
@@ -268,6 +284,7 @@ class RunReport(JsonRecord):
     speed: SpeedComparison
     recovery: TrainingResult
     checkpoint: CheckpointRecord
+    export: ExportRecord
     timings_s: dict[str, float]
     warnings: tuple[str, ...]
     wall_time_s: float

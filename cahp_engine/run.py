@@ -28,6 +28,7 @@ from cahp_engine._torch import resolve_device
 from cahp_engine.artifacts import ARTIFACT_FILES, write_artifacts, write_json
 from cahp_engine.config import PruningConfig
 from cahp_engine.datasets_io import DatasetOptions
+from cahp_engine.deploy import INT8_PRUNED, ONNX_PRUNED, export_for_deployment, write_cards
 from cahp_engine.errors import InvalidInputError
 from cahp_engine.pipeline import SelectionResult
 from cahp_engine.progress import STAGE_SPAN, Monitor
@@ -126,6 +127,7 @@ def run_pruning(
                       cache_dir=cache_dir, model_name=model_name or model_ref,
                       dataset_name=dataset_name or dataset_ref)
         report = dataclasses.replace(report, wall_time_s=time.perf_counter() - started)
+        write_cards(work, report)
         write_json(work / "report.json", report.to_dict())
         if out.exists():
             shutil.rmtree(out)
@@ -168,6 +170,8 @@ def _run(
     before = steps.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
     recovery = steps.recover(run, model=pruned, train=inputs.train)
     after, speed = steps.evaluate_recovered(run, dense=model, pruned=pruned, evaluation=inputs.evaluation)
+    export = export_for_deployment(run, work=work, dense=model, pruned=pruned, tokenizer=loaded.tokenizer,
+                                   evaluation=inputs.evaluation, seq_len=speed.seq_len)
     with run.monitor.stage("artifacts"):
         checkpoint = write_artifacts(work, pruned=pruned, tokenizer=loaded.tokenizer, result=result, config=config,
                                      evaluation=inputs.evaluation, device=run.device)
@@ -181,6 +185,11 @@ def _run(
             k_star=result.k_star, heads_total=int(sel.kept_mask.size), heads_kept=sel.num_kept,
             retention=sel.retention, dense_accuracy=dense_metrics.accuracy, pruned_accuracy=after.accuracy,
             speedup=speed.speedup_at(32),
+            onnx_max_abs_diff=export.onnx.parity.max_abs_diff if export.onnx and export.onnx.parity else None,
+            onnx_speedup=export.speedup_at(ONNX_PRUNED),
+            int8_accuracy=(export.onnx_int8.accuracy.accuracy
+                           if export.onnx_int8 is not None and export.onnx_int8.accuracy is not None else None),
+            int8_speedup=export.speedup_at(INT8_PRUNED),
         ),
         model=ModelInfo(ref=model_name, revision=revision, family=loaded.family, layers=loaded.num_layers,
                         heads_per_layer=loaded.num_heads, classifier_trained=loaded.classifier_trained),
@@ -204,6 +213,7 @@ def _run(
         speed=speed,
         recovery=recovery,
         checkpoint=checkpoint,
+        export=export,
         timings_s=dict(run.monitor.timings),
         warnings=tuple(warnings),
         wall_time_s=0.0,

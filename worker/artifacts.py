@@ -1,7 +1,8 @@
 """Packing a finished run's output directory into stored artifacts with their sha256.
 
-The pruned checkpoint directory ``model/`` becomes ``model.tar.gz`` (one download, unpacks to
-``model/``); the other files the engine wrote are stored as they are. Objects go under
+Each directory the engine wrote becomes one archive: ``model/`` is ``model.tar.gz`` (unpacks to
+``model/``), ``onnx/`` is ``onnx.tar.gz`` and ``onnx-int8/`` is ``onnx-int8.tar.gz``; the other files
+are stored as they are. Objects go under
 ``jobs/<job id>/<attempt>/`` so a second attempt at a job never overwrites the first one's files;
 the caller records the rows only after every object is stored.
 """
@@ -34,21 +35,23 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pack_model(model_dir: Path, archive: Path) -> Path:
-    """Write ``model_dir`` as a gzipped tar whose single top-level entry is ``model/``."""
+def pack_directory(directory: Path, archive: Path) -> Path:
+    """Write ``directory`` as a gzipped tar whose single top-level entry is the directory's name."""
     with tarfile.open(archive, "w:gz") as tar:
-        tar.add(model_dir, arcname="model")
+        tar.add(directory, arcname=directory.name)
     return archive
 
 
 def store_artifacts(
     output_dir: Path, names: Iterable[str], *, store: ArtifactStore, job_id: str, attempt: int
 ) -> list[ArtifactRecord]:
-    """Store ``model.tar.gz`` (from ``output_dir/model``) and each named file that exists."""
+    """Store each directory of ``output_dir`` as ``<name>.tar.gz`` (``model/`` first) and each named file."""
     files: list[tuple[str, Path]] = []
-    if (output_dir / "model").is_dir():
+    directories = sorted((p for p in output_dir.iterdir() if p.is_dir()), key=lambda p: (p.name != "model", p.name))
+    for directory in directories:
         # Packed beside output_dir, not in it, so the engine's own files are listed unchanged.
-        files.append((MODEL_ARCHIVE, pack_model(output_dir / "model", output_dir.with_name(MODEL_ARCHIVE))))
+        name = f"{directory.name}.tar.gz"
+        files.append((name, pack_directory(directory, output_dir.with_name(name))))
     files.extend((name, output_dir / name) for name in names if (output_dir / name).is_file())
     records: list[ArtifactRecord] = []
     try:

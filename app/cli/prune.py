@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cli.exit_codes import ExitCode
-from cahp_engine.config import DENSE_FINETUNE_MODES, PruningConfig
+from cahp_engine.config import DENSE_FINETUNE_MODES, EXPORT_FORMATS, QUANTIZE_MODES, PruningConfig
 from cahp_engine.dataset_options import DATASET_OPTION_FIELDS, DatasetOptions
 from cahp_engine.errors import CahpError, InvalidInputError, JobCancelledError
 from cahp_engine.progress import STAGE_SPAN
@@ -94,6 +94,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=_default("seed"))
     p.add_argument("--device", default=_default("device"), help="auto, cpu, cuda or cuda:N")
     p.add_argument("--latency-repeats", type=int, default=_default("latency_repeats"))
+    e = p.add_argument_group("deployment")
+    e.add_argument("--export", choices=EXPORT_FORMATS, default=_default("export"),
+                   help="also write onnx/, checked against PyTorch (default %(default)s)")
+    e.add_argument("--quantize", choices=QUANTIZE_MODES, default=_default("quantize"),
+                   help="int8 also writes onnx-int8/ (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of a summary")
     p.set_defaults(func=run_command)
     return p
@@ -106,7 +111,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOp
         calibration_fraction=args.calibration_fraction, signature_samples=args.signature_samples,
         strategy=args.strategy, seed=args.seed, batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
         dense_finetune=args.dense_finetune, dense_epochs=args.dense_epochs, dense_lr=args.dense_lr,
-        device=args.device, latency_repeats=args.latency_repeats,
+        device=args.device, latency_repeats=args.latency_repeats, export=args.export, quantize=args.quantize,
     )
     options = dataset_options_from_args(args)
     return config, options
@@ -212,7 +217,22 @@ def format_summary(report: RunReport, output: Path) -> str:
             f"  latency batch {row.batch_size:>2} x {speed.seq_len} tokens on {report.device}: "
             f"p50 {row.dense.p50_ms:.2f} ms -> {row.pruned.p50_ms:.2f} ms (x{row.speedup:.2f})"
         )
+    lines += _export_lines(report)
     lines.append(f"  wall time {report.wall_time_s:.1f} s; artifacts in {output}")
     for warning in report.warnings:
         lines.append(f"  warning: {warning}")
     return "\n".join(lines)
+
+
+def _export_lines(report: RunReport) -> list[str]:
+    """What the summary says of ``onnx/`` and ``onnx-int8/``."""
+    export, s = report.export, report.summary
+    if export.onnx is None:
+        return ["  ONNX export: off (--export none)"]
+    lines = [f"  ONNX (onnx/): max |logit difference| from PyTorch {s.onnx_max_abs_diff:.2e}"
+             + (f"; onnxruntime x{s.onnx_speedup:.2f} against dense PyTorch (CPU, batch 32)" if s.onnx_speedup else "")]
+    if export.onnx_int8 is not None:
+        accuracy = f"accuracy {s.int8_accuracy:.4f}" if s.int8_accuracy is not None else "accuracy not measured"
+        lines.append(f"  int8 (onnx-int8/): {accuracy}"
+                     + (f"; x{s.int8_speedup:.2f} against dense PyTorch (CPU, batch 32)" if s.int8_speedup else ""))
+    return lines

@@ -55,7 +55,7 @@ def test_embedded_service_runs_a_job_from_the_command_line(
 
         out = tmp_path / "downloads"
         assert main(["download", job["id"], "-o", str(out), *common]) == 0
-        assert {p.name for p in out.iterdir()} == {"model.tar.gz", *ARTIFACT_FILES}
+        assert {p.name for p in out.iterdir()} == {"model.tar.gz", "onnx.tar.gz", *ARTIFACT_FILES}
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
             for entry in http.get(f"/v1/jobs/{job['id']}/artifacts").json()["data"]:
                 assert hashlib.sha256((out / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]

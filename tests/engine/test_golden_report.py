@@ -7,6 +7,11 @@ same selection (kept heads, k*, knees, representatives, layer-safety heads, clus
 to 1e-9) and the same values otherwise, except wall times, dates, the environment and the measured
 latencies, which no two runs share.
 
+The files were regenerated once since, when the report gained ``export`` and the summary and the
+settings their ONNX fields (issue 13; the golden run sets ``export="none"``); the selection, metrics,
+parameters, head map, curve and the selections of every strategy were checked identical to the
+first generation before the new files were committed.
+
 Floats are compared to a relative 1e-9: the run is deterministic on one machine (two runs give
 byte-identical selections), and a machine with other float kernels would differ far below any
 change of behaviour. Regenerate the files only from a commit whose behaviour is the reference.

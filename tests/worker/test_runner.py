@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,7 +45,8 @@ def test_a_job_runs_to_success_and_stores_every_artifact(
     client: TestClient, auth: dict[str, str], context: WorkerContext, model_uri: str, dataset_uri: str,
     settings: Settings, tmp_path: Path,
 ) -> None:
-    job_id = _submit(client, auth, job_body(model_uri, dataset_uri))
+    job_id = _submit(client, auth, job_body(model_uri, dataset_uri, export="onnx", quantize="int8",
+                                            latency_repeats=2))
     assert execute_job(job_id=job_id, context=context) is Outcome.succeeded
     job = _job(client, auth, job_id)
     assert job["status"] == "succeeded" and job["progress"] == 1.0 and job["error"] is None
@@ -52,7 +54,9 @@ def test_a_job_runs_to_success_and_stores_every_artifact(
     assert job["result"]["heads_total"] == 8 and 1 <= job["result"]["heads_kept"] <= 8
     assert 0.0 <= job["result"]["pruned_accuracy"] <= 1.0
     manifest = client.get(f"/v1/jobs/{job_id}/artifacts", headers=auth).json()["data"]
-    assert {a["name"] for a in manifest} == {"model.tar.gz", *ARTIFACT_FILES}
+    assert {a["name"] for a in manifest} == {"model.tar.gz", "onnx.tar.gz", "onnx-int8.tar.gz", *ARTIFACT_FILES}
+    assert job["result"]["onnx_max_abs_diff"] <= 1e-4 and job["result"]["onnx_speedup"] > 0
+    assert 0.0 <= job["result"]["int8_accuracy"] <= 1.0 and job["result"]["int8_speedup"] > 0
     store = open_store(settings)
     for entry in manifest:
         body = client.get(entry["url"], headers=auth).content
@@ -66,6 +70,25 @@ def test_a_job_runs_to_success_and_stores_every_artifact(
     assert "attempt 1" in _logs(client, auth, job_id)
     assert not (settings.resolved_work_dir / f"{job_id}.1").exists()  # scratch space is cleaned up
     assert store.exists(f"jobs/{job_id}/1/model.tar.gz")
+    # The ONNX directory serves without cahp: onnxruntime and the saved tokenizer, logits as PyTorch's.
+    import numpy as np
+    import onnxruntime
+    from transformers import AutoTokenizer
+
+    archive = tmp_path / "onnx.tar.gz"
+    archive.write_bytes(client.get(f"/v1/jobs/{job_id}/artifacts/onnx.tar.gz", headers=auth).content)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "served", filter="data")
+    served = tmp_path / "served" / "onnx"
+    tokenizer = AutoTokenizer.from_pretrained(served)
+    session = onnxruntime.InferenceSession(str(served / "model.onnx"))
+    texts = ["a fine film", "dull and long, a waste of an evening"]
+    feed = dict(tokenizer(texts, padding=True, return_tensors="np"))
+    feed = {i.name: feed[i.name].astype(np.int64) for i in session.get_inputs()}
+    with torch.no_grad():
+        expected = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits.numpy()
+    assert np.abs(session.run(["logits"], feed)[0] - expected).max() <= 1e-4
+    assert (served / "README.md").read_text().count("onnxruntime") >= 1
 
 
 def test_a_second_delivery_of_a_finished_or_cancelled_job_does_nothing(

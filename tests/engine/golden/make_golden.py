@@ -27,6 +27,7 @@ FILES = ("report.json", "head_map.json", "mss_curve.json", "selections.json")
 #: degree 3 so the chosen knee is not the default degree's, two timed latency passes.
 CONFIG: dict[str, Any] = {
     "poly_degree": 3,
+    "export": "none",
     "epochs": 1,
     "dense_finetune": "always",
     "dense_epochs": 4,

@@ -15,12 +15,12 @@ from cahp_engine.adapters import get_adapter
 from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import InvalidInputError
 from cahp_engine.evaluation import (
-    _random_inputs,
     compare_speed,
     count_parameters,
     evaluate,
     measure_latency,
     model_inputs,
+    random_inputs,
 )
 from cahp_engine.surgery import prune_heads
 from cahp_engine.training import finetune
@@ -142,7 +142,7 @@ def test_count_parameters_covers_fused_and_position_projections(family, override
 @pytest.mark.parametrize("family", ["roberta", "camembert", "data2vec-text"])
 def test_random_inputs_avoid_special_ids_and_respect_positions(family):
     model = make_classifier(family, seed=0)
-    inputs = _random_inputs(model, 4, 64, seed=0, dev=torch.device("cpu"))
+    inputs = random_inputs(model, 4, 64, seed=0, dev=torch.device("cpu"))
     assert inputs["input_ids"].shape == (4, 64)
     config = model.config
     special = torch.tensor([config.pad_token_id, config.bos_token_id, config.eos_token_id])

@@ -34,9 +34,10 @@ from cahp_engine.checkpoint import load_pruned
 from cahp_engine.data import EncodedDataset, encode
 from cahp_engine.datasets_io import DatasetOptions, load_splits
 from cahp_engine.evaluation import count_parameters, evaluate
-from cahp_engine.export import export_onnx, quantize_int8
+from cahp_engine.export import export_onnx
 from cahp_engine.models import load_classifier
 from cahp_engine.onnx_runtime import compare_runtimes, evaluate_onnx
+from cahp_engine.quantize import quantize_int8
 from cahp_engine.surgery import prune_heads
 
 #: Candidate name -> (runtime, model, precision), for the table and the figures.

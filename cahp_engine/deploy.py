@@ -17,10 +17,11 @@ from typing import Any
 from torch import nn
 
 from cahp_engine.data import EncodedDataset
-from cahp_engine.export import export_onnx, quantize_int8
+from cahp_engine.export import export_onnx
 from cahp_engine.export_records import ExportRecord
 from cahp_engine.model_card import ModelCardInputs, SpeedFigure, write_model_card
 from cahp_engine.onnx_runtime import compare_runtimes
+from cahp_engine.quantize import quantize_int8
 from cahp_engine.steps import RunContext
 
 #: Directories written next to ``model/`` (when the run asks for them).

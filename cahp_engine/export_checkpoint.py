@@ -27,10 +27,12 @@ from cahp_engine.data import EncodedDataset, encode
 from cahp_engine.datasets_io import DatasetOptions, load_splits
 from cahp_engine.errors import ConfigError, DatasetError, ModelLoadError
 from cahp_engine.evaluation import ClassificationMetrics, count_parameters, evaluate
-from cahp_engine.export import PARITY_SAMPLES, Int8Export, OnnxExport, Parity, export_onnx, quantize_int8
+from cahp_engine.export import PARITY_SAMPLES, export_onnx
+from cahp_engine.export_records import Int8Export, OnnxExport, Parity
 from cahp_engine.model_card import ModelCardInputs, SpeedFigure, write_model_card
 from cahp_engine.models import load_classifier
 from cahp_engine.onnx_runtime import RuntimeSpeed, compare_runtimes, evaluate_onnx
+from cahp_engine.quantize import quantize_int8
 from cahp_engine.results import JsonRecord
 from cahp_engine.run import prepare_output_dir
 from cahp_engine.surgery import current_kept_heads

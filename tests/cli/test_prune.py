@@ -63,7 +63,7 @@ def test_prune_writes_every_artifact_with_its_schema(run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "heads kept:" in proc.stdout and "k* =" in proc.stdout
     names = {p.name for p in out.iterdir()}
-    assert names == {"model", "mss_curve.json", "mss_curve.png", "head_map.json", "head_map.png",
+    assert names == {"model", "onnx", "mss_curve.json", "mss_curve.png", "head_map.json", "head_map.png",
                      "layer_retention.png", "report.json"}
     assert not [p for p in tmp.iterdir() if ".partial-" in p.name]
     curve = json.loads((out / "mss_curve.json").read_text())

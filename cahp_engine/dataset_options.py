@@ -16,8 +16,10 @@ from cahp_engine.errors import DatasetError
 
 #: File suffixes read from a directory of split files, one file per split.
 FILE_SUFFIXES: tuple[str, ...] = (".csv", ".jsonl", ".parquet")
-#: Splits tried, in order, when ``DatasetOptions.eval_split`` is None.
-DEFAULT_EVAL_SPLITS: tuple[str, ...] = ("test", "validation", "dev")
+#: Splits tried, in order, when ``DatasetOptions.eval_split`` is None; one whose labels are all -1
+#: (GLUE's unlabelled test splits) is passed over. MNLI's ``validation_matched`` comes before its
+#: ``validation_mismatched``, which ``eval_split`` can name.
+DEFAULT_EVAL_SPLITS: tuple[str, ...] = ("test", "validation", "validation_matched", "dev", "test_matched")
 #: A split name: letters, digits, ``_``, ``-`` and ``.``, not starting with a dot. Split names become
 #: file names (``{split}.csv``), so nothing that could name another directory is accepted.
 SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
@@ -38,8 +40,12 @@ class DatasetOptions:
     train_split : str
         Split used for salience, clustering and fine-tuning.
     eval_split : str or None
-        Split used for evaluation. None takes the first of ``DEFAULT_EVAL_SPLITS``
-        ("test", "validation", "dev") that the dataset has.
+        Split used for evaluation. None takes the first of ``DEFAULT_EVAL_SPLITS`` ("test",
+        "validation", "validation_matched", "dev", "test_matched") that the dataset has with labels
+        (a split whose labels are all -1, like GLUE's test splits, is passed over).
+    config : str or None
+        Configuration of a hub dataset (``glue`` has ``mnli``, ``sst2``, ...), or of a local
+        repository layout whose ``README.md`` lists ``configs``; ``datasets.load_dataset``'s ``name``.
     """
 
     text_column: str = "text"
@@ -47,6 +53,7 @@ class DatasetOptions:
     label_column: str = "label"
     train_split: str = "train"
     eval_split: str | None = None
+    config: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("text_column", "label_column", "train_split"):
@@ -57,6 +64,11 @@ class DatasetOptions:
         for name in ("train_split", "eval_split"):
             if getattr(self, name) is not None:
                 check_split_name(name, getattr(self, name))
+        if self.config is not None and (not isinstance(self.config, str) or SPLIT_NAME.fullmatch(self.config) is None):
+            raise DatasetError(
+                "`config` must be a dataset configuration name of 1 to 100 letters, digits, `_`, `-` or `.`, "
+                f"like `mnli`; got {self.config!r}"
+            )
         if self.text_column == self.label_column:
             raise DatasetError(f"`text_column` and `label_column` must differ, both are {self.text_column!r}")
         if self.text_pair_column in (self.text_column, self.label_column):
@@ -77,7 +89,7 @@ class DatasetOptions:
 
 
 #: The option names, in field order: ``text_column``, ``text_pair_column``, ``label_column``,
-#: ``train_split``, ``eval_split``.
+#: ``train_split``, ``eval_split``, ``config``.
 DATASET_OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(DatasetOptions))
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from cahp_engine.data import LabelledTexts, encode_labels
 from cahp_engine.dataset_files import files_source
-from cahp_engine.dataset_hub import disk_source, hub_source
+from cahp_engine.dataset_hub import disk_source, has_repository_layout, hub_source, repository_source
 from cahp_engine.dataset_options import (
     DATASET_OPTION_FIELDS,
     DEFAULT_EVAL_SPLITS,
@@ -50,7 +50,7 @@ __all__ = [
     "load_splits",
 ]
 
-DatasetFormat = Literal["files", "save_to_disk", "hub"]
+DatasetFormat = Literal["files", "save_to_disk", "repository", "hub"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?\Z")
 
@@ -110,7 +110,12 @@ def load_splits(
         # dataset_dict.json marks a saved DatasetDict; state.json a single saved Dataset, which
         # _disk_source turns away with a message saying to save a DatasetDict.
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            _no_config(options, str(ref), "a save_to_disk directory")
             return _assemble(disk_source(path), options, str(path.resolve()), "save_to_disk")
+        if has_repository_layout(path):
+            return _assemble(repository_source(path, options.config, cache_dir=cache_dir), options,
+                             str(path.resolve()), "repository")
+        _no_config(options, str(ref), "a directory of split files")
         return _assemble(files_source(path), options, str(path.resolve()), "files")
     if path.exists():
         raise DatasetError(
@@ -123,7 +128,15 @@ def load_splits(
             f"directory {text!r} does not exist; pass a directory of {{split}}.csv/.jsonl/.parquet files, "
             "a save_to_disk directory, or a hub dataset id like 'org/name'"
         )
-    return _assemble(hub_source(text, revision, cache_dir, token), options, text, "hub")
+    return _assemble(hub_source(text, revision, cache_dir, token, options.config), options, text, "hub")
+
+
+def _no_config(options: DatasetOptions, ref: str, kind: str) -> None:
+    if options.config is not None:
+        raise DatasetError(
+            f"{ref!r} is {kind}, which has no configurations; drop `config` ({options.config!r}), or point at "
+            "the hub dataset or the repository layout that has it"
+        )
 
 
 # --- assembling the splits ---------------------------------------------------------------------------
@@ -137,12 +150,21 @@ def _assemble(source: Source, options: DatasetOptions, where: str, fmt: DatasetF
             f"{where} has no split {options.train_split!r}; its splits are {listed}. Set `train_split` to one of them"
         )
     eval_split = options.eval_split
+    test: Table | None = None
     if eval_split is None:
-        eval_split = next((s for s in DEFAULT_EVAL_SPLITS if s in found), None)
+        unlabelled = []
+        for candidate in (s for s in DEFAULT_EVAL_SPLITS if s in found and s != options.train_split):
+            table = source.read(candidate, options)
+            if _all_unlabelled(table, options.label_column):
+                unlabelled.append(candidate)  # GLUE's test splits: every label is -1
+                continue
+            eval_split, test = candidate, table
+            break
         if eval_split is None:
+            skipped = f" ({', '.join(unlabelled)} has no labels: every one is -1)" if unlabelled else ""
             raise DatasetError(
-                f"{where} has none of the splits {', '.join(DEFAULT_EVAL_SPLITS)} to evaluate on; "
-                f"its splits are {listed}. Set `eval_split` to one of them"
+                f"{where} has none of the splits {', '.join(DEFAULT_EVAL_SPLITS)} with labels to evaluate on"
+                f"{skipped}; its splits are {listed}. Set `eval_split` to one of them"
             )
     elif eval_split not in found:
         raise DatasetError(
@@ -150,7 +172,8 @@ def _assemble(source: Source, options: DatasetOptions, where: str, fmt: DatasetF
         )
 
     train = source.read(options.train_split, options)
-    test = source.read(eval_split, options)
+    if test is None:
+        test = source.read(eval_split, options)
     for table in (train, test):
         _check_columns(table, options)
     if test.declared_labels != train.declared_labels and test.declared_labels is not None:
@@ -179,6 +202,12 @@ def _assemble(source: Source, options: DatasetOptions, where: str, fmt: DatasetF
         splits_found=found,
         eval_split=eval_split,
     )
+
+
+def _all_unlabelled(table: Table, column: str) -> bool:
+    """True when every label of ``table`` is -1 (how GLUE marks the labels of its hidden test sets)."""
+    values = table.values.get(column) or []
+    return bool(values) and all(str(v).strip() == "-1" for v in values)
 
 
 def _check_columns(table: Table, options: DatasetOptions) -> None:

@@ -111,6 +111,8 @@ class DatasetInfo(JsonRecord):
     eval_split : str or None
         The split evaluated on.
     text_column, text_pair_column, label_column : str (pair: or None)
+    config : str or None
+        The dataset configuration read (``mnli`` of ``glue``), when it has several.
     label_names : tuple of str
         ``label_names[i]`` names class ``i``.
     train_rows, eval_rows : int
@@ -125,6 +127,7 @@ class DatasetInfo(JsonRecord):
     text_column: str
     text_pair_column: str | None
     label_column: str
+    config: str | None
     label_names: tuple[str, ...]
     train_rows: int
     eval_rows: int

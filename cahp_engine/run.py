@@ -199,7 +199,7 @@ def _run(
             source=splits.source if dataset_name == dataset_ref else dataset_name,
             format=splits.format, splits_found=tuple(splits.splits_found), train_split=options.train_split,
             eval_split=splits.eval_split, text_column=options.text_column,
-            text_pair_column=options.text_pair_column, label_column=options.label_column,
+            text_pair_column=options.text_pair_column, label_column=options.label_column, config=options.config,
             label_names=tuple(splits.label_names), train_rows=len(inputs.train), eval_rows=len(inputs.evaluation),
         ),
         config=config,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.cli.dataset_flags import add_dataset_flags
 from app.cli.exit_codes import ExitCode, fail
 from app.cli.output import print_json
 from cahp_engine.dataset_options import DATASET_OPTION_FIELDS
@@ -38,8 +39,7 @@ def register(sub: Any) -> None:
     submit.add_argument("--revision")
     submit.add_argument("--dataset", required=True, help="URI, or a local directory/archive/file to upload")
     submit.add_argument("--eval-dataset", help="the evaluation split file, when --dataset is a single file")
-    for name in DATASET_OPTION_FIELDS:
-        submit.add_argument(f"--{name.replace('_', '-')}")
+    add_dataset_flags(submit, with_defaults=False)
     submit.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a pruning setting, e.g. --param epochs=1 (repeatable; values are JSON)")
     submit.add_argument("--params-file", help="a JSON object of pruning settings")

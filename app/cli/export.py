@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from app.cli.dataset_flags import add_dataset_flags, dataset_options_from_args
 from app.cli.exit_codes import ExitCode
-from app.cli.prune import add_dataset_flags, dataset_options_from_args
 from cahp_engine.errors import CahpError, InvalidInputError
 
 #: The formats ``--format`` accepts (kept equal to ``cahp_engine.export_checkpoint.EXPORT_FORMATS`` by a test).

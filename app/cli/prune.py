@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.cli.dataset_flags import add_dataset_flags, dataset_options_from_args
 from app.cli.exit_codes import ExitCode
 from cahp_engine.config import DENSE_FINETUNE_MODES, EXPORT_FORMATS, QUANTIZE_MODES, PruningConfig
-from cahp_engine.dataset_options import DATASET_OPTION_FIELDS, DatasetOptions
+from cahp_engine.dataset_options import DatasetOptions
 from cahp_engine.errors import CahpError, InvalidInputError, JobCancelledError
 from cahp_engine.progress import STAGE_SPAN
 from cahp_engine.strategies import STRATEGIES
@@ -27,24 +28,6 @@ if TYPE_CHECKING:
 def _default(name: str) -> Any:
     """The default of a :class:`PruningConfig` field."""
     return PruningConfig.__dataclass_fields__[name].default
-
-
-def _dataset_default(name: str) -> Any:
-    """The default of a :class:`DatasetOptions` field."""
-    return DatasetOptions.__dataclass_fields__[name].default
-
-
-def add_dataset_flags(group: Any) -> None:
-    """One flag per :class:`DatasetOptions` field, with its default (``--text-column``, ...)."""
-    helps = {"text_pair_column": "second text of sentence-pair tasks (e.g. MNLI)",
-             "eval_split": "default: the first of test, validation, dev"}
-    for name in DATASET_OPTION_FIELDS:
-        group.add_argument(f"--{name.replace('_', '-')}", default=_dataset_default(name), help=helps.get(name))
-
-
-def dataset_options_from_args(args: argparse.Namespace) -> DatasetOptions:
-    """The validated :class:`DatasetOptions` from parsed dataset flags (DatasetError if refused)."""
-    return DatasetOptions(**{name: getattr(args, name) for name in DATASET_OPTION_FIELDS})
 
 
 def _fraction_or_count(text: str) -> int | float:

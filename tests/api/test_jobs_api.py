@@ -244,3 +244,15 @@ def test_unknown_routes_and_methods_are_problems(client: TestClient, auth: dict[
     _problem(client.get("/v1/nothing", headers=auth), 404, "not_found")
     _problem(client.delete("/v1/jobs", headers=auth), 405, "method_not_allowed")
     _problem(client.get("/v1/jobs/unknown-id", headers=auth), 404, "not_found")
+
+
+def test_a_dataset_configuration_is_accepted_and_checked(client: TestClient, auth: dict[str, str]) -> None:
+    body = job_body("hf://org/model", "hf://datasets/nyu-mll/glue")
+    body["dataset"].update(config="mnli", text_column="premise", text_pair_column="hypothesis",
+                           eval_split="validation_mismatched")
+    job = client.post("/v1/jobs", json=body, headers=auth)
+    assert job.status_code == 202, job.text
+    assert job.json()["dataset"]["config"] == "mnli" and job.json()["dataset"]["eval_split"] == "validation_mismatched"
+    body["dataset"]["config"] = "../mnli"
+    refused = _problem(client.post("/v1/jobs", json=body, headers=auth), 422, "invalid_dataset")
+    assert "`config` must be a dataset configuration name" in refused["detail"]

@@ -190,3 +190,24 @@ def test_prune_runs_end_to_end_on_the_newer_encoder_layouts(tmp_path, family):
     ids = torch.randint(5, 30, (2, 9))
     with torch.no_grad():
         assert torch.isfinite(pruned(input_ids=ids, attention_mask=torch.ones_like(ids)).logits).all()
+
+
+def test_prune_reads_a_dataset_configuration_with_mnli_splits(tmp_path):
+    from tests.engine.test_datasets_io import write_repository
+
+    repository = write_repository(tmp_path / "glue-like")
+    model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=3)
+    env_cache = tmp_path / "hf-cache"
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "prune", str(model), str(repository), "--output", str(tmp_path / "out"),
+         "--dataset-config", "mnli", "--text-column", "premise", "--text-pair-column", "hypothesis",
+         "--epochs", "1", "--latency-repeats", "1", "--export", "none", "--json"],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_DATASETS_CACHE=str(env_cache)),
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["dataset"]["eval_split"] == "validation_matched" and report["dataset"]["format"] == "repository"
+    assert report["dataset"]["text_pair_column"] == "hypothesis"
+    refused = cahp(str(model), str(repository), "--output", str(tmp_path / "out2"), "--text-column", "premise",
+                   cwd=tmp_path)
+    assert refused.returncode == 2 and "--dataset-config" in refused.stderr

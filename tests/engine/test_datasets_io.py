@@ -192,7 +192,8 @@ def test_explicit_splits(csv_dir: Path) -> None:
 def test_no_eval_split_found(tmp_path: Path) -> None:
     write_csv(tmp_path / "train.csv", rows_csv(TRAIN))
     write_csv(tmp_path / "holdout.csv", rows_csv(TEST))
-    with pytest.raises(DatasetError, match=r"none of the splits test, validation, dev.*'holdout', 'train'.*eval_split"):
+    with pytest.raises(DatasetError, match=r"none of the splits test, validation, .*dev.* with labels.*'holdout', "
+                                           r"'train'.*eval_split"):
         load_splits(tmp_path)
 
 
@@ -398,8 +399,12 @@ def test_eval_label_not_seen_in_train(tmp_path: Path) -> None:
 def test_unlabelled_eval_split_gets_a_hint(tmp_path: Path) -> None:
     write_csv(tmp_path / "train.csv", "text,label\na,0\nb,1\n")
     write_csv(tmp_path / "test.csv", "text,label\nc,-1\nd,-1\n")
-    with pytest.raises(DatasetError, match="looks unlabelled.*`eval_split`"):
+    # Passed over by the default rule, and named in the message.
+    with pytest.raises(DatasetError, match=r"test has no labels: every one is -1.*Set `eval_split`"):
         load_splits(tmp_path)
+    # Named explicitly, it is refused with the hint.
+    with pytest.raises(DatasetError, match="looks unlabelled.*`eval_split`"):
+        load_splits(tmp_path, DatasetOptions(eval_split="test"))
 
 
 def test_missing_labels(tmp_path: Path) -> None:
@@ -446,3 +451,69 @@ def test_missing_datasets_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     (tmp_path / "saved" / "dataset_dict.json").write_text('{"splits": ["train"]}')
     with pytest.raises(DatasetError, match=r"save_to_disk directory needs the optional `datasets`"):
         load_splits(tmp_path / "saved")
+
+
+# --- datasets named as users name them: configurations, MNLI's splits, GLUE's unlabelled tests ----------------
+
+
+def write_repository(root: Path) -> Path:
+    """A script-free hub-style dataset repository with two configurations, like GLUE's ``mnli`` and ``sst2``.
+
+    ``mnli`` has ``validation_matched``/``validation_mismatched`` and an unlabelled ``test_matched``
+    (every label -1); ``sst2`` has ``validation`` and an unlabelled ``test``.
+    """
+    pairs = [("a fine film", "it is good", 0), ("a dull film", "it is bad", 1), ("a film", "it exists", 2)]
+    splits = {
+        "mnli": {"train": pairs * 4, "validation_matched": pairs, "validation_mismatched": pairs[::-1],
+                 "test_matched": [(p, h, -1) for p, h, _ in pairs]},
+        "sst2": {"train": [("good", 1), ("bad", 0)] * 4, "validation": [("fine", 1), ("poor", 0)],
+                 "test": [("unknown", -1), ("hidden", -1)]},
+    }
+    lines = ["---", "configs:"]
+    for config, parts in splits.items():
+        lines += [f"- config_name: {config}", "  data_files:"]
+        for split, rows in parts.items():
+            header = "premise,hypothesis,label" if config == "mnli" else "sentence,label"
+            body = "\n".join(",".join(str(v) for v in row) for row in rows)
+            write_csv(root / config / f"{split}.csv", f"{header}\n{body}\n")
+            lines += [f"  - split: {split}", f"    path: {config}/{split}.csv"]
+    (root / "README.md").write_text("\n".join([*lines, "---", "# a GLUE-like repository", ""]))
+    return root
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    return write_repository(tmp_path / "glue-like")
+
+
+def test_a_configuration_is_read_with_mnli_splits_and_pairs(repository: Path, tmp_path: Path) -> None:
+    options = DatasetOptions(config="mnli", text_column="premise", text_pair_column="hypothesis")
+    splits = load_splits(repository, options, cache_dir=str(tmp_path / "cache"))
+    assert splits.format == "repository" and splits.eval_split == "validation_matched"
+    assert splits.splits_found == ("train", "validation_matched", "validation_mismatched", "test_matched")
+    assert splits.train.text_pairs is not None and splits.train.text_pairs[:2] == ("it is good", "it is bad")
+    other = DatasetOptions(config="mnli", text_column="premise", text_pair_column="hypothesis",
+                           eval_split="validation_mismatched")
+    mismatched = load_splits(repository, other, cache_dir=str(tmp_path / "cache"))
+    assert mismatched.eval.texts == ("a film", "a dull film", "a fine film")
+
+
+def test_an_unlabelled_test_split_is_passed_over_by_the_default_rule(repository: Path, tmp_path: Path) -> None:
+    splits = load_splits(repository, DatasetOptions(config="sst2", text_column="sentence"),
+                         cache_dir=str(tmp_path / "cache"))
+    assert splits.eval_split == "validation" and splits.eval.texts == ("fine", "poor")
+    # Named explicitly, an unlabelled split is what the user asked for: its -1 labels are then refused.
+    with pytest.raises(DatasetError):
+        load_splits(repository, DatasetOptions(config="sst2", text_column="sentence", eval_split="test"),
+                    cache_dir=str(tmp_path / "cache"))
+
+
+def test_configurations_are_named_and_checked(repository: Path, csv_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match=r"several configurations \(mnli, sst2\).*--dataset-config"):
+        load_splits(repository, DatasetOptions(text_column="sentence"), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DatasetError, match=r"no configuration 'qqp'; its configurations are mnli, sst2"):
+        load_splits(repository, DatasetOptions(config="qqp"), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DatasetError, match=r"directory of split files, which has no configurations"):
+        load_splits(csv_dir, DatasetOptions(config="mnli"))
+    with pytest.raises(DatasetError, match=r"`config` must be a dataset configuration name"):
+        DatasetOptions(config="../mnli")

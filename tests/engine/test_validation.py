@@ -52,5 +52,6 @@ def test_device_names_refused(name):
 
 
 def test_dataset_option_fields_come_from_the_dataclass():
-    assert DATASET_OPTION_FIELDS == ("text_column", "text_pair_column", "label_column", "train_split", "eval_split")
+    assert DATASET_OPTION_FIELDS == ("text_column", "text_pair_column", "label_column", "train_split", "eval_split",
+                                     "config")
     assert DATASET_OPTION_FIELDS == tuple(f.name for f in dataclasses.fields(DatasetOptions))

@@ -121,3 +121,9 @@ def test_a_client_command_loads_neither_the_engine_nor_the_server_libraries() ->
     heavy = {"torch", "transformers", "numpy", "sklearn", "fastapi", "sqlalchemy", "celery", "kombu", "uvicorn",
              "boto3", "app.core", "app.api", "worker"}
     assert sorted(name for name in loaded if _forbidden(name, heavy)) == []
+
+
+def test_no_module_of_the_service_is_over_450_lines() -> None:
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+             for top in ("app", "worker") for path in sorted((ROOT / top).rglob("*.py"))}
+    assert {name: n for name, n in sizes.items() if n > 450} == {}

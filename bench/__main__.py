@@ -13,6 +13,10 @@ BENCHMARKS = {
     "quality": "bench.quality",
     "load": "bench.load",
     "onnx-speed": "bench.onnx_speed",
+    "convergence-study": "bench.convergence_study",
+    "selection-sampling": "bench.selection_sampling",
+    "mnli-synth": "bench.mnli_synth",
+    "gpu-check": "bench.gpu_check",
 }
 
 

@@ -98,7 +98,7 @@ class Protocol:
         rows = "" if self.train_rows is None else f" ({self.train_rows} train / {self.test_rows} test rows)"
         return (f"{self.model}{rows}: dense fine-tuning {self.dense_epochs:g} epochs at lr {self.dense_lr:g}, "
                 f"batch {self.batch_size}, seed {self.dense_seed}; per seed in {list(self.seeds)}: CAHP selection "
-                f"(B={self.resolution}, all training sentences profiled, 25% calibration) at polynomial degrees "
+                f"(B={self.resolution}, the engine's default sampling: stopping rules) at polynomial degrees "
                 f"{list(self.degrees)}, salience top-k and seeded random at CAHP's head count; recovery "
                 f"{self.recovery_epochs:g} epoch(s) at lr {self.recovery_lr:g} (warm-up 10%, weight decay 0.01, "
                 "clip 1.0, batch 32, seed = run seed); SST-5 test accuracy")

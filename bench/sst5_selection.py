@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_classifier(minilm_path(), num_labels=len(splits.label_names))
     model = loaded.model.eval()
     train = encode(loaded.tokenizer, splits.train, max_length=512)
-    config = PruningConfig(resolution=32, seed=args.seed)
+    # Every sentence profiled and the paper's 25 % calibration: the passes this benchmark's floor
+    # measures (the default stopping rules are measured by ``python -m bench selection-sampling``).
+    config = PruningConfig(resolution=32, seed=args.seed, signature_samples="all", calibration_fraction=0.25)
     runs: list[dict[str, Any]] = []
     for _ in range(args.repeats):
         sig_batches = length_grouped_batches(train.lengths, np.arange(len(train)), 32)

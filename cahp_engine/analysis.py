@@ -11,7 +11,7 @@ Paper Algorithm 1, lines 1-9; Section III-D, Eq. 6 for the importance.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,19 +20,32 @@ from torch import nn
 
 from cahp_engine.adapters import get_adapter, heads_per_layer
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import EncodedDataset, draw_subset, iterate_batches, length_grouped_batches
-from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError, PipelineError
-from cahp_engine.graph_space import GraphSpace, default_perplexity, embed_heads
-from cahp_engine.knee import Knee, knees_by_degree
+from cahp_engine.convergence import (
+    CALIBRATION_CLASS_FLOOR,
+    CALIBRATION_FIRST,
+    SIGNATURE_CLASS_FLOOR,
+    SIGNATURE_FIRST,
+    plan,
+    run_calibration,
+    run_signatures,
+)
+from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError
+from cahp_engine.graph_space import GraphSpace
+from cahp_engine.knee import Knee
+from cahp_engine.lazy_data import LazyEncodedDataset, TrainRows, row_lengths
 from cahp_engine.progress import CancelFn, Monitor, ProgressFn
+from cahp_engine.results import SamplingRecord
 from cahp_engine.salience import HeadImportance, gradient_salience, minmax
-from cahp_engine.separation import separation_features
-from cahp_engine.signatures import default_resolution, extract_signatures
-from cahp_engine.sweep import Clustering, MssCurve, mss_sweep
+from cahp_engine.sampling import SampleOrder, resolve_amount, stratified_order
+from cahp_engine.signatures import Signatures, default_resolution
+from cahp_engine.structure import HeadStructure, head_structure
+from cahp_engine.sweep import Clustering, MssCurve
 
 #: The graph space needs a few points: t-SNE needs perplexity < N and the sweep k = 2..N-1 needs
 #: at least three values of k for a knee.
 MIN_HEADS = 5
+#: A split tokenised on demand takes B from the lengths of this many rows (a seeded random sample).
+LENGTH_SAMPLE = 10_000
 
 
 @dataclass(frozen=True)
@@ -56,8 +69,13 @@ class HeadAnalysis:
     signature_samples, calibration_samples : int
         Training samples profiled for the signatures and averaged over for the importance.
     timings : dict of str to float
-        Seconds per stage.
+        Seconds per stage (``stability``: the leave-one-shard-out reruns of the cheap stages).
     warnings : tuple of str
+    signature_sampling, calibration_sampling : SamplingRecord or None
+        How many samples each pass read and why it stopped (None for the leave-one-out analyses).
+    leave_one_out : tuple of HeadAnalysis
+        One analysis per shard, from the statistics of every other shard (empty when
+        ``stability_shards`` is 0 or the shards are too thin).
     """
 
     curve: MssCurve
@@ -70,6 +88,9 @@ class HeadAnalysis:
     calibration_samples: int
     timings: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    signature_sampling: SamplingRecord | None = None
+    calibration_sampling: SamplingRecord | None = None
+    leave_one_out: tuple[HeadAnalysis, ...] = ()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -86,7 +107,7 @@ class HeadAnalysis:
         return clustering.labels if clustering is not None else np.zeros(self.salience.size, dtype=np.int64)
 
 
-def validate_inputs(model: nn.Module, train: EncodedDataset, config: PruningConfig) -> None:
+def validate_inputs(model: nn.Module, train: TrainRows, config: PruningConfig) -> None:
     """Reject what cannot work before any long computation starts."""
     adapter = get_adapter(model)
     heads = heads_per_layer(model)
@@ -117,7 +138,7 @@ def validate_inputs(model: nn.Module, train: EncodedDataset, config: PruningConf
 
 def analyze_heads(
     model: nn.Module,
-    train: EncodedDataset,
+    train: TrainRows,
     config: PruningConfig,
     *,
     progress: ProgressFn | None = None,
@@ -129,24 +150,33 @@ def analyze_heads(
     Parameters
     ----------
     model : a supported, unpruned sequence classifier, on the device to compute on
-    train : EncodedDataset
-        The tokenised training split; signature and calibration samples are drawn from it with
-        ``config.seed``.
+    train : EncodedDataset or LazyEncodedDataset
+        The training split; signature and calibration samples are read from it in seeded stratified
+        orders (a lazy split is tokenised only where it is read).
     config : PruningConfig
         ``signature_samples``, ``calibration_fraction``, ``resolution``, ``var_floor``,
-        ``perplexity``, ``poly_degree``, ``reported_degrees``, ``batch_size`` and ``seed`` apply.
+        ``perplexity``, ``poly_degree``, ``reported_degrees``, ``heads_to_keep``,
+        ``stability_shards``, ``batch_size`` and ``seed`` apply.
     progress : callable(stage, fraction), optional
-        Stages ``signatures``, ``separation``, ``graph_space``, ``sweep``, ``knee``, ``salience``.
+        Stages ``signatures``, ``separation``, ``graph_space``, ``sweep``, ``knee``, ``salience``,
+        ``stability``.
     should_cancel : callable() -> bool, optional
         Polled between batches; True raises :class:`~cahp_engine.errors.JobCancelledError`.
     importance : HeadImportance
-        ``(model, batches) -> Tensor of shape (L, H)``, higher = more important, over the
-        calibration batches. Default: CAHP's gradient salience.
+        ``(model, batches) -> Tensor of shape (L, H)``, higher = more important; it is called on one
+        calibration batch at a time and the scores are averaged over the batches (the stopping rule
+        needs their spread). Default: CAHP's gradient salience.
 
     Returns
     -------
     HeadAnalysis
         The model's weights and mode are unchanged.
+
+    Notes
+    -----
+    With ``"auto"`` amounts each pass stops once what it measures is mostly signal
+    (:mod:`cahp_engine.convergence`). Both accumulate in ``stability_shards`` shards; the cheap
+    stages are rerun once per left-out shard (``leave_one_out``), which reads no sample again.
 
     References
     ----------
@@ -156,67 +186,94 @@ def analyze_heads(
     monitor = Monitor(progress, should_cancel)
     device = next(model.parameters()).device
     n = len(train)
+    heads = heads_per_layer(model)
+    shape = (len(heads), heads[0])
     warnings: list[str] = []
+    shards = config.stability_shards or 1
+    degrees = sorted(set(config.reported_degrees) | {config.poly_degree})
 
-    sig_idx = draw_subset(n, config.signature_samples, seed=config.seed, labels=train.labels)
-    cal_idx = draw_subset(n, config.calibration_fraction, seed=config.seed + 1, labels=train.labels)
-    per_class = np.bincount(train.labels[sig_idx], minlength=train.num_classes)
-    thin = np.flatnonzero(per_class < 2).tolist()
-    if thin:
-        raise DatasetError(
-            f"classes {thin} have fewer than two of the {len(sig_idx)} signature samples, so their "
-            "variance is undefined; raise `signature_samples` or add samples of those classes"
-        )
-    resolution = config.resolution or default_resolution(train.lengths)
-    # The graph space and the MSS curve are computed for the baselines too: they cost little next to
-    # fine-tuning, and the artifacts (curve, head map) then mean the same thing for every strategy.
+    sig_order = stratified_order(train.labels, seed=config.seed, shards=shards)
+    cal_order = stratified_order(train.labels, seed=config.seed + 1, shards=shards)
+    sig_amount = resolve_amount(config.signature_samples, n)
+    cal_amount = resolve_amount(config.calibration_fraction, n)
+    if sig_amount is not None:
+        per_class = np.bincount(train.labels[sig_order.rows[:sig_amount]], minlength=train.num_classes)
+        thin = np.flatnonzero(per_class < 2).tolist()
+        if thin:
+            raise DatasetError(
+                f"classes {thin} have fewer than two of the {sig_amount} signature samples, so their "
+                "variance is undefined; raise `signature_samples` or add samples of those classes"
+            )
+    sig_sizes = plan(sig_order, train.labels, sig_amount, floor=SIGNATURE_CLASS_FLOOR, first=SIGNATURE_FIRST)
+    cal_sizes = plan(cal_order, train.labels, cal_amount, floor=CALIBRATION_CLASS_FLOOR, first=CALIBRATION_FIRST)
+    resolution = config.resolution or _default_resolution(train, sig_order)
+
+    def structure(signatures: Signatures, *, timed: bool = False) -> HeadStructure:
+        return head_structure(signatures, var_floor=config.var_floor, perplexity=config.perplexity,
+                              seed=config.seed, degrees=degrees, monitor=monitor if timed else None)
+
     with monitor.stage("signatures"):
-        batches = length_grouped_batches(train.lengths, sig_idx, config.batch_size, longest_first=True)
-        signatures = extract_signatures(
-            model,
-            iterate_batches(train, batches, device),
-            num_classes=train.num_classes,
-            resolution=resolution,
-            on_batch=monitor.counter("signatures", len(sig_idx)),
+        sharded, sig_record = run_signatures(
+            model, train, sig_order, sig_sizes, auto=sig_amount is None, resolution=resolution,
+            var_floor=config.var_floor, batch_size=config.batch_size, device=device, monitor=monitor,
         )
-    with monitor.stage("separation"):
-        features = separation_features(signatures, var_floor=config.var_floor)
-    with monitor.stage("graph_space"):
-        perplexity = config.perplexity or default_perplexity(features.matrix.shape[0])
-        graph = embed_heads(features.matrix, seed=config.seed, perplexity=perplexity)
-    with monitor.stage("sweep"):
-        tick = monitor.counter("sweep", graph.points.shape[0] - 2)
-        curve = mss_sweep(graph.points, seed=config.seed, on_k=lambda _k: tick(1))
-    with monitor.stage("knee"):
-        degrees = sorted(set(config.reported_degrees) | {config.poly_degree})
-        knees = knees_by_degree(curve.ks, curve.mss, degrees)
-        warnings.extend(k.warning for k in knees.values() if k.warning)
+    main = structure(sharded.merged(), timed=True)
+    warnings.extend(k.warning for k in main.knees.values() if k.warning)
     with monitor.stage("salience"):
-        cal_batches = length_grouped_batches(train.lengths, cal_idx, config.batch_size, longest_first=True)
-        counted = _counted(iterate_batches(train, cal_batches, device), monitor.counter("salience", len(cal_idx)))
-        raw = importance(model, counted)
-        if tuple(raw.shape) != (len(heads_per_layer(model)), heads_per_layer(model)[0]):
-            raise PipelineError(f"the head importance has shape {tuple(raw.shape)}; one score per head was expected")
-        raw = raw.detach().to("cpu", torch.float64)
+        calibration = run_calibration(
+            model, train, cal_order, cal_sizes, auto=cal_amount is None, importance=importance, shape=shape,
+            batch_size=config.batch_size, seed=config.seed + 2, device=device, monitor=monitor,
+        )
+    salience_raw = calibration.raw()
 
-    return HeadAnalysis(
-        curve=curve,
-        knees=knees,
-        graph_space=graph,
-        salience_raw=raw.numpy(),
-        salience=minmax(raw).numpy(),
-        resolution=resolution,
-        signature_samples=len(sig_idx),
-        calibration_samples=len(cal_idx),
+    leave_one_out: tuple[HeadAnalysis, ...] = ()
+    if shards >= 2:
+        with monitor.stage("stability"):
+            per_class = sharded.counts.sum(axis=0)
+            if (per_class - sharded.counts.max(axis=0) >= 2).all():
+                leave_one_out = tuple(
+                    _analysis(structure(sharded.merged(leave_out=k)), calibration.raw(leave_out=k), resolution,
+                              sharded.samples - int(sharded.counts[k].sum()), calibration.samples)
+                    for k in range(shards)
+                )
+            else:
+                warnings.append(
+                    f"too few signature samples per class to leave one of {shards} shards out; "
+                    "no stability measure (raise `signature_samples` or lower `stability_shards`)"
+                )
+
+    base = _analysis(main, salience_raw, resolution, sharded.samples, calibration.samples)
+    return dataclasses.replace(
+        base,
+        signature_sampling=sig_record,
+        calibration_sampling=calibration.record,
+        leave_one_out=leave_one_out,
         timings=dict(monitor.timings),
         warnings=tuple(warnings),
     )
 
 
-def _counted(
-    batches: Iterable[dict[str, torch.Tensor]], on_batch: Callable[[int], None]
-) -> Iterator[dict[str, torch.Tensor]]:
-    """Yield ``batches``, reporting each one's sample count when the consumer asks for the next."""
-    for batch in batches:
-        yield batch
-        on_batch(int(batch["labels"].numel()))
+def _analysis(structure: HeadStructure, salience_raw: np.ndarray, resolution: int, signature_samples: int,
+              calibration_samples: int) -> HeadAnalysis:
+    return HeadAnalysis(
+        curve=structure.curve,
+        knees=structure.knees,
+        graph_space=structure.graph_space,
+        salience_raw=salience_raw,
+        salience=_minmax(salience_raw),
+        resolution=resolution,
+        signature_samples=signature_samples,
+        calibration_samples=calibration_samples,
+    )
+
+
+def _minmax(scores: np.ndarray) -> np.ndarray:
+    return minmax(torch.as_tensor(scores, dtype=torch.float64)).numpy()
+
+
+def _default_resolution(train: TrainRows, order: SampleOrder) -> int:
+    """The paper's B from every row's length, or, for a split tokenised on demand, from the first
+    :data:`LENGTH_SAMPLE` rows of the stratified order (a seeded random sample)."""
+    if isinstance(train, LazyEncodedDataset):
+        return default_resolution(row_lengths(train, order.rows[:LENGTH_SAMPLE]))
+    return default_resolution(train.lengths)

@@ -88,6 +88,7 @@ def write_curve(work: Path, result: SelectionResult, config: PruningConfig) -> N
 def write_head_map(work: Path, result: SelectionResult) -> None:
     """``head_map.json``, ``head_map.png`` and ``layer_retention.png``."""
     sel = result.selection
+    stability = result.stability
     shape = sel.kept_mask.shape
     cluster = (result.clustering.labels.reshape(shape) if result.clustering is not None
                else np.zeros(shape, dtype=np.int64))
@@ -105,9 +106,14 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
         "representatives": [list(h) for h in sel.representatives],
         "layer_safety_added": [list(h) for h in sel.layer_safety_added],
         "graph_space": result.graph_space.points.tolist(),
+        "kept_frequency": None if stability is None else [list(row) for row in stability.kept_frequency],
     })
+    title = None if stability is None else (
+        f"kept in {stability.shards} leave-one-shard-out runs\n(mean Jaccard {stability.mean_jaccard:.2f})")
     plot_head_map(sel.kept_mask, result.salience, cluster, work / "head_map.png",
-                  representatives=sel.representatives, layer_safety_added=sel.layer_safety_added)
+                  representatives=sel.representatives, layer_safety_added=sel.layer_safety_added,
+                  kept_frequency=None if stability is None else np.asarray(stability.kept_frequency),
+                  stability_title=title)
     plot_layer_retention(sel.kept_mask, work / "layer_retention.png")
 
 

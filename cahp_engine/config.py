@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from cahp_engine._validation import Interval, Options, check, is_int, parse_device
+from cahp_engine._validation import Interval, Options, check, is_int, is_real, parse_device
 from cahp_engine.errors import ConfigError
 from cahp_engine.strategies import STRATEGIES
 
@@ -23,6 +23,11 @@ else:
     #: API's generated schema lists them.
     Strategy = Literal[STRATEGIES]
 DenseFinetune = Literal["auto", "always", "never"]
+#: ``signature_samples``: a count, a fraction of the training split (1.0 is every row), ``"all"``, or
+#: ``"auto"`` (the stopping rule of :mod:`cahp_engine.convergence` decides).
+SampleAmount = int | float | Literal["auto", "all"]
+#: ``calibration_fraction``: a fraction of the training split, or ``"auto"`` (the stopping rule decides).
+CalibrationAmount = float | Literal["auto"]
 
 DENSE_FINETUNE_MODES: tuple[str, ...] = ("auto", "always", "never")
 ExportFormat = Literal["onnx", "none"]
@@ -46,11 +51,16 @@ class PruningConfig:
     resolution : int or None
         Side B of the resized attention maps. ``None`` takes the 70th percentile of the tokenised
         lengths of the training split (paper Section IV-B.1).
-    calibration_fraction : float, default 0.25
+    calibration_fraction : float or "auto", default "auto"
         Share of the training split, drawn with ``seed``, over which head salience is averaged.
-    signature_samples : int, float or None
-        Training samples profiled for signatures: ``None`` for all, an integer count, or a fraction
-        in (0, 1].
+        ``"auto"``: the calibration pass stops once the salience ranking is stable
+        (:mod:`cahp_engine.convergence`), at the latest after every row. A number in (0, 1] (the
+        paper: 0.25) turns the rule off and is used exactly.
+    signature_samples : int, float, "all" or "auto", default "auto"
+        Training samples profiled for signatures. ``"auto"``: a seeded stratified stream that stops
+        once the selection computed from it is stable, with a floor per class and every row as the
+        cap (:mod:`cahp_engine.convergence`). A count, a fraction in (0, 1] (``1.0`` is every row) or
+        ``"all"`` turns the rule off and is used exactly.
     strategy : {"cahp", "salience", "random"}
         ``cahp`` is the paper's method; the others are baselines that keep the same number of heads
         (``heads_to_keep`` if given, otherwise the count CAHP would keep).
@@ -61,10 +71,15 @@ class PruningConfig:
     max_length : int, default 512
         Longer inputs are truncated to this many tokens.
     perplexity : float or None
-        t-SNE perplexity; ``None`` takes ``min(30, (N - 1) / 3)`` for N heads.
-    var_floor : float, default 1e-10
+        t-SNE perplexity; ``None`` takes ``min(10, (N - 1) / 3)`` for N heads (10: the public
+        implementation's value).
+    var_floor : float, default 1e-6
         Floor on class variances before the Bhattacharyya distance, so a pixel with zero variance in
-        both classes gives a finite distance.
+        both classes gives a finite distance (1e-6: the public implementation's value).
+    stability_shards : int, default 5
+        K: the signature and calibration samples are accumulated in K disjoint stratified shards,
+        and the cheap stages are rerun leaving one shard out each time to measure how stable the
+        selection is (``selection.stability`` of the report). 0 turns the measure off.
     epochs, lr, warmup_ratio, weight_decay, max_grad_norm
         Recovery fine-tuning recipe (paper Section IV-B.5: 3, 2e-5, 0.1, 0.01, 1.0).
     dense_finetune : {"auto", "always", "never"}
@@ -90,14 +105,15 @@ class PruningConfig:
     poly_degree: int = 2
     heads_to_keep: int | None = None
     resolution: int | None = None
-    calibration_fraction: float = 0.25
-    signature_samples: int | float | None = None
+    calibration_fraction: CalibrationAmount = "auto"
+    signature_samples: SampleAmount = "auto"
     strategy: Strategy = "cahp"
     seed: int = 42
     batch_size: int = 32
     max_length: int = 512
     perplexity: float | None = None
-    var_floor: float = 1e-10
+    var_floor: float = 1e-6
+    stability_shards: int = 5
     epochs: float = 3
     lr: float = 2e-5
     warmup_ratio: float = 0.1
@@ -117,15 +133,20 @@ class PruningConfig:
         check("poly_degree", self.poly_degree, Interval("integer", 1, 10))
         check("heads_to_keep", self.heads_to_keep, Interval("integer", 1, None, closed="left"), allow_none=True)
         check("resolution", self.resolution, Interval("integer", 2, 512), allow_none=True)
-        check("calibration_fraction", self.calibration_fraction, Interval("real", 0.0, 1.0, closed="right"))
+        if self.calibration_fraction != "auto":
+            if not is_real(self.calibration_fraction):
+                raise ConfigError(f"`calibration_fraction` must be a number in (0.0, 1.0] or 'auto', "
+                                  f"got {self.calibration_fraction!r}")
+            check("calibration_fraction", self.calibration_fraction, Interval("real", 0.0, 1.0, closed="right"))
         s = self.signature_samples
         if is_int(s):
             check("signature_samples", s, Interval("integer", 2, None, closed="left"))
         elif isinstance(s, numbers.Real) and not isinstance(s, bool):
             check("signature_samples", s, Interval("real", 0.0, 1.0, closed="right"))
-        elif s is not None:
+        elif s not in ("auto", "all"):
             raise ConfigError(
-                f"`signature_samples` must be an integer count >= 2, a fraction in (0, 1] or None, got {s!r}"
+                "`signature_samples` must be an integer count >= 2, a fraction in (0, 1], 'all' or 'auto', "
+                f"got {s!r}"
             )
         check("strategy", self.strategy, Options(STRATEGIES))
         check("seed", self.seed, Interval("integer", 0, 2**32 - 1))
@@ -133,6 +154,10 @@ class PruningConfig:
         check("max_length", self.max_length, Interval("integer", 2, 8192))
         check("perplexity", self.perplexity, Interval("real", 0.0, 1e6, closed="neither"), allow_none=True)
         check("var_floor", self.var_floor, Interval("real", 0.0, 1.0, closed="neither"))
+        if not (is_int(self.stability_shards) and (self.stability_shards == 0 or 2 <= self.stability_shards <= 20)):
+            raise ConfigError(
+                f"`stability_shards` must be 0 (off) or an integer between 2 and 20, got {self.stability_shards!r}"
+            )
         for name in ("epochs", "dense_epochs"):
             check(name, getattr(self, name), Interval("real", 0.0, 1000.0))
         for name in ("lr", "dense_lr"):

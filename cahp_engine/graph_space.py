@@ -37,11 +37,15 @@ class GraphSpace:
     kl_divergence: float
 
 
+#: The perplexity of the public CAHP implementation (scikit-learn's own default is 30).
+DEFAULT_PERPLEXITY = 10.0
+
+
 def default_perplexity(n_points: int) -> float:
-    """``min(30, (N - 1) / 3)``: scikit-learn's default of 30 where there are enough heads, and a
+    """``min(10, (N - 1) / 3)``: the public implementation's 10 where there are enough heads, and a
     value that keeps about three neighbourhoods' worth of points for small models (t-SNE requires
     perplexity < N)."""
-    return float(min(30.0, max(1.0, (n_points - 1) / 3.0)))
+    return float(min(DEFAULT_PERPLEXITY, max(1.0, (n_points - 1) / 3.0)))
 
 
 def embed_heads(features: np.ndarray, *, seed: int, perplexity: float | None = None) -> GraphSpace:

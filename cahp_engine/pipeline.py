@@ -15,11 +15,13 @@ from torch import nn
 
 from cahp_engine.analysis import analyze_heads
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import EncodedDataset
 from cahp_engine.graph_space import GraphSpace
 from cahp_engine.knee import Knee
+from cahp_engine.lazy_data import TrainRows
 from cahp_engine.progress import CancelFn, Monitor, ProgressFn
+from cahp_engine.results import SamplingRecord, StabilityRecord
 from cahp_engine.selection import Selection
+from cahp_engine.stability import selection_stability
 from cahp_engine.strategies import choose
 from cahp_engine.sweep import Clustering, MssCurve
 
@@ -51,6 +53,11 @@ class SelectionResult:
     timings : dict of str to float
         Seconds per stage.
     warnings : tuple of str
+    signature_sampling, calibration_sampling : SamplingRecord or None
+        How many samples each pass read and why it stopped.
+    stability : StabilityRecord or None
+        The same choice from the statistics of every shard but one (None when
+        ``stability_shards`` is 0 or the shards were too thin).
     """
 
     selection: Selection
@@ -67,11 +74,19 @@ class SelectionResult:
     calibration_samples: int
     timings: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    signature_sampling: SamplingRecord | None = None
+    calibration_sampling: SamplingRecord | None = None
+    stability: StabilityRecord | None = None
+
+    @property
+    def perplexity(self) -> float:
+        """The t-SNE perplexity the graph space was computed with."""
+        return self.graph_space.perplexity
 
 
 def select_heads(
     model: nn.Module,
-    train: EncodedDataset,
+    train: TrainRows,
     config: PruningConfig,
     *,
     progress: ProgressFn | None = None,
@@ -86,8 +101,8 @@ def select_heads(
     Parameters
     ----------
     model : a supported, unpruned sequence classifier, on the device to compute on
-    train : EncodedDataset
-        The tokenised training split; signature and calibration samples are drawn from it.
+    train : EncodedDataset or LazyEncodedDataset
+        The training split; signature and calibration samples are drawn from it.
     config : PruningConfig
     progress : callable(stage, fraction), optional
     should_cancel : callable() -> bool, optional
@@ -113,6 +128,11 @@ def select_heads(
     monitor = Monitor(progress, should_cancel)
     with monitor.stage("selection"):
         selection = choose(analysis, k_star, config.strategy, count=config.heads_to_keep, seed=config.seed)
+    stability = selection_stability(analysis, selection, strategy=config.strategy, poly_degree=config.poly_degree,
+                                    heads_to_keep=config.heads_to_keep, seed=config.seed)
+    if stability is not None:
+        # The leave-one-out choices are part of the stability measure's cost.
+        monitor.timings["stability"] = stability.seconds - analysis.timings.get("stability", 0.0)
     return SelectionResult(
         selection=selection,
         k_star=k_star,
@@ -126,6 +146,16 @@ def select_heads(
         resolution=analysis.resolution,
         signature_samples=analysis.signature_samples,
         calibration_samples=analysis.calibration_samples,
-        timings={**analysis.timings, **monitor.timings},
+        timings=_merged_timings(analysis.timings, monitor.timings),
         warnings=analysis.warnings,
+        signature_sampling=analysis.signature_sampling,
+        calibration_sampling=analysis.calibration_sampling,
+        stability=stability,
     )
+
+
+def _merged_timings(first: dict[str, float], second: dict[str, float]) -> dict[str, float]:
+    out = dict(first)
+    for name, seconds in second.items():
+        out[name] = out.get(name, 0.0) + seconds
+    return out

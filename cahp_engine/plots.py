@@ -125,8 +125,11 @@ def plot_head_map(
     *,
     representatives: Iterable[Head] = (),
     layer_safety_added: Iterable[Head] = (),
+    kept_frequency: np.ndarray | None = None,
+    stability_title: str | None = None,
 ) -> None:
-    """Three panels over the layer x head grid: kept or pruned, salience, and cluster id.
+    """Three panels over the layer x head grid: kept or pruned, salience, and cluster id; a fourth,
+    how often each head was kept when one shard of the samples was left out, when given.
 
     Representatives are outlined in black and heads kept by the layer-safety rule in red, on every
     panel. Cluster ids get categorical colours and are written into the cells when the grid has at
@@ -141,6 +144,10 @@ def plot_head_map(
     path : str or path
         PNG file to write; its folder must exist.
     representatives, layer_safety_added : iterables of (layer, head)
+    kept_frequency : ndarray of shape (L, H), optional
+        Share (0..1) of the leave-one-shard-out selections that kept each head.
+    stability_title : str, optional
+        Title of that panel (default: "kept when a shard is left out").
 
     References
     ----------
@@ -157,12 +164,18 @@ def plot_head_map(
     ids = ids.reshape(shape)
     reps = _heads(representatives, shape, "representatives")
     safety = _heads(layer_safety_added, shape, "layer_safety_added")
+    frequency = None if kept_frequency is None else np.asarray(kept_frequency, dtype=np.float64)
+    if frequency is not None and frequency.shape != shape:
+        raise InvalidInputError(f"`kept_frequency` must have the shape of `kept` {shape}, got {frequency.shape}")
 
     layers, heads = shape
+    panels = 3 if frequency is None else 4
     # Square cells of at least 0.34 inch, and panels at least 2.2 inches wide so the titles fit.
     cell = max(0.34, 2.2 / heads)
-    fig = Figure(figsize=(3 * heads * cell + 2.6, layers * cell + 1.9), layout="constrained")
-    ax_kept, ax_heat, ax_ids = fig.subplots(1, 3)
+    fig = Figure(figsize=(panels * heads * cell + 2.6 + 1.2 * (panels - 3), layers * cell + 1.9),
+                 layout="constrained")
+    axes = list(fig.subplots(1, panels))
+    ax_kept, ax_heat, ax_ids = axes[:3]
 
     ax_kept.imshow(mask.astype(int), cmap=ListedColormap([_PRUNED, _KEPT]), vmin=0, vmax=1)
     ax_kept.set_title(f"kept {int(mask.sum())} of {mask.size} heads ({mask.mean():.0%})")
@@ -191,7 +204,12 @@ def plot_head_map(
                 color="white" if dark else "black",
             )
 
-    for ax in (ax_kept, ax_heat, ax_ids):
+    if frequency is not None:
+        ax_freq = axes[3]
+        shown = ax_freq.imshow(frequency, cmap="Blues", vmin=0.0, vmax=1.0)
+        fig.colorbar(shown, cax=ax_freq.inset_axes((1.04, 0.0, 0.05, 1.0)), label="share of selections")
+        ax_freq.set_title(stability_title or "kept when a shard is left out")
+    for ax in axes:
         _grid_axes(ax, shape)
         _outline(ax, reps, _REPRESENTATIVE)
         _outline(ax, safety, _SAFETY)

@@ -17,7 +17,9 @@ from cahp_engine.results import (
     ClassificationMetrics,
     JsonRecord,
     ParameterCounts,
+    SamplingRecord,
     SpeedComparison,
+    StabilityRecord,
     TrainingResult,
 )
 
@@ -194,6 +196,13 @@ class SelectionRecord(JsonRecord):
     layer_safety_added : tuple of (layer, head)
     resolution : int
     signature_samples, calibration_samples : int
+    perplexity : float
+        The t-SNE perplexity used (``config.perplexity``, or its default for N heads).
+    signature_sampling, calibration_sampling : SamplingRecord or None
+        How many samples each pass read, and why it stopped there.
+    stability : StabilityRecord or None
+        The same choice from the statistics of every shard but one; None when
+        ``stability_shards`` is 0 or the shards were too thin.
     """
 
     strategy: str
@@ -209,6 +218,10 @@ class SelectionRecord(JsonRecord):
     resolution: int
     signature_samples: int
     calibration_samples: int
+    perplexity: float
+    signature_sampling: SamplingRecord | None
+    calibration_sampling: SamplingRecord | None
+    stability: StabilityRecord | None
 
 
 @dataclass(frozen=True)

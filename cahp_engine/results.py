@@ -174,3 +174,44 @@ class TrainingResult(JsonRecord):
     seconds_per_epoch: tuple[float, ...]
     device: str
     precision: str
+
+
+@dataclass(frozen=True)
+class SamplingRecord(JsonRecord):
+    """How many training samples one pass of head selection read, and why it stopped there.
+
+    ``mode`` is ``auto`` (a stopping rule decided) or ``fixed`` (an explicit amount, used exactly).
+    ``stopped`` is ``converged`` (the rule was met), ``cap`` (every row was read before it was) or
+    ``requested`` (a fixed amount). ``checkpoints`` are the sample counts at which the rule looked and
+    ``measures`` its measure at each of them (None at the first, which has nothing to compare with).
+    """
+
+    mode: str
+    samples: int
+    available: int
+    stopped: str
+    reason: str
+    checkpoints: tuple[int, ...] = ()
+    measures: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class StabilityRecord(JsonRecord):
+    """How much the selection depends on which samples were drawn (leave one shard out).
+
+    The signature and calibration samples were accumulated in ``shards`` disjoint stratified shards;
+    the cheap stages and the choice were rerun ``shards`` times, each without one shard.
+    ``mean_jaccard`` and ``min_jaccard`` are over every pair of those head sets;
+    ``jaccard_to_selection`` is the mean Jaccard of each of them with the run's selection;
+    ``k_stars`` and ``heads_kept`` are per rerun; ``kept_frequency[l][h]`` is the share of reruns that
+    kept head h of layer l; ``seconds`` what the reruns cost.
+    """
+
+    shards: int
+    mean_jaccard: float
+    min_jaccard: float
+    jaccard_to_selection: float
+    k_stars: tuple[int, ...]
+    heads_kept: tuple[int, ...]
+    kept_frequency: tuple[tuple[float, ...], ...]
+    seconds: float

@@ -164,7 +164,7 @@ def _run(
                         "selection will profile an untrained classifier")
     dense = steps.dense_finetune(run, model=model, train=inputs.train, classifier_trained=loaded.classifier_trained)
     dense_metrics = steps.evaluate_dense(run, model=model, evaluation=inputs.evaluation)
-    result = steps.select(run, model=model, train=inputs.train)
+    result = steps.select(run, model=model, train=inputs.rows)
     warnings.extend(result.warnings)
     pruned, parameters = steps.prune(run, model=model, selection=result.selection)
     before = steps.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
@@ -236,6 +236,10 @@ def _selection_record(result: SelectionResult, config: PruningConfig) -> Selecti
         resolution=result.resolution,
         signature_samples=result.signature_samples,
         calibration_samples=result.calibration_samples,
+        perplexity=result.perplexity,
+        signature_sampling=result.signature_sampling,
+        calibration_sampling=result.calibration_sampling,
+        stability=result.stability,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, encode
 from cahp_engine.datasets_io import DatasetOptions, DatasetSplits, load_splits
 from cahp_engine.evaluation import compare_speed, count_parameters, evaluate
+from cahp_engine.lazy_data import LazyEncodedDataset, TrainRows
 from cahp_engine.models import LoadedClassifier, load_classifier
 from cahp_engine.pipeline import SelectionResult, select_heads
 from cahp_engine.progress import CancelFn, Monitor
@@ -58,12 +60,20 @@ class RunContext:
 
 @dataclass(frozen=True)
 class Inputs:
-    """The loaded model and the tokenised splits."""
+    """The loaded model and the splits.
+
+    ``rows`` is the training split tokenised on demand: selection reads only the rows it samples.
+    ``train`` tokenises every row the first time a step asks for it (fine-tuning).
+    """
 
     loaded: LoadedClassifier
     splits: DatasetSplits
-    train: EncodedDataset
+    rows: LazyEncodedDataset
     evaluation: EncodedDataset
+
+    @cached_property
+    def train(self) -> EncodedDataset:
+        return self.rows.encoded
 
 
 def load(
@@ -87,12 +97,12 @@ def load(
         loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
                                  cache_dir=cache_dir, token=hub_token, device=device)
         loaded.model.to(device).eval()
-        train = encode(loaded.tokenizer, splits.train, max_length=config.max_length)
+        rows = LazyEncodedDataset(loaded.tokenizer, splits.train, max_length=config.max_length)
         evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
-        validate_inputs(loaded.model, train, config)
-        run.say(f"{len(train)} training and {len(evaluation)} evaluation samples, {train.num_classes} classes; "
+        validate_inputs(loaded.model, rows, config)
+        run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
-    return Inputs(loaded=loaded, splits=splits, train=train, evaluation=evaluation)
+    return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation)
 
 
 def dense_finetune(
@@ -118,13 +128,19 @@ def evaluate_dense(run: RunContext, *, model: nn.Module, evaluation: EncodedData
     return metrics
 
 
-def select(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> SelectionResult:
+def select(run: RunContext, *, model: nn.Module, train: TrainRows) -> SelectionResult:
     """Head selection (:func:`~cahp_engine.pipeline.select_heads`); its stage timings join the run's."""
     run.say("selecting heads")
     result = select_heads(model, train, run.config, progress=run.monitor.report, should_cancel=run.should_cancel)
     run.monitor.timings.update(result.timings)
     sel = result.selection
     run.say(f"k* = {result.k_star}; keeping {sel.num_kept} of {sel.kept_mask.size} heads ({sel.retention:.1%})")
+    for what, record in (("signature", result.signature_sampling), ("calibration", result.calibration_sampling)):
+        if record is not None:
+            run.say(f"{what} samples: {record.samples} of {record.available} ({record.reason})")
+    if result.stability is not None:
+        run.say(f"stability: mean Jaccard {result.stability.mean_jaccard:.2f} over {result.stability.shards} "
+                "leave-one-shard-out selections")
     return result
 
 

@@ -30,7 +30,10 @@ def _default(name: str) -> Any:
     return PruningConfig.__dataclass_fields__[name].default
 
 
-def _fraction_or_count(text: str) -> int | float:
+def _sample_amount(text: str) -> int | float | str:
+    """``auto``, ``all``, a count (``2000``) or a fraction (``0.5``; ``1.0`` is every row)."""
+    if text in ("auto", "all"):
+        return text
     try:
         return int(text)
     except ValueError:
@@ -38,7 +41,19 @@ def _fraction_or_count(text: str) -> int | float:
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count like 2000 or a fraction like 0.5, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected auto, all, a count like 2000 or a fraction like 0.5, got {text!r}"
+        ) from None
+
+
+def _fraction_or_auto(text: str) -> float | str:
+    """``auto`` or a fraction (``0.25``)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a fraction like 0.25, got {text!r}") from None
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -63,9 +78,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument("--heads-to-keep", type=int, default=None, help="fix the number of clusters; skips the knee")
     s.add_argument("--resolution", type=int, default=None, help="side B of the resized maps (default: 70th "
                    "percentile of training lengths)")
-    s.add_argument("--calibration-fraction", type=float, default=_default("calibration_fraction"))
-    s.add_argument("--signature-samples", type=_fraction_or_count, default=None, help="count or fraction "
-                   "(default: the whole training split)")
+    s.add_argument("--calibration-fraction", type=_fraction_or_auto, default=_default("calibration_fraction"),
+                   help="share of the training split for salience, e.g. the paper's 0.25 (default %(default)s: "
+                   "stop once the salience ranking is reliable)")
+    s.add_argument("--signature-samples", type=_sample_amount, default=_default("signature_samples"),
+                   help="a count, a fraction (1.0 = every row) or all (default %(default)s: stop once the class "
+                   "differences of the signatures are mostly signal)")
+    s.add_argument("--perplexity", type=float, default=_default("perplexity"),
+                   help="t-SNE perplexity (default: min(10, (N - 1) / 3) for N heads)")
+    s.add_argument("--stability-shards", type=int, default=_default("stability_shards"),
+                   help="leave-one-shard-out reruns for the stability measure; 0 turns it off "
+                   "(default %(default)s)")
     s.add_argument("--strategy", choices=STRATEGIES, default=_default("strategy"))
     t = p.add_argument_group("fine-tuning")
     t.add_argument("--epochs", type=float, default=_default("epochs"), help="recovery epochs (default %(default)s)")
@@ -92,7 +115,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOp
     config = PruningConfig(
         poly_degree=args.poly_degree, heads_to_keep=args.heads_to_keep, resolution=args.resolution,
         calibration_fraction=args.calibration_fraction, signature_samples=args.signature_samples,
-        strategy=args.strategy, seed=args.seed, batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
+        perplexity=args.perplexity, stability_shards=args.stability_shards, strategy=args.strategy,
+        seed=args.seed, batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
         dense_finetune=args.dense_finetune, dense_epochs=args.dense_epochs, dense_lr=args.dense_lr,
         device=args.device, latency_repeats=args.latency_repeats, export=args.export, quantize=args.quantize,
     )
@@ -188,6 +212,12 @@ def format_summary(report: RunReport, output: Path) -> str:
     ]
     for layer, heads in sel.kept.items():
         lines.append(f"    layer {layer:>2}: {len(heads):>2} kept  {list(heads)}")
+    for what, record in (("signature", sel.signature_sampling), ("calibration", sel.calibration_sampling)):
+        if record is not None:
+            lines.append(f"  {what} samples: {record.samples} of {record.available} ({record.reason})")
+    if sel.stability is not None:
+        lines.append(f"  stability: mean Jaccard {sel.stability.mean_jaccard:.2f} of the kept heads over "
+                     f"{sel.stability.shards} leave-one-shard-out selections (k* {list(sel.stability.k_stars)})")
     lines += [
         f"  accuracy (eval split '{report.dataset.eval_split}'): dense {m.dense.accuracy:.4f}, "
         f"pruned before recovery {m.pruned_before_recovery.accuracy:.4f}, "

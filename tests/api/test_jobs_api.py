@@ -51,7 +51,8 @@ def test_submit_records_a_queued_job_and_enqueues_only_its_id(
     assert job["status"] == "queued" and job["progress"] == 0.0 and job["stage"] is None
     assert job["params"]["poly_degree"] == 3 and job["params"]["epochs"] == 1
     assert "device" not in job["params"]  # the worker's setting
-    assert job["params"]["calibration_fraction"] == 0.25  # unset settings show their defaults
+    # Unset settings show their defaults: the stopping rules decide the sample counts.
+    assert job["params"]["calibration_fraction"] == "auto" and job["params"]["signature_samples"] == "auto"
     assert job["error"] is None and job["result"] is None and job["started_at"] is None
     assert job["dataset"]["uri"] == dataset_uri and job["dataset"]["text_column"] == "text"
     messages = _broker_messages(settings)

@@ -54,7 +54,7 @@ def run(tmp_path_factory):
     data = write_dataset(tmp / "data", string_labels=True)
     out = tmp / "out"
     proc = cahp(str(model), str(data), "--output", str(out), "--epochs", "1", "--latency-repeats", "2",
-                "--poly-degree", "3", "--seed", "7", cwd=tmp)
+                "--poly-degree", "3", "--seed", "7", "--signature-samples", "80", cwd=tmp)
     return tmp, out, proc
 
 
@@ -97,6 +97,16 @@ def test_prune_writes_every_artifact_with_its_schema(run):
     assert report["environment"]["versions"]["torch"]
     assert [row["batch_size"] for row in report["speed"]["results"]] == [1, 32]
     assert report["dense_finetune"]["ran"] is False
+    sel = report["selection"]
+    assert sel["perplexity"] == pytest.approx(11 / 3)  # min(10, (N - 1) / 3) for 12 heads
+    assert sel["signature_samples"] == 80 and sel["signature_sampling"]["mode"] == "fixed"
+    assert sel["signature_sampling"]["stopped"] == "requested" and sel["signature_sampling"]["available"] == 90
+    assert sel["calibration_sampling"]["mode"] == "auto" and sel["calibration_sampling"]["samples"] == 90
+    assert sel["stability"]["shards"] == 5 and len(sel["stability"]["k_stars"]) == 5
+    assert np.asarray(sel["stability"]["kept_frequency"]).shape == (3, 4)
+    assert np.asarray(head_map["kept_frequency"]).shape == (3, 4)
+    assert "stability" in report["timings_s"]
+    assert "signature samples: 80 of 90" in proc.stdout and "stability: mean Jaccard" in proc.stdout
 
 
 def test_the_pruned_checkpoint_loads_and_is_smaller(run):
@@ -120,11 +130,53 @@ def test_json_flag_prints_the_report(tmp_path):
     model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=2)
     data = write_dataset(tmp_path / "data", num_classes=2, n_train=40, n_test=10)
     proc = cahp(str(model), str(data), "-o", str(tmp_path / "out"), "--epochs", "0", "--latency-repeats", "1",
-                "--strategy", "salience", "--heads-to-keep", "3", "--json", cwd=tmp_path)
+                "--strategy", "salience", "--heads-to-keep", "3", "--signature-samples", "all",
+                "--calibration-fraction", "0.25", "--stability-shards", "0", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["selection"]["strategy"] == "salience"
     assert report["summary"]["heads_kept"] == 3
+    assert report["selection"]["signature_samples"] == 40 and report["selection"]["calibration_samples"] == 10
+    assert report["selection"]["calibration_sampling"]["mode"] == "fixed"
+    assert report["selection"]["stability"] is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], {"signature_samples": "auto", "calibration_fraction": "auto", "stability_shards": 5, "perplexity": None}),
+        (["--signature-samples", "2000"], {"signature_samples": 2000}),
+        (["--signature-samples", "all"], {"signature_samples": "all"}),
+        (["--signature-samples", "1.0"], {"signature_samples": 1.0}),
+        (["--signature-samples", "0.5", "--calibration-fraction", "0.25"],
+         {"signature_samples": 0.5, "calibration_fraction": 0.25}),
+        (["--calibration-fraction", "auto", "--stability-shards", "0", "--perplexity", "5"],
+         {"calibration_fraction": "auto", "stability_shards": 0, "perplexity": 5.0}),
+    ],
+)
+def test_sampling_flags_reach_the_config_exactly(flags, expected):
+    import argparse
+
+    from app.cli.prune import config_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    config, _ = config_from_args(parser.parse_args(["prune", "m", "d", "-o", "out", *flags]))
+    for name, value in expected.items():
+        got = getattr(config, name)
+        assert got == value and type(got) is type(value), (name, got)
+
+
+def test_a_bad_sample_amount_is_a_usage_error(capsys):
+    import argparse
+
+    from app.cli.prune import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["prune", "m", "d", "-o", "out", "--signature-samples", "many"])
+    assert "expected auto, all, a count like 2000 or a fraction like 0.5, got 'many'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,12 @@ from cahp_engine.errors import ConfigError
         ({"calibration_fraction": 0}, "`calibration_fraction`"),
         ({"signature_samples": 1}, "`signature_samples` must be an integer >= 2, got 1"),
         ({"signature_samples": 1.5}, "`signature_samples`"),
-        ({"signature_samples": "all"}, "`signature_samples` must be an integer count"),
+        ({"signature_samples": "some"}, "`signature_samples` must be an integer count >= 2, a fraction in "
+         r"\(0, 1\], 'all' or 'auto', got 'some'"),
+        ({"signature_samples": None}, "`signature_samples`"),
+        ({"calibration_fraction": "all"}, r"`calibration_fraction` must be a number in \(0.0, 1.0\] or 'auto'"),
+        ({"stability_shards": 1}, "`stability_shards` must be 0 \\(off\\) or an integer between 2 and 20, got 1"),
+        ({"stability_shards": 21}, "`stability_shards`"),
         ({"strategy": "magnitude"}, "`strategy` must be one of cahp, salience, random, got 'magnitude'"),
         ({"epochs": -1}, "`epochs` must be a number in"),
         ({"lr": 0}, "`lr`"),
@@ -33,7 +38,11 @@ def test_out_of_range_values_say_what_to_change(changes, message):
 
 def test_defaults_follow_the_paper_and_round_trip():
     config = PruningConfig()
-    assert (config.poly_degree, config.calibration_fraction, config.batch_size) == (2, 0.25, 32)
+    assert (config.poly_degree, config.calibration_fraction, config.batch_size) == (2, "auto", 32)
+    assert (config.signature_samples, config.perplexity, config.var_floor, config.stability_shards) == (
+        "auto", None, 1e-6, 5)
+    for amount in ("all", 1.0, 0.5, 2000):
+        assert PruningConfig(signature_samples=amount).signature_samples == amount
     assert (config.epochs, config.lr, config.warmup_ratio, config.weight_decay, config.max_grad_norm) == (
         3, 2e-5, 0.1, 0.01, 1.0)
     assert PruningConfig.from_dict(config.to_dict()) == config

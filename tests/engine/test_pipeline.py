@@ -47,10 +47,11 @@ def test_selection_is_complete_and_consistent(model):
     for layer, head in sel.representatives:
         members = np.flatnonzero(result.clustering.labels == result.clustering.labels[layer * 4 + head])
         assert flat[layer * 4 + head] == flat[members].max()
-    assert result.signature_samples == 120 and result.calibration_samples == 30
-    assert {"signatures", "separation", "graph_space", "sweep", "knee", "salience", "selection"} <= set(
-        result.timings
-    )
+    # 120 rows are fewer than the first checkpoint of either stopping rule: both read every row.
+    assert result.signature_samples == 120 and result.calibration_samples == 120
+    assert result.signature_sampling.stopped == result.calibration_sampling.stopped == "cap"
+    assert {"signatures", "separation", "graph_space", "sweep", "knee", "salience", "stability",
+            "selection"} <= set(result.timings)
     assert stages[0] == "signatures" and stages[-1] == "selection"
 
 
@@ -92,7 +93,7 @@ def test_bad_inputs_are_rejected_before_any_computation(model):
     with pytest.raises(DatasetError, match="at least two classes"):
         select_heads(model, _encoded(num_classes=1), PruningConfig())
     data = _encoded(n=60)
-    with pytest.raises(DatasetError, match="fewer than two of the 3 signature samples"):
+    with pytest.raises(DatasetError, match="fewer than two of the 2 signature samples"):
         select_heads(model, data, PruningConfig(signature_samples=2))
     gap = type(data)(**{**data.__dict__, "labels": np.where(data.labels == 1, 0, data.labels)})
     with pytest.raises(DatasetError, match=r"classes \[1\] have no samples"):
@@ -118,11 +119,13 @@ SCRIPT = textwrap.dedent(
     from cahp_engine.data import LabelledTexts, encode
     from cahp_engine.pipeline import select_heads
     from tests.tiny_models import make_classifier, make_texts, make_tokenizer
-    texts, labels = make_texts(200, num_classes=3, seed=4)
+    texts, labels = make_texts(700, num_classes=3, seed=4)  # past the first checkpoints of both rules
     data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
     model = make_classifier("bert", layers=4, heads=6, seed=2)
     r = select_heads(model, data, PruningConfig(seed=11))
-    print(json.dumps({"k": r.k_star, "kept": r.selection.kept, "mss": r.curve.mss.round(9).tolist()}))
+    print(json.dumps({"k": r.k_star, "kept": r.selection.kept, "mss": r.curve.mss.round(9).tolist(),
+                      "samples": [r.signature_samples, r.calibration_samples],
+                      "stability": r.stability.kept_frequency}))
     """
 )
 

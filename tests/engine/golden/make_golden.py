@@ -6,7 +6,8 @@ instead (what :mod:`tests.engine.test_golden_report` does, in a subprocess so th
 thread and no test's global state reaches the run).
 
 The files were committed from the code before the run report became typed and the selection a
-registry of strategies; the test compares a fresh run with them.
+registry of strategies, and regenerated when the selection defaults changed (issues 12 and 16); the
+test compares a fresh run with them.
 
 Files written: ``report.json``, ``head_map.json`` and ``mss_curve.json`` of the run, and
 ``selections.json``: ``select_heads`` for each strategy, with and without a fixed head count.

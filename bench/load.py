@@ -9,8 +9,15 @@ back to back for ``--duration`` seconds. Every request's latency and status is k
 job rows and broker messages are counted: every accepted submission must have exactly one row and
 one message, and no row may exist that no answer reported.
 
+Then the cost of one status poll (:mod:`bench.httpload`): ``wrk -t2 -c50 -d10s`` against
+``GET /v1/jobs/{id}`` and against ``GET /healthz``, alternated ``--wrk-runs`` times in the same server
+(the ratio of the medians says what a status poll costs next to the cheapest route), and
+``--paced-rate`` status GETs a second for ``--paced-duration`` seconds, open loop, for the latency a
+polling CI fleet sees. The load average is recorded with each run: the machine is shared.
+
 Run: ``python -m bench load [--database sqlite|postgresql|both] [--duration 60] [--submitters 100]
-[--pollers 50] [--postgres-url URL]``
+[--pollers 50] [--wrk-runs 3] [--wrk-duration 10] [--paced-rate 50] [--paced-duration 20]
+[--postgres-url URL]``
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import numpy as np
 from sqlalchemy import create_engine, make_url, text
 
 from bench.common import save
+from bench.httpload import paced, run_wrk
 
 DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -201,7 +209,41 @@ def _count(database_url: str, broker_db: Path, accepted: list[str]) -> dict[str,
     }
 
 
-def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, duration: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PollCost:
+    """How the cost of one status poll is measured (see the module docstring)."""
+
+    wrk_runs: int = 3
+    wrk_duration_s: float = 10.0
+    paced_rate: float = 50.0
+    paced_duration_s: float = 20.0
+
+
+def poll_cost(url: str, key: str, job_id: str, cost: PollCost) -> dict[str, Any]:
+    """wrk on the status route and on /healthz, alternated; then the paced status GETs."""
+    status_path = f"/v1/jobs/{job_id}"
+    runs: dict[str, list[dict[str, Any]]] = {"status": [], "healthz": []}
+    for _ in range(cost.wrk_runs):
+        runs["healthz"].append(run_wrk(url, "/healthz", key=None, duration_s=cost.wrk_duration_s).as_dict())
+        runs["status"].append(run_wrk(url, status_path, key=key, duration_s=cost.wrk_duration_s).as_dict())
+    figures: dict[str, Any] = {"wrk_runs": runs}
+    if cost.wrk_runs:
+        median = {name: float(np.median([r["per_s"] for r in found])) for name, found in runs.items()}
+        figures["saturation"] = {
+            "status_per_s": round(median["status"], 1),
+            "healthz_per_s": round(median["healthz"], 1),
+            "ratio": round(median["status"] / median["healthz"], 3),
+            "status_p50_ms": float(np.median([r["p50_ms"] for r in runs["status"]])),
+            "status_p99_ms": float(np.median([r["p99_ms"] for r in runs["status"]])),
+            "errors": sum(r["non_2xx"] + r["socket_errors"] for found in runs.values() for r in found),
+        }
+    if cost.paced_duration_s > 0:
+        figures["paced"] = paced(url, status_path, key=key, rate=cost.paced_rate, duration_s=cost.paced_duration_s)
+    return figures
+
+
+def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, duration: float,
+            cost: PollCost | None = None) -> dict[str, Any]:
     from app.core.db import make_engine, make_session_factory, upgrade_database
     from app.core.keys import create_api_key
 
@@ -225,6 +267,8 @@ def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, 
                 "params": {"epochs": 0, "dense_finetune": "never", "max_length": 32, "batch_size": 16}}
         with _server(env, root / "serve.log") as url:
             figures = asyncio.run(_load(url, key, body, submitters=submitters, pollers=pollers, duration=duration))
+            if cost is not None and figures["accepted_ids"]:
+                figures["poll_cost"] = poll_cost(url, key, figures["accepted_ids"][0], cost)
         figures["rows"] = _count(database_url, data_dir / "broker.db", figures.pop("accepted_ids"))
         figures.pop("idempotency_keys")
         return figures
@@ -241,23 +285,32 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of polling")
     parser.add_argument("--submitters", type=int, default=100)
     parser.add_argument("--pollers", type=int, default=50)
+    parser.add_argument("--wrk-runs", type=int, default=3, help="wrk runs on each route, alternated (0: none)")
+    parser.add_argument("--wrk-duration", type=float, default=10.0, help="seconds of each wrk run")
+    parser.add_argument("--paced-rate", type=float, default=50.0, help="status GETs a second in the paced phase")
+    parser.add_argument("--paced-duration", type=float, default=20.0, help="seconds of the paced phase (0: none)")
     parser.add_argument("--postgres-url", default=os.environ.get("CAHP_TEST_POSTGRES_URL", DEFAULT_POSTGRES))
     parser.add_argument("--output", default="load.json", help="file name under bench/results/")
     args = parser.parse_args(argv)
     databases = ["sqlite", "postgresql"] if args.database == "both" else [args.database]
     results: dict[str, Any] = {}
+    cost = PollCost(wrk_runs=args.wrk_runs, wrk_duration_s=args.wrk_duration, paced_rate=args.paced_rate,
+                    paced_duration_s=args.paced_duration)
+    load_before = round(os.getloadavg()[0], 2)
     for database in databases:
         print(f"load: {database}: {args.submitters} concurrent submissions, then {args.pollers} pollers for "
               f"{args.duration:.0f} s ...", file=sys.stderr)
         results[database] = run_one(database, postgres_url=args.postgres_url, submitters=args.submitters,
-                                    pollers=args.pollers, duration=args.duration)
+                                    pollers=args.pollers, duration=args.duration, cost=cost)
         _print(database, results[database])
     protocol = (f"cahp serve --workers 0 on 127.0.0.1 (embedded broker, no worker running: jobs stay queued); "
                 f"{args.submitters} concurrent POST /v1/jobs with distinct Idempotency-Keys, then {args.pollers} "
                 f"clients polling GET /v1/jobs/{{id}} back to back for {args.duration:.0f} s; one asyncio+httpx "
-                "client process on the same machine")
-    path = save(args.output, {"results": results}, command="python -m bench load " + " ".join(argv),
-                protocol=protocol)
+                "client process on the same machine; then, per database, wrk -t2 -c50 against GET /healthz and "
+                f"GET /v1/jobs/{{id}} alternated {args.wrk_runs} times ({args.wrk_duration:.0f} s each; medians), and "
+                f"{args.paced_rate:.0f} status GETs/s open loop for {args.paced_duration:.0f} s")
+    path = save(args.output, {"results": results, "load_average_at_start": load_before},
+                command="python -m bench load " + " ".join(argv), protocol=protocol)
     print(f"saved {path}", file=sys.stderr)
 
 
@@ -269,3 +322,12 @@ def _print(database: str, figures: dict[str, Any]) -> None:
               f"statuses={f['status_counts']}")
     rows = figures["rows"]
     print(f"{database:10s} rows        {rows}")
+    cost = figures.get("poll_cost", {})
+    if "saturation" in cost:
+        s = cost["saturation"]
+        print(f"{database:10s} wrk         status {s['status_per_s']}/s (p50 {s['status_p50_ms']} ms, p99 "
+              f"{s['status_p99_ms']} ms), healthz {s['healthz_per_s']}/s, ratio {s['ratio']}, errors {s['errors']}")
+    if "paced" in cost:
+        p = cost["paced"]
+        print(f"{database:10s} paced       {p['rate_per_s']}/s: p50 {p['p50_ms']} ms p99 {p['p99_ms']} ms max "
+              f"{p['max_ms']} ms non-2xx {p['non_2xx']} errors {p['transport_errors']} (load {p['load_average']})")

@@ -12,17 +12,36 @@ One module per topic; everything is re-exported here, so callers write ``reposit
 - :mod:`.keys` API keys; :mod:`.uploads` uploads;
 - :mod:`.jobs` jobs (insert, read, list, cancel, delete, broker marks);
 - :mod:`.leases` a running job and its worker (claim, renew, progress, end, take-over);
-- :mod:`.logs` log lines; :mod:`.artifacts` artifact rows.
+- :mod:`.logs` log lines; :mod:`.artifacts` artifact rows and their retention;
+- :mod:`.webhooks` webhook endpoints and secrets; :mod:`.events` the webhook outbox and deliveries.
 """
 
 from __future__ import annotations
 
-from app.core.repository.artifacts import ArtifactRecord, get_artifact, list_artifacts
+from app.core.repository.artifacts import (
+    ArtifactRecord,
+    expire_artifacts,
+    get_artifact,
+    jobs_with_artifacts_to_expire,
+    list_artifacts,
+)
+from app.core.repository.events import (
+    EVENT_TYPES,
+    DueDelivery,
+    claim_delivery,
+    due_deliveries,
+    job_deliveries,
+    record_attempt,
+    record_event,
+)
 from app.core.repository.jobs import (
     add_job,
+    delete_finished_job,
     delete_job,
     find_job_by_idempotency_key,
     get_job,
+    job_row,
+    job_row_async,
     list_jobs,
     mark_enqueued,
     mark_not_enqueued,
@@ -51,12 +70,25 @@ from app.core.repository.leases import (
 )
 from app.core.repository.logs import append_logs, next_log_line, read_logs
 from app.core.repository.uploads import add_upload, complete_upload, delete_upload, get_upload, stale_uploads
+from app.core.repository.webhooks import (
+    add_webhook,
+    delete_webhook,
+    get_webhook,
+    key_webhook_secret,
+    list_webhooks,
+    secrets_for,
+    set_key_webhook_secret,
+)
 
 __all__ = [
-    "ArtifactRecord", "LostJob", "ProgressAck", "add_api_key", "add_job", "add_upload", "append_logs",
-    "cancel_requested", "claim_job", "complete_upload", "delete_job", "delete_upload", "ensure_local_principal",
+    "add_api_key", "add_job", "add_upload", "add_webhook", "append_logs", "ArtifactRecord", "cancel_requested",
+    "claim_delivery", "claim_job", "complete_upload", "delete_finished_job", "delete_job", "delete_upload",
+    "delete_webhook", "due_deliveries", "DueDelivery", "ensure_local_principal", "EVENT_TYPES", "expire_artifacts",
     "find_job_by_idempotency_key", "finish_job", "get_api_key", "get_artifact", "get_job", "get_upload",
-    "job_control", "jobs_with_expired_leases", "list_api_keys", "list_artifacts", "list_jobs", "mark_enqueued",
-    "mark_not_enqueued", "next_log_line", "queued_jobs_to_send", "read_logs", "release_lost_job", "renew_lease",
-    "report_progress", "request_cancel", "revoke_api_key", "stale_uploads", "touch_api_key",
+    "get_webhook", "job_control", "job_deliveries", "job_row", "job_row_async", "jobs_with_artifacts_to_expire",
+    "jobs_with_expired_leases", "key_webhook_secret", "list_api_keys", "list_artifacts", "list_jobs",
+    "list_webhooks", "LostJob", "mark_enqueued", "mark_not_enqueued", "next_log_line", "ProgressAck",
+    "queued_jobs_to_send", "read_logs", "record_attempt", "record_event", "release_lost_job", "renew_lease",
+    "report_progress", "request_cancel", "revoke_api_key", "secrets_for", "set_key_webhook_secret", "stale_uploads",
+    "touch_api_key",
 ]

@@ -14,6 +14,7 @@ from app.core.db import utcnow
 from app.core.models import Artifact, Job, JobStatus
 from app.core.repository._rows import rowcount
 from app.core.repository.artifacts import ArtifactRecord
+from app.core.repository.events import FINAL_EVENT, STAGE_CHANGED, record_event
 from app.core.repository.jobs import get_job
 from app.core.repository.logs import append_logs
 from app.core.settings import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS
@@ -88,14 +89,19 @@ def report_progress(
     A worker that no longer holds the job writes nothing, log lines included.
     """
     values: dict[str, Any] = {"progress": min(1.0, max(0.0, progress)), "updated_at": utcnow()}
+    held_by = (Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
+    held = False
     if stage is not None:
-        values["stage"] = stage
-    written = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
-        .values(**values)
-    )
-    held = rowcount(written) == 1
+        # A stage change is its own conditional UPDATE, so that it is known (and reported to
+        # webhooks) exactly once, by the write that made it.
+        changed = session.execute(
+            update(Job).where(*held_by, or_(Job.stage.is_(None), Job.stage != stage)).values(**values, stage=stage)
+        )
+        held = rowcount(changed) == 1
+        if held:
+            record_event(session, job_id=job_id, event_type=STAGE_CHANGED)
+    if not held:
+        held = rowcount(session.execute(update(Job).where(*held_by).values(**values))) == 1
     if held and messages:
         append_logs(session, job_id=job_id, messages=messages)
     return ProgressAck(held=held, cancel_requested=cancel_requested(session, job_id=job_id))
@@ -149,6 +155,7 @@ def finish_job(
         return False
     if messages:
         append_logs(session, job_id=job_id, messages=messages)
+    record_event(session, job_id=job_id, event_type=FINAL_EVENT[status])
     session.add_all(
         Artifact(job_id=job_id, name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
                  storage_key=a.storage_key)
@@ -213,4 +220,6 @@ def release_lost_job(session: Session, *, job: LostJob, max_attempts: int) -> Jo
     if rowcount(released) != 1:
         return None
     append_logs(session, job_id=job.id, messages=[message])
+    if status.finished:
+        record_event(session, job_id=job.id, event_type=FINAL_EVENT[status])
     return status

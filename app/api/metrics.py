@@ -68,7 +68,7 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._sessions() as session:
-            counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).tuples().all())
+            counts = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
             oldest = session.scalar(select(func.min(Job.created_at)).where(Job.status == JobStatus.queued.value))
             pending = session.scalar(select(func.count()).select_from(WebhookDelivery)
                                      .where(WebhookDelivery.status == "pending"))

@@ -98,7 +98,7 @@ def list_artifacts(job_id: str, session: SessionDep, key: ApiKeyDep) -> Page[Art
     response_class=StreamingResponse,
     responses={200: {"content": _ARTIFACT_CONTENT, "description": "The artifact's bytes, with its own media type"},
                206: {"content": _ARTIFACT_CONTENT, "description": "The requested byte range (`Content-Range`)"},
-               **problem_responses(401, 404, 410, 416)},
+               **problem_responses(401, 404, 410, 416, 422)},
 )
 def download_artifact(
     job_id: str,
@@ -131,7 +131,7 @@ def download_artifact(
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                      "description": "Server-Sent Events: `status`, `stage`, `progress` (the job) and `log` (a line)"},
-               **problem_responses(401, 404)},
+               **problem_responses(401, 404, 422)},
 )
 def job_events(
     job_id: str,

@@ -100,7 +100,7 @@ def due_deliveries(session: Session, *, now: dt.datetime, limit: int = 50) -> li
         .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
         .limit(limit)
     )
-    return [DueDelivery(*row) for row in session.execute(query).tuples()]
+    return [DueDelivery(*row) for row in session.execute(query)]
 
 
 def claim_delivery(session: Session, *, delivery_id: int, now: dt.datetime, hold_s: float) -> bool:
@@ -143,7 +143,7 @@ def job_deliveries(session: Session, *, job_id: str) -> list[tuple[WebhookDelive
     rows = session.execute(
         select(WebhookDelivery, JobEvent).join(JobEvent, JobEvent.id == WebhookDelivery.event_id)
         .where(WebhookDelivery.job_id == job_id).order_by(WebhookDelivery.id)
-    ).tuples().all()
+    ).all()
     ids = [delivery.id for delivery, _ in rows]
     attempts: dict[int, list[WebhookAttempt]] = {i: [] for i in ids}
     if ids:

@@ -67,8 +67,12 @@ def set_key_webhook_secret(session: Session, *, key_id: str, secret: str) -> str
 def secrets_for(session: Session, *, endpoint_ids: Sequence[str], owner_ids: Sequence[str]
                 ) -> tuple[dict[str, str], dict[str, str]]:
     """Signing secrets of the given endpoints, and the webhook secrets of the given keys."""
-    endpoints = dict(session.execute(select(Webhook.id, Webhook.secret).where(Webhook.id.in_(endpoint_ids)))
-                     .tuples()) if endpoint_ids else {}
-    keys = {k: s for k, s in session.execute(select(ApiKey.id, ApiKey.webhook_secret)
-                                             .where(ApiKey.id.in_(owner_ids))).tuples() if s} if owner_ids else {}
+    endpoints: dict[str, str] = {}
+    keys: dict[str, str] = {}
+    if endpoint_ids:
+        rows = session.execute(select(Webhook.id, Webhook.secret).where(Webhook.id.in_(endpoint_ids))).all()
+        endpoints = dict(rows)
+    if owner_ids:
+        keys = {i: s for i, s in session.execute(select(ApiKey.id, ApiKey.webhook_secret)
+                                                 .where(ApiKey.id.in_(owner_ids))) if s}
     return endpoints, keys

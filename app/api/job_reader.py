@@ -8,31 +8,38 @@ and the threads then fight the event loop for the GIL. So the status route reads
   writer, and reading one row by its key is a few tens of microseconds from the page cache. The
   connection's busy timeout is 20 ms, not 30 s: should the file be busy anyway (WAL recovery after a
   crash), the read goes to the thread pool and the loop is held for at most that long.
-- **PostgreSQL** through an asyncio engine (psycopg's async mode): the query's round trip is
-  awaited, not waited for. One pool per event loop (connections belong to the loop that made them).
+- **PostgreSQL** through psycopg's async connections: the query's round trip is awaited, not
+  waited for. Autocommit, so a read is one round trip, not three (``BEGIN``, the query,
+  ``ROLLBACK``), and psycopg prepares the statement after a few runs. One small pool per event loop
+  (connections belong to the loop that made them).
 - Any other driver: the thread pool, as every other route.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any, Protocol
 
+import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Engine, Row, make_url
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 from starlette.concurrency import run_in_threadpool
 
 from app.core import repository
 from app.core.db import make_engine
+from app.core.errors import UnavailableError
 
 #: Longest a SQLite read may hold the event loop before it is handed to the thread pool.
 SQLITE_LOOP_TIMEOUT_S = 0.02
 
 
 class JobReader(Protocol):
-    async def job_row(self, *, job_id: str, owner_id: str) -> Row[Any] | None: ...
+    """``job_row`` answers the job's columns as attributes (a row), or None for no such job of the key."""
+
+    async def job_row(self, *, job_id: str, owner_id: str) -> Any: ...
 
     async def close(self) -> None: ...
 
@@ -73,32 +80,103 @@ class SqliteReader:
         self._engine.dispose()
 
 
-class PostgresReader:
-    """The read awaited on an asyncio engine (psycopg), one engine per event loop."""
+class _Pool:
+    """A few psycopg async connections of one event loop, made on demand, reused last-in first-out."""
 
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._engines: dict[asyncio.AbstractEventLoop, AsyncEngine] = {}
+    def __init__(self, conninfo: str, size: int) -> None:
+        self._conninfo, self._size = conninfo, size
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._made = 0
+        self._freed = asyncio.Condition()
 
-    def _engine(self) -> AsyncEngine:
-        loop = asyncio.get_running_loop()
-        engine = self._engines.get(loop)
-        if engine is None:
-            engine = self._engines[loop] = create_async_engine(self._url, pool_pre_ping=True, pool_size=5,
-                                                               max_overflow=5)
-        return engine
+    async def get(self) -> psycopg.AsyncConnection[Any]:
+        async with self._freed:
+            while not self._idle and self._made >= self._size:
+                await self._freed.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._made += 1
+        try:
+            connection = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True,
+                                                               row_factory=namedtuple_row)
+            await connection.execute("SET TIME ZONE 'UTC'")
+            return connection
+        except BaseException:
+            await self.discard(None)
+            raise
 
-    async def job_row(self, *, job_id: str, owner_id: str) -> Row[Any] | None:
-        async with self._engine().connect() as connection:
-            return await repository.job_row_async(connection, job_id=job_id, owner_id=owner_id)
+    async def put(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        async with self._freed:
+            self._idle.append(connection)
+            self._freed.notify()
+
+    async def discard(self, connection: psycopg.AsyncConnection[Any] | None) -> None:
+        if connection is not None:
+            await connection.close()
+        async with self._freed:
+            self._made -= 1
+            self._freed.notify()
 
     async def close(self) -> None:
-        engine = self._engines.pop(asyncio.get_running_loop(), None)
-        if engine is not None:
-            await engine.dispose()
-        for other in self._engines.values():  # pools of loops that have ended: drop without awaiting
-            await other.dispose(close=False)
-        self._engines.clear()
+        for connection in self._idle:
+            await connection.close()
+        self._idle.clear()
+
+
+class PostgresReader:
+    """The read awaited on psycopg's async connections, one small pool per event loop.
+
+    psycopg directly, not SQLAlchemy's asyncio layer: measured on this read, that layer (greenlets and
+    adapters around every call) cost 470 us of CPU against psycopg's 74 us. The statement is still
+    the repository's (:func:`app.core.repository.job_row_sql`), compiled once.
+    """
+
+    POOL_SIZE = 5
+
+    def __init__(self, url: str) -> None:
+        from sqlalchemy.dialects.postgresql.psycopg import dialect
+
+        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._sql = repository.job_row_sql(dialect())
+        self._pools: dict[asyncio.AbstractEventLoop, _Pool] = {}
+
+    def _pool(self) -> _Pool:
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None:
+            pool = self._pools[loop] = _Pool(self._conninfo, self.POOL_SIZE)
+        return pool
+
+    async def job_row(self, *, job_id: str, owner_id: str) -> Any:
+        pool = self._pool()
+        for attempt in (1, 2):
+            connection = await pool.get()
+            try:
+                cursor = await connection.execute(self._sql, {"job_id": job_id, "owner_id": owner_id})
+                row = await cursor.fetchone()
+            except psycopg.OperationalError as exc:
+                # A connection the server dropped (restart, idle timeout): the second try gets a new one.
+                await pool.discard(connection)
+                if attempt == 2:
+                    raise UnavailableError(f"the job database cannot be reached: {exc}") from exc
+                continue
+            except BaseException:
+                await pool.discard(connection)  # cancelled mid-query, say: its state is unknown
+                raise
+            await pool.put(connection)
+            return None if row is None else _utc(row)
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
+        self._pools.clear()  # pools of loops that have ended hold connections of no use
+
+
+def _utc(row: Any) -> Any:
+    """The row with its times in UTC, as SQLAlchemy's ``UTCDateTime`` gives them everywhere else."""
+    return row._replace(**{k: v.astimezone(dt.UTC) for k, v in row._asdict().items() if isinstance(v, dt.datetime)})
 
 
 def job_reader(url: str, engine: Engine) -> JobReader:

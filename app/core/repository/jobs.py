@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Row, and_, bindparam, delete, exists, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
@@ -61,9 +61,10 @@ def job_row(connection: Connection | Session, *, job_id: str, owner_id: str) -> 
     return connection.execute(_JOB_ROW, {"job_id": job_id, "owner_id": owner_id}).first()
 
 
-async def job_row_async(connection: AsyncConnection, *, job_id: str, owner_id: str) -> Row[Any] | None:
-    """:func:`job_row` over an asyncio connection (PostgreSQL's status poll, read in the event loop)."""
-    return (await connection.execute(_JOB_ROW, {"job_id": job_id, "owner_id": owner_id})).first()
+def job_row_sql(dialect: Dialect) -> str:
+    """:func:`job_row`'s statement as SQL text for ``dialect``, with ``job_id`` and ``owner_id``
+    parameters: for a driver used directly (the PostgreSQL status poll, :mod:`app.api.job_reader`)."""
+    return str(_JOB_ROW.compile(dialect=dialect))
 
 
 def find_job_by_idempotency_key(session: Session, *, owner_id: str, key: str) -> Job | None:

@@ -61,6 +61,9 @@ class WrkRun:
     non_2xx: int
     socket_errors: int
     load_average: float
+    #: CPU time the server (and the database server, for PostgreSQL) spent per request: unlike
+    #: throughput, hardly moved by other work on the machine.
+    cpu_us_per_request: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -80,15 +83,51 @@ def parse_wrk(output: str, *, path: str, load_average: float) -> WrkRun:
                   load_average=load_average)
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU time of the processes ``pids`` so far (those that have exited count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_pids(database_url: str) -> list[int]:
+    """The PostgreSQL backends of the connections named by the URL's ``application_name``."""
+    from sqlalchemy import create_engine, make_url, text
+
+    url = make_url(database_url)
+    name = url.query.get("application_name")
+    admin = create_engine(url.difference_update_query(["options", "application_name"]))
+    try:
+        with admin.connect() as connection:
+            rows = connection.execute(text("SELECT pid FROM pg_stat_activity WHERE application_name = :name"),
+                                      {"name": name}).scalars()
+            return [int(pid) for pid in rows]
+    finally:
+        admin.dispose()
+
+
 def run_wrk(url: str, path: str, *, key: str | None, threads: int = 2, connections: int = 50,
-            duration_s: float = 10.0) -> WrkRun:
-    """``wrk -t2 -c50 -d10s --latency`` against ``url + path`` (with the API key as a Bearer header)."""
+            duration_s: float = 10.0, cpu_of: list[int] | None = None) -> WrkRun:
+    """``wrk -t2 -c50 -d10s --latency`` against ``url + path`` (with the API key as a Bearer header).
+
+    ``cpu_of``: processes whose CPU time per request to report (the server's, the database's).
+    """
     args = [ensure_wrk(), f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration_s))}s", "--latency",
             "--timeout", "10s"]
     if key:
         args += ["-H", f"Authorization: Bearer {key}"]
+    before = cpu_seconds(cpu_of or [])
     out = subprocess.run([*args, url + path], capture_output=True, text=True, timeout=duration_s + 60, check=True)
-    return parse_wrk(out.stdout, path=path, load_average=round(os.getloadavg()[0], 2))
+    run = parse_wrk(out.stdout, path=path, load_average=round(os.getloadavg()[0], 2))
+    if cpu_of and run.requests:
+        spent = cpu_seconds(cpu_of) - before
+        run = WrkRun(**{**run.__dict__, "cpu_us_per_request": round(spent / run.requests * 1e6, 1)})
+    return run
 
 
 def paced(url: str, path: str, *, key: str | None, rate: float, duration_s: float) -> dict[str, Any]:

@@ -81,46 +81,46 @@ class SqliteReader:
 
 
 class _Pool:
-    """A few psycopg async connections of one event loop, made on demand, reused last-in first-out."""
+    """A few psycopg async connections of one event loop, made on demand, reused last-in first-out.
+
+    The queue holds idle connections on top of ``size`` placeholders (None): taking a placeholder
+    means "make a connection"; a closed connection gives its placeholder back. No lock: a request
+    waits on the queue only when all ``size`` connections are busy.
+    """
 
     def __init__(self, conninfo: str, size: int) -> None:
-        self._conninfo, self._size = conninfo, size
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self._made = 0
-        self._freed = asyncio.Condition()
+        self._conninfo = conninfo
+        self._queue: asyncio.LifoQueue[psycopg.AsyncConnection[Any] | None] = asyncio.LifoQueue()
+        for _ in range(size):
+            self._queue.put_nowait(None)
 
     async def get(self) -> psycopg.AsyncConnection[Any]:
-        async with self._freed:
-            while not self._idle and self._made >= self._size:
-                await self._freed.wait()
-            if self._idle:
-                return self._idle.pop()
-            self._made += 1
+        connection = await self._queue.get()
+        if connection is not None:
+            return connection
         try:
             connection = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True,
                                                                row_factory=namedtuple_row)
             await connection.execute("SET TIME ZONE 'UTC'")
-            return connection
         except BaseException:
-            await self.discard(None)
+            self._queue.put_nowait(None)
             raise
+        return connection
 
-    async def put(self, connection: psycopg.AsyncConnection[Any]) -> None:
-        async with self._freed:
-            self._idle.append(connection)
-            self._freed.notify()
+    def put(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self._queue.put_nowait(connection)
 
-    async def discard(self, connection: psycopg.AsyncConnection[Any] | None) -> None:
-        if connection is not None:
+    async def discard(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        try:
             await connection.close()
-        async with self._freed:
-            self._made -= 1
-            self._freed.notify()
+        finally:
+            self._queue.put_nowait(None)
 
     async def close(self) -> None:
-        for connection in self._idle:
-            await connection.close()
-        self._idle.clear()
+        while not self._queue.empty():
+            connection = self._queue.get_nowait()
+            if connection is not None:
+                await connection.close()
 
 
 class PostgresReader:
@@ -163,7 +163,7 @@ class PostgresReader:
             except BaseException:
                 await pool.discard(connection)  # cancelled mid-query, say: its state is unknown
                 raise
-            await pool.put(connection)
+            pool.put(connection)
             return None if row is None else _utc(row)
         raise AssertionError("unreachable")
 

@@ -138,10 +138,3 @@ def authenticate(*, session: Session, key: str) -> ApiKey:
     if last is None or (now - last).total_seconds() >= LAST_USED_EVERY_S:
         repository.touch_api_key(session, key_id=row.id, now=now, every_s=LAST_USED_EVERY_S)
     return row
-
-
-def local_principal(*, session: Session) -> ApiKey:
-    """The owner of everything on a ``--no-auth`` server."""
-    row = repository.ensure_local_principal(session)
-    session.commit()
-    return row

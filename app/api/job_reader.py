@@ -10,8 +10,8 @@ and the threads then fight the event loop for the GIL. So the status route reads
   crash), the read goes to the thread pool and the loop is held for at most that long.
 - **PostgreSQL** through psycopg's async connections: the query's round trip is awaited, not
   waited for. Autocommit, so a read is one round trip, not three (``BEGIN``, the query,
-  ``ROLLBACK``), and psycopg prepares the statement after a few runs. One small pool per event loop
-  (connections belong to the loop that made them).
+  ``ROLLBACK``), on a cursor kept per connection and a statement prepared on the server. One small
+  pool per event loop (connections belong to the loop that made them).
 - Any other driver: the thread pool, as every other route.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import weakref
 from typing import Any, Protocol
 
 import psycopg
@@ -139,6 +140,8 @@ class PostgresReader:
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._sql = repository.job_row_sql(dialect())
         self._pools: dict[asyncio.AbstractEventLoop, _Pool] = {}
+        self._cursors: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]] = (
+            weakref.WeakKeyDictionary())
 
     def _pool(self) -> _Pool:
         loop = asyncio.get_running_loop()
@@ -152,7 +155,10 @@ class PostgresReader:
         for attempt in (1, 2):
             connection = await pool.get()
             try:
-                cursor = await connection.execute(self._sql, {"job_id": job_id, "owner_id": owner_id})
+                cursor = self._cursors.get(connection)
+                if cursor is None:
+                    cursor = self._cursors[connection] = connection.cursor()
+                await cursor.execute(self._sql, {"job_id": job_id, "owner_id": owner_id}, prepare=True)
                 row = await cursor.fetchone()
             except psycopg.OperationalError as exc:
                 # A connection the server dropped (restart, idle timeout): the second try gets a new one.

@@ -12,7 +12,7 @@ from app.api.services import webhooks
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 
 
-@router.post("", status_code=201, responses=problem_responses(401, 422))
+@router.post("", status_code=201, responses=problem_responses(400, 401, 422))
 def create_webhook(body: WebhookCreate, session: SessionDep, settings: SettingsDep, key: ApiKeyDep) -> WebhookCreated:
     """Register an endpoint for this key's job events; ``secret`` is in this answer only."""
     return webhooks.create_webhook(session=session, settings=settings, owner_id=key.id, body=body)

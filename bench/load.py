@@ -9,8 +9,17 @@ back to back for ``--duration`` seconds. Every request's latency and status is k
 job rows and broker messages are counted: every accepted submission must have exactly one row and
 one message, and no row may exist that no answer reported.
 
+Then the cost of one status poll (:mod:`bench.httpload`): ``wrk -t2 -c50 -d10s`` against
+``GET /v1/jobs/{id}`` and against ``GET /healthz``, alternated ``--wrk-runs`` times in the same server
+after a 3 s warm-up of each. The ratio of the medians says what a status poll costs next to the
+cheapest route; the CPU time per request (the server's, plus its PostgreSQL backends' for that
+database) says it too and moves less with the machine's other work. Then ``--paced-rate`` status
+GETs a second for ``--paced-duration`` seconds, open loop, for the latency a polling CI fleet sees.
+The load average is recorded with each run: the machine is shared.
+
 Run: ``python -m bench load [--database sqlite|postgresql|both] [--duration 60] [--submitters 100]
-[--pollers 50] [--postgres-url URL]``
+[--pollers 50] [--wrk-runs 3] [--wrk-duration 10] [--paced-rate 50] [--paced-duration 20]
+[--postgres-url URL]``
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +46,7 @@ import numpy as np
 from sqlalchemy import create_engine, make_url, text
 
 from bench.common import save
+from bench.httpload import paced, postgres_pids, run_wrk
 
 DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -97,7 +107,10 @@ def _postgres_schema(url: str) -> Iterator[str]:
     with admin.begin() as connection:
         connection.execute(text(f'CREATE SCHEMA "{schema}"'))
     try:
-        yield make_url(url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+        # application_name marks the server's own connections, so that their backends' CPU can be told
+        # from that of other work on the same PostgreSQL (bench.httpload.postgres_pids).
+        yield make_url(url).update_query_dict({"options": f"-csearch_path={schema}",
+                                               "application_name": schema}).render_as_string(
             hide_password=False)
     finally:
         with admin.begin() as connection:
@@ -106,7 +119,7 @@ def _postgres_schema(url: str) -> Iterator[str]:
 
 
 @contextmanager
-def _server(env: dict[str, str], log: Path) -> Iterator[str]:
+def _server(env: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
     port = _free_port()
     with open(log, "wb") as handle:
         process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "0",
@@ -124,7 +137,7 @@ def _server(env: dict[str, str], log: Path) -> Iterator[str]:
             if time.monotonic() > deadline or process.poll() is not None:
                 raise RuntimeError(f"cahp serve did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
-        yield url
+        yield url, process.pid
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -201,7 +214,53 @@ def _count(database_url: str, broker_db: Path, accepted: list[str]) -> dict[str,
     }
 
 
-def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, duration: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PollCost:
+    """How the cost of one status poll is measured (see the module docstring)."""
+
+    wrk_runs: int = 3
+    wrk_duration_s: float = 10.0
+    paced_rate: float = 50.0
+    paced_duration_s: float = 20.0
+
+
+def poll_cost(url: str, key: str, job_id: str, cost: PollCost, *, pid: int,
+              backends: Callable[[], list[int]]) -> dict[str, Any]:
+    """wrk on the status route and on /healthz, alternated; then the paced status GETs.
+
+    CPU per request counts the server process ``pid`` and the database backends serving it.
+    """
+    status_path = f"/v1/jobs/{job_id}"
+    runs: dict[str, list[dict[str, Any]]] = {"status": [], "healthz": []}
+    if cost.wrk_runs:
+        # Warm-up, not recorded: the pools fill, statements get prepared, caches warm up.
+        run_wrk(url, "/healthz", key=None, duration_s=min(3.0, cost.wrk_duration_s))
+        run_wrk(url, status_path, key=key, duration_s=min(3.0, cost.wrk_duration_s))
+    for _ in range(cost.wrk_runs):
+        runs["healthz"].append(run_wrk(url, "/healthz", key=None, duration_s=cost.wrk_duration_s,
+                                       cpu_of=[pid, *backends()]).as_dict())
+        runs["status"].append(run_wrk(url, status_path, key=key, duration_s=cost.wrk_duration_s,
+                                      cpu_of=[pid, *backends()]).as_dict())
+    figures: dict[str, Any] = {"wrk_runs": runs}
+    if cost.wrk_runs:
+        median = {name: float(np.median([r["per_s"] for r in found])) for name, found in runs.items()}
+        figures["saturation"] = {
+            "status_per_s": round(median["status"], 1),
+            "healthz_per_s": round(median["healthz"], 1),
+            "ratio": round(median["status"] / median["healthz"], 3),
+            "status_p50_ms": float(np.median([r["p50_ms"] for r in runs["status"]])),
+            "status_p99_ms": float(np.median([r["p99_ms"] for r in runs["status"]])),
+            "errors": sum(r["non_2xx"] + r["socket_errors"] for found in runs.values() for r in found),
+            "status_cpu_us": float(np.median([r["cpu_us_per_request"] for r in runs["status"]])),
+            "healthz_cpu_us": float(np.median([r["cpu_us_per_request"] for r in runs["healthz"]])),
+        }
+    if cost.paced_duration_s > 0:
+        figures["paced"] = paced(url, status_path, key=key, rate=cost.paced_rate, duration_s=cost.paced_duration_s)
+    return figures
+
+
+def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, duration: float,
+            cost: PollCost | None = None) -> dict[str, Any]:
     from app.core.db import make_engine, make_session_factory, upgrade_database
     from app.core.keys import create_api_key
 
@@ -223,8 +282,11 @@ def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, 
                "CAHP_ALLOWED_LOCAL_ROOTS": str(inputs), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         body = {"model": {"uri": model_uri}, "dataset": {"uri": data_uri},
                 "params": {"epochs": 0, "dense_finetune": "never", "max_length": 32, "batch_size": 16}}
-        with _server(env, root / "serve.log") as url:
+        with _server(env, root / "serve.log") as (url, pid):
             figures = asyncio.run(_load(url, key, body, submitters=submitters, pollers=pollers, duration=duration))
+            if cost is not None and figures["accepted_ids"]:
+                backends = (lambda: postgres_pids(database_url)) if database == "postgresql" else (lambda: [])
+                figures["poll_cost"] = poll_cost(url, key, figures["accepted_ids"][0], cost, pid=pid, backends=backends)
         figures["rows"] = _count(database_url, data_dir / "broker.db", figures.pop("accepted_ids"))
         figures.pop("idempotency_keys")
         return figures
@@ -241,23 +303,32 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of polling")
     parser.add_argument("--submitters", type=int, default=100)
     parser.add_argument("--pollers", type=int, default=50)
+    parser.add_argument("--wrk-runs", type=int, default=3, help="wrk runs on each route, alternated (0: none)")
+    parser.add_argument("--wrk-duration", type=float, default=10.0, help="seconds of each wrk run")
+    parser.add_argument("--paced-rate", type=float, default=50.0, help="status GETs a second in the paced phase")
+    parser.add_argument("--paced-duration", type=float, default=20.0, help="seconds of the paced phase (0: none)")
     parser.add_argument("--postgres-url", default=os.environ.get("CAHP_TEST_POSTGRES_URL", DEFAULT_POSTGRES))
     parser.add_argument("--output", default="load.json", help="file name under bench/results/")
     args = parser.parse_args(argv)
     databases = ["sqlite", "postgresql"] if args.database == "both" else [args.database]
     results: dict[str, Any] = {}
+    cost = PollCost(wrk_runs=args.wrk_runs, wrk_duration_s=args.wrk_duration, paced_rate=args.paced_rate,
+                    paced_duration_s=args.paced_duration)
+    load_before = round(os.getloadavg()[0], 2)
     for database in databases:
         print(f"load: {database}: {args.submitters} concurrent submissions, then {args.pollers} pollers for "
               f"{args.duration:.0f} s ...", file=sys.stderr)
         results[database] = run_one(database, postgres_url=args.postgres_url, submitters=args.submitters,
-                                    pollers=args.pollers, duration=args.duration)
+                                    pollers=args.pollers, duration=args.duration, cost=cost)
         _print(database, results[database])
     protocol = (f"cahp serve --workers 0 on 127.0.0.1 (embedded broker, no worker running: jobs stay queued); "
                 f"{args.submitters} concurrent POST /v1/jobs with distinct Idempotency-Keys, then {args.pollers} "
                 f"clients polling GET /v1/jobs/{{id}} back to back for {args.duration:.0f} s; one asyncio+httpx "
-                "client process on the same machine")
-    path = save(args.output, {"results": results}, command="python -m bench load " + " ".join(argv),
-                protocol=protocol)
+                "client process on the same machine; then, per database, wrk -t2 -c50 against GET /healthz and "
+                f"GET /v1/jobs/{{id}} alternated {args.wrk_runs} times ({args.wrk_duration:.0f} s each; medians), and "
+                f"{args.paced_rate:.0f} status GETs/s open loop for {args.paced_duration:.0f} s")
+    path = save(args.output, {"results": results, "load_average_at_start": load_before},
+                command="python -m bench load " + " ".join(argv), protocol=protocol)
     print(f"saved {path}", file=sys.stderr)
 
 
@@ -269,3 +340,13 @@ def _print(database: str, figures: dict[str, Any]) -> None:
               f"statuses={f['status_counts']}")
     rows = figures["rows"]
     print(f"{database:10s} rows        {rows}")
+    cost = figures.get("poll_cost", {})
+    if "saturation" in cost:
+        s = cost["saturation"]
+        print(f"{database:10s} wrk         status {s['status_per_s']}/s (p50 {s['status_p50_ms']} ms, p99 "
+              f"{s['status_p99_ms']} ms), healthz {s['healthz_per_s']}/s, ratio {s['ratio']}, errors {s['errors']}; "
+              f"CPU per request: status {s['status_cpu_us']} us, healthz {s['healthz_cpu_us']} us")
+    if "paced" in cost:
+        p = cost["paced"]
+        print(f"{database:10s} paced       {p['rate_per_s']}/s: p50 {p['p50_ms']} ms p99 {p['p99_ms']} ms max "
+              f"{p['max_ms']} ms non-2xx {p['non_2xx']} errors {p['transport_errors']} (load {p['load_average']})")

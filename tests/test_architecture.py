@@ -107,11 +107,12 @@ def test_importing_every_module_of_a_floor_loads_nothing_from_above(floor: str) 
 
 
 def test_a_client_command_loads_neither_the_engine_nor_the_server_libraries() -> None:
-    # `cahp status` against a port nothing listens on: it fails (exit 5) after building the whole parser.
+    # `cahp status` against a port nothing listens on: it fails (exit 5) after building the whole parser,
+    # without retrying (--timeout 0).
     code = (
         "import json, sys\n"
         "from app.cli import main\n"
-        "code = main(['status', 'job', '--url', 'http://127.0.0.1:9'])\n"
+        "code = main(['status', 'job', '--url', 'http://127.0.0.1:9', '--timeout', '0'])\n"
         "print(json.dumps([code, sorted(sys.modules)]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

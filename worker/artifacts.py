@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.core.repository import ArtifactRecord
 from app.core.storage import ARTIFACT_MEDIA_TYPES as MEDIA_TYPES
-from app.core.storage import ArtifactStore
+from app.core.storage import ArtifactStore, job_prefix
 
 MODEL_ARCHIVE = "model.tar.gz"
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def store_artifacts(
     records: list[ArtifactRecord] = []
     try:
         for name, path in files:
-            key = f"jobs/{job_id}/{attempt}/{name}"
+            key = f"{job_prefix(job_id)}/{attempt}/{name}"
             kind = media_type(name)
             store.put_file(key, path, media_type=kind)
             records.append(ArtifactRecord(name=name, size=path.stat().st_size, sha256=sha256_of(path),

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import repository
 from app.core.db import transaction
+from app.core.metrics import STAGE_DURATION
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class JobReporter:
         self.redact = redact
         self._deadline = clock() + time_limit_s
         self._stage: str | None = None
+        self._stage_started: float | None = None
         self._fraction = 0.0
         self._last_write = float("-inf")
         self._last_check = float("-inf")
@@ -64,6 +66,9 @@ class JobReporter:
     def progress(self, stage: str, fraction: float) -> None:
         now = self._clock()
         changed = stage != self._stage
+        if changed:
+            self.end_stage(now)
+            self._stage_started = now
         self._stage, self._fraction = stage, fraction
         if changed or now - self._last_write >= self._progress_interval:
             self._write(now)
@@ -101,6 +106,13 @@ class JobReporter:
         else:
             self._write(self._clock())
         return self.stop_reason != "lost"
+
+    def end_stage(self, now: float | None = None) -> None:
+        """Count the time spent in the current stage (``cahp_job_stage_duration_seconds``)."""
+        if self._stage is not None and self._stage_started is not None:
+            elapsed = (self._clock() if now is None else now) - self._stage_started
+            STAGE_DURATION.labels(self._stage).observe(max(0.0, elapsed))
+        self._stage_started = None
 
     def drain(self) -> list[str]:
         """Take the buffered log lines, to be written with the job's end (:func:`repository.finish_job`)."""

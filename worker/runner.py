@@ -25,6 +25,7 @@ from app.core.archives import storage_error
 from app.core.db import transaction
 from app.core.errors import ServiceError
 from app.core.inputs import InputFetcher, refuse_custom_code
+from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, QUEUE_WAIT
 from app.core.models import JobStatus
 from app.core.params import dataset_options, run_config
 from app.core.repository import ArtifactRecord
@@ -105,6 +106,8 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         claimed = _Claimed(job_id=job.id, owner_id=job.owner_id, attempt=job.attempts,
                            model={"uri": job.model_uri, "revision": job.model_revision},
                            dataset=dict(job.dataset), params=dict(job.params))
+        if job.started_at is not None:
+            QUEUE_WAIT.observe(max(0.0, (job.started_at - job.created_at).total_seconds()))
     lease = LeaseKeeper(context.sessions, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
                         interval_s=settings.heartbeat_interval_s).start()
     workdir = settings.resolved_work_dir / f"{job_id}.{claimed.attempt}"
@@ -238,11 +241,16 @@ def _finish(
     result: dict[str, Any] | None = None,
     artifacts: list[ArtifactRecord] | None = None,
 ) -> Outcome:
+    reporter.end_stage()
     with transaction(context.sessions) as session:
         recorded = repository.finish_job(
             session, job_id=claimed.job_id, worker_id=context.worker_id, status=status, error_code=code,
             error_message=message, result=result, artifacts=artifacts or (), messages=reporter.drain(),
         )
+    if recorded:
+        JOBS_FINISHED.labels(status.value).inc()
+        if status is JobStatus.failed:
+            JOB_FAILURES.labels(code or "unknown").inc()
     if not recorded:
         # Another worker took the job over (this one's lease expired): what this attempt stored is
         # referenced by no row, so it is removed rather than left to look like a result.

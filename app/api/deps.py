@@ -1,4 +1,11 @@
-"""FastAPI dependencies, as ``Annotated`` aliases the routes declare their parameters with."""
+"""FastAPI dependencies, as ``Annotated`` aliases the routes declare their parameters with.
+
+Cheap on purpose: FastAPI runs a plain ``def`` dependency in the thread pool, and every turn there
+costs a thread hand-off that under load costs more than the query it wraps. So the dependencies that
+do no I/O are ``async def``, and the API key check answers from the key cache
+(:class:`app.core.keys.KeyCache`) without leaving the event loop, going to the database (in the
+thread pool) only on a miss.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +14,23 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
+from app.api.job_reader import JobReader
 from app.api.producer import JobQueue
 from app.core import keys
+from app.core.db import transaction
 from app.core.errors import AuthenticationError
-from app.core.models import ApiKey
+from app.core.keys import KeyCache, Principal
+from app.core.security import LOCAL_PRINCIPAL_ID
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `cahp keys create --name NAME`")
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
@@ -29,38 +40,52 @@ def _session(request: Request) -> Iterator[Session]:
         yield session
 
 
-def _store(request: Request) -> ArtifactStore:
+async def _store(request: Request) -> ArtifactStore:
     store: ArtifactStore = request.app.state.store
     return store
 
 
-def _queue(request: Request) -> JobQueue:
+async def _queue(request: Request) -> JobQueue:
     queue: JobQueue = request.app.state.queue
     return queue
 
 
+async def _job_reader(request: Request) -> JobReader:
+    reader: JobReader = request.app.state.job_reader
+    return reader
+
+
 SettingsDep = Annotated[Settings, Depends(_settings)]
 SessionDep = Annotated[Session, Depends(_session)]
+#: Reads a job for a status poll without a thread-pool turn (app.api.job_reader).
+JobReaderDep = Annotated[JobReader, Depends(_job_reader)]
 StoreDep = Annotated[ArtifactStore, Depends(_store)]
 QueueDep = Annotated[JobQueue, Depends(_queue)]
 
 
-def _api_key(
-    settings: SettingsDep,
-    session: SessionDep,
+async def _api_key(
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> ApiKey:
+) -> Principal:
+    settings: Settings = request.app.state.settings
     if credentials is not None:
-        key = keys.authenticate(session=session, key=credentials.credentials)
-        # End the read transaction so its pooled connection goes back now. FastAPI runs this
-        # dependency and the route in separate threadpool turns; a connection held across the gap
-        # lets 40 waiting requests (the threadpool) starve the 15 the pool has, and every request
-        # then waits for the pool timeout. An upload would also hold it while its body arrives.
-        session.commit()
-        return key
+        cache: KeyCache = request.app.state.key_cache
+        found = cache.get(credentials.credentials)
+        if found is None:
+            found = await run_in_threadpool(_check_key, request.app.state.sessions, credentials.credentials)
+            cache.put(credentials.credentials, found)
+        return found
     if settings.no_auth:
-        return keys.local_principal(session=session)
+        return Principal(id=LOCAL_PRINCIPAL_ID, name="local (no-auth)")  # its row is made at start-up
     raise AuthenticationError("send an API key as `Authorization: Bearer <key>`")
 
 
-ApiKeyDep = Annotated[ApiKey, Depends(_api_key)]
+def _check_key(sessions: sessionmaker[Session], key: str) -> Principal:
+    # A session of its own, committed at once: no connection is held while the route runs (or while
+    # an upload's body arrives), so waiting requests cannot starve the pool.
+    with transaction(sessions) as session:
+        row = keys.authenticate(session=session, key=key)
+        return Principal(id=row.id, name=row.name)
+
+
+ApiKeyDep = Annotated[Principal, Depends(_api_key)]

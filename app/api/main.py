@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,11 +11,16 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.console.routes import router as console_router
 from app.api.docs_page import router as docs_router
+from app.api.dispatcher import WebhookDispatcher
+from app.api.job_reader import job_reader
+from app.api.metrics import MetricsMiddleware, database_registry
+from app.api.metrics import router as metrics_router
 from app.api.problems import install_problem_handlers
 from app.api.producer import JobQueue
-from app.api.routes import health, jobs, uploads
+from app.api.routes import health, jobs, uploads, webhooks
 from app.api.sweeper import Sweeper
 from app.core.db import make_engine, make_session_factory, transaction
+from app.core.keys import KeyCache
 from app.core.repository import ensure_local_principal
 from app.core.settings import Settings, get_settings
 from app.core.storage import open_store
@@ -37,9 +43,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.sweep_interval_s > 0:
             sweeper = Sweeper(sessions=sessions, queue=app.state.queue, store=app.state.store,
                               settings=settings).start()
+        # Sends webhook deliveries from the outbox; see app.api.dispatcher.
+        dispatcher = None
+        if settings.webhook_interval_s > 0:
+            dispatcher = WebhookDispatcher(sessions=sessions, settings=settings).start()
         yield
+        app.state.draining.set()
+        if dispatcher is not None:
+            await run_in_threadpool(dispatcher.stop)
         if sweeper is not None:
             await run_in_threadpool(sweeper.stop)
+        await app.state.job_reader.close()
         app.state.queue.close()
         engine.dispose()
 
@@ -59,12 +73,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.sessions = sessions
+    app.state.job_reader = job_reader(settings.resolved_database_url, engine)
+    app.state.key_cache = KeyCache(settings.key_cache_s)
+    # Set when the server begins to shut down: open event streams end, and their clients reconnect.
+    app.state.draining = threading.Event()
     app.state.store = open_store(settings)
     app.state.queue = JobQueue(settings)
+    app.state.metrics_registry = database_registry(sessions)
     install_problem_handlers(app)
+    app.add_middleware(MetricsMiddleware)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(uploads.router)
+    app.include_router(webhooks.router)
+    app.include_router(metrics_router)
     app.include_router(console_router)
     app.include_router(docs_router)
     return app

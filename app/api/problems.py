@@ -20,10 +20,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.core.errors import (
     AuthenticationError,
     ConflictError,
+    GoneError,
     InsufficientStorageError,
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
+    RangeNotSatisfiableError,
     ServiceError,
     UnavailableError,
 )
@@ -33,8 +35,9 @@ logger = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
 _HTTP_CODES = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 413: "payload_too_large",
-               415: "unsupported_media_type", 422: "invalid_request", 429: "too_many_requests"}
+               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict", 410: "gone",
+               413: "payload_too_large", 415: "unsupported_media_type", 416: "range_not_satisfiable",
+               422: "invalid_request", 429: "too_many_requests"}
 
 
 #: HTTP status of each domain error class; a subclass takes its nearest listed ancestor's.
@@ -42,7 +45,9 @@ STATUS_OF: dict[type[ServiceError], int] = {
     AuthenticationError: 401,
     NotFoundError: 404,
     ConflictError: 409,
+    GoneError: 410,
     PayloadTooLargeError: 413,
+    RangeNotSatisfiableError: 416,
     InvalidRequestError: 422,
     UnavailableError: 503,
     InsufficientStorageError: 507,
@@ -70,6 +75,8 @@ def _service_error(_request: Request, exc: Exception) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer realm="cahp"'}
     elif isinstance(exc, UnavailableError):
         headers = {"Retry-After": "5"}
+    elif isinstance(exc, RangeNotSatisfiableError):
+        headers = {"Content-Range": f"bytes */{exc.size}", "Accept-Ranges": "bytes"}
     return problem(status=status_of(exc), code=exc.code, title=exc.title, detail=str(exc), headers=headers)
 
 

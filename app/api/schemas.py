@@ -11,8 +11,9 @@ import dataclasses
 import datetime as dt
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args, get_origin, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from app.core.labels import MAX_LABELS, check_labels
 from app.core.models import JobStatus
 from app.core.params import SERVICE_ONLY_PARAMS
 from cahp_engine.config import PruningConfig
@@ -117,6 +118,22 @@ class JobCreate(_Input):
     model: ModelSpec
     dataset: DatasetSpec
     params: JobParams = Field(default_factory=JobParams)
+    labels: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_LABELS,
+        description=f"Your metadata, e.g. commit, branch, model name: at most {MAX_LABELS} labels; keys 1-63 "
+        "letters, digits, `._/-`; values up to 255 characters. Filter the list with `?label=key:value`.",
+        examples=[{"git/commit": "4f2c9e1", "branch": "main"}],
+    )
+    notify_url: str | None = Field(
+        default=None, max_length=2048,
+        description="Also deliver this job's events here (Standard Webhooks, signed with the secret from "
+        "GET /v1/webhooks/default/secret)",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_labels(value)
 
 
 class JobError(BaseModel):
@@ -146,6 +163,8 @@ class JobLinks(BaseModel):
     logs: str
     artifacts: str
     cancel: str
+    events: str
+    deliveries: str
 
 
 class JobPublic(BaseModel):
@@ -162,6 +181,9 @@ class JobPublic(BaseModel):
     finished_at: dt.datetime | None
     error: JobError | None
     result: JobResult | None
+    labels: dict[str, str]
+    notify_url: str | None
+    artifacts_expired: bool = Field(description="The retention sweep removed the artifacts (routes answer 410)")
     links: JobLinks
 
 
@@ -187,6 +209,47 @@ class ArtifactPublic(BaseModel):
     sha256: str
     media_type: str
     url: str
+
+
+class WebhookCreate(_Input):
+    url: str = Field(min_length=1, max_length=2048, description="An http(s) URL that accepts POSTs")
+    events: list[Literal["job.succeeded", "job.failed", "job.cancelled", "job.stage_changed"]] = Field(
+        default_factory=list, max_length=4, description="Event types to deliver; empty means all")
+
+
+class WebhookPublic(BaseModel):
+    id: str
+    url: str
+    events: list[str]
+    created_at: dt.datetime
+
+
+class WebhookCreated(WebhookPublic):
+    secret: str = Field(description="Standard Webhooks signing secret (`whsec_...`); shown only in this answer")
+
+
+class WebhookSecret(BaseModel):
+    secret: str = Field(description="Signs deliveries to jobs' own `notify_url` (`whsec_...`)")
+
+
+class DeliveryAttempt(BaseModel):
+    time: dt.datetime
+    status_code: int | None = Field(description="The receiver's HTTP status; null when it could not be reached")
+    error: str | None
+    duration_ms: float
+
+
+class DeliveryPublic(BaseModel):
+    id: int
+    webhook_id: str = Field(description="The `webhook-id` header: the same on every attempt")
+    event: str
+    url: str
+    endpoint_id: str | None = Field(description="The registered endpoint; null for the job's notify_url")
+    status: Literal["pending", "delivered", "failed"]
+    created_at: dt.datetime
+    next_attempt_at: dt.datetime | None
+    delivered_at: dt.datetime | None
+    attempts: list[DeliveryAttempt]
 
 
 class UploadPublic(BaseModel):

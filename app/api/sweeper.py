@@ -12,6 +12,10 @@ Each sweep, at start-up and then every ``CAHP_SWEEP_INTERVAL_S``:
    without persistence, a queue was purged) is sent again (:mod:`app.api.broker_probe`).
 3. **Abandoned uploads.** An upload whose API process died before it was complete is removed,
    object and row, and partial files in the spool directory are deleted.
+4. **Retention.** With ``CAHP_ARTIFACT_TTL_DAYS`` set, the stored artifacts of jobs that finished
+   longer ago are deleted and the job is marked ``artifacts_expired`` (its artifact routes answer
+   410). Objects first, then the mark: a sweep that dies between the two is finished by the next.
+   Only finished jobs are touched; a running job has no ``finished_at``.
 
 Every step is a conditional update, so several API replicas may sweep at once; at worst a job is
 sent twice, and the second message is ignored by the worker.
@@ -30,10 +34,11 @@ from app.api.producer import JobQueue
 from app.core import repository
 from app.core.db import transaction, utcnow
 from app.core.errors import UnavailableError
+from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, LEASE_TAKEOVERS
 from app.core.models import JobStatus
 from app.core.periodic import Periodic
 from app.core.settings import Settings
-from app.core.storage import ArtifactStore
+from app.core.storage import ArtifactStore, job_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +53,17 @@ class SweepReport:
     sent: tuple[str, ...] = ()
     uploads_removed: tuple[str, ...] = ()
     spool_files_removed: int = 0
+    artifacts_expired: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return any((self.requeued, self.failed, self.cancelled, self.sent, self.uploads_removed,
-                    self.spool_files_removed))
+                    self.spool_files_removed, self.artifacts_expired))
 
 
 def sweep_once(
     *, sessions: sessionmaker[Session], queue: JobQueue, store: ArtifactStore, settings: Settings
 ) -> SweepReport:
-    """Run the three steps once; see the module docstring."""
+    """Run the four steps once; see the module docstring."""
     outcome: dict[JobStatus, list[str]] = {JobStatus.queued: [], JobStatus.failed: [], JobStatus.cancelled: []}
     with transaction(sessions) as session:
         lost = repository.jobs_with_expired_leases(session)
@@ -68,12 +74,39 @@ def sweep_once(
             logger.warning("job %s: worker %s lost during attempt %d; job is now %s", job.id, job.worker_id,
                            job.attempts, status.value)
             outcome[status].append(job.id)
+            LEASE_TAKEOVERS.labels({JobStatus.queued: "requeued"}.get(status, status.value)).inc()
+            if status.finished:
+                JOBS_FINISHED.labels(status.value).inc()
+            if status is JobStatus.failed:
+                JOB_FAILURES.labels("worker_lost").inc()
     sent = _send_queued(sessions=sessions, queue=queue, settings=settings)
     uploads = _remove_stale_uploads(sessions=sessions, store=store, settings=settings)
     spool = _clean_spool(settings)
+    expired = _expire_artifacts(sessions=sessions, store=store, settings=settings)
     return SweepReport(requeued=tuple(outcome[JobStatus.queued]), failed=tuple(outcome[JobStatus.failed]),
                        cancelled=tuple(outcome[JobStatus.cancelled]), sent=tuple(sent),
-                       uploads_removed=tuple(uploads), spool_files_removed=spool)
+                       uploads_removed=tuple(uploads), spool_files_removed=spool, artifacts_expired=tuple(expired))
+
+
+def _expire_artifacts(*, sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> list[str]:
+    if settings.artifact_ttl_days is None:
+        return []
+    cutoff = utcnow() - dt.timedelta(days=settings.artifact_ttl_days)
+    with transaction(sessions) as session:
+        old = repository.jobs_with_artifacts_to_expire(session, finished_before=cutoff)
+    expired = []
+    for job_id in old:
+        try:
+            store.delete_prefix(job_prefix(job_id))
+        except Exception as exc:
+            logger.warning("sweeper: cannot delete the artifacts of job %s: %s", job_id, exc)
+            continue
+        with transaction(sessions) as session:
+            if repository.expire_artifacts(session, job_id=job_id):
+                expired.append(job_id)
+    if expired:
+        logger.info("sweeper: deleted the artifacts of %d job(s) past CAHP_ARTIFACT_TTL_DAYS", len(expired))
+    return expired
 
 
 def _send_queued(*, sessions: sessionmaker[Session], queue: JobQueue, settings: Settings) -> list[str]:

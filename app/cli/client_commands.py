@@ -1,8 +1,12 @@
-"""Client commands: ``upload``, ``submit``, ``status``, ``wait``, ``download``.
+"""Client commands: ``upload``, ``submit``, ``status``, ``wait``, ``download``, ``jobs``, ``delete``.
 
 They talk to a running service over HTTP (``CAHP_URL``, ``CAHP_API_KEY``) through
 :mod:`app.client`, and import nothing else of the service and nothing of the engine: a CI loop
 calls ``cahp status`` often, and it must start in a fraction of a second.
+
+Every command retries connection errors and 429/502/503/504 answers (honouring ``Retry-After``) for
+up to ``--timeout`` seconds (30 by default); ``wait`` waits for the job as long as ``--timeout``
+says (by default until it ends) and rides out server outages of up to five minutes each.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,8 @@ from app.cli.output import print_json
 from cahp_engine.dataset_options import DATASET_OPTION_FIELDS
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+#: How long a client command keeps trying an unreachable or busy server (``--timeout``).
+DEFAULT_TIMEOUT_S = 30.0
 
 
 def register(sub: Any) -> None:
@@ -29,12 +36,17 @@ def register(sub: Any) -> None:
                         help="server URL (default: CAHP_URL, else %(default)s)")
     client.add_argument("--api-key", default=os.environ.get("CAHP_API_KEY"), help="default: CAHP_API_KEY")
 
-    upload = sub.add_parser("upload", parents=[client], help="upload a file or directory; prints its upload:// URI")
+    timed = argparse.ArgumentParser(add_help=False)
+    timed.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                       help="keep trying an unreachable or busy server this many seconds (default %(default)s)")
+
+    upload = sub.add_parser("upload", parents=[client, timed],
+                            help="upload a file or directory; prints its upload:// URI")
     upload.add_argument("path")
     upload.add_argument("--json", action="store_true")
     upload.set_defaults(func=cmd_upload)
 
-    submit = sub.add_parser("submit", parents=[client], help="submit a job; prints its id")
+    submit = sub.add_parser("submit", parents=[client, timed], help="submit a job; prints its id")
     submit.add_argument("--model", required=True, help="URI, or a local directory/archive to upload")
     submit.add_argument("--revision")
     submit.add_argument("--dataset", required=True, help="URI, or a local directory/archive/file to upload")
@@ -43,11 +55,17 @@ def register(sub: Any) -> None:
     submit.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a pruning setting, e.g. --param epochs=1 (repeatable; values are JSON)")
     submit.add_argument("--params-file", help="a JSON object of pruning settings")
-    submit.add_argument("--idempotency-key", help="repeat-safe submission: the same key returns the same job")
+    submit.add_argument("--idempotency-key",
+                        help="repeat-safe submission: the same key returns the same job (default: a new random "
+                        "key, so retries within this command never make two jobs; pass e.g. $CI_PIPELINE_ID to "
+                        "make re-runs of the step safe too)")
+    submit.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                        help="a label, e.g. --label git/commit=$CI_COMMIT_SHA (repeatable)")
+    submit.add_argument("--notify-url", help="also POST this job's events here (Standard Webhooks, signed)")
     submit.add_argument("--json", action="store_true", help="print the whole job as JSON")
     submit.set_defaults(func=cmd_submit)
 
-    status = sub.add_parser("status", parents=[client], help="print a job's status")
+    status = sub.add_parser("status", parents=[client, timed], help="print a job's status")
     status.add_argument("job")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
@@ -57,21 +75,49 @@ def register(sub: Any) -> None:
     wait.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 4)")
     wait.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     wait.add_argument("--quiet", action="store_true", help="do not print status changes")
+    wait.add_argument("--follow", action="store_true",
+                      help="print the job's log as it is written (from its event stream) while waiting")
     wait.add_argument("--json", action="store_true", help="print the final job as JSON")
     wait.set_defaults(func=cmd_wait)
 
-    download = sub.add_parser("download", parents=[client], help="download a job's artifacts, checking sha256")
+    download = sub.add_parser("download", parents=[client, timed],
+                              help="download a job's artifacts, resuming broken transfers, checking sha256")
     download.add_argument("job")
     download.add_argument("name", nargs="?", help="one artifact (default: all)")
     download.add_argument("-o", "--output", default=".", help="directory to write into")
     download.set_defaults(func=cmd_download)
 
+    jobs = sub.add_parser("jobs", parents=[client, timed], help="list jobs, newest first")
+    jobs.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="only jobs with this label")
+    jobs.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
+    jobs.add_argument("--limit", type=int, default=20)
+    jobs.add_argument("--json", action="store_true")
+    jobs.set_defaults(func=cmd_jobs)
+
+    delete = sub.add_parser("delete", parents=[client, timed],
+                            help="delete a finished job with its log and artifacts")
+    delete.add_argument("job")
+    delete.set_defaults(func=cmd_delete)
 
 
-def _client(args: argparse.Namespace) -> Any:
+
+def _client(args: argparse.Namespace, *, timeout: float | None = None) -> Any:
     from app.client import ApiClient
 
-    return ApiClient(args.url, args.api_key)
+    def say(message: str) -> None:
+        print(f"cahp: {message}", file=sys.stderr)
+
+    return ApiClient(args.url, args.api_key, timeout=getattr(args, "timeout", timeout), on_retry=say)
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    found = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
+        found[key] = value
+    return found
 
 
 def _reference(value: str, client: Any) -> str:
@@ -102,6 +148,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not sep:
             return fail(f"--param takes NAME=VALUE, got {item!r}")
         params[name.strip()] = _param_value(value)
+    try:
+        labels = _pairs(args.label, "--label")
+    except ValueError as exc:
+        return fail(str(exc))
     with _client(args) as client:
         dataset: dict[str, Any] = {"uri": _reference(args.dataset, client)}
         if args.eval_dataset:
@@ -109,9 +159,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for name in DATASET_OPTION_FIELDS:
             if getattr(args, name) is not None:
                 dataset[name] = getattr(args, name)
-        body = {"model": {"uri": _reference(args.model, client), "revision": args.revision},
-                "dataset": dataset, "params": params}
-        job = client.submit(body, idempotency_key=args.idempotency_key)
+        body: dict[str, Any] = {"model": {"uri": _reference(args.model, client), "revision": args.revision},
+                                "dataset": dataset, "params": params}
+        if labels:
+            body["labels"] = labels
+        if args.notify_url:
+            body["notify_url"] = args.notify_url
+        job = client.submit(body, idempotency_key=args.idempotency_key or f"cahp-{uuid.uuid4().hex}")
     if args.json:
         print_json(job)
     else:
@@ -147,9 +201,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
             last[:] = [line]
 
-    with _client(args) as client:
+    def log(line: dict[str, Any]) -> None:
+        # The log is the output of `wait --follow`; with --json it goes to stderr, keeping stdout JSON.
+        print(line["message"], file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    with _client(args, timeout=None) as client:
         try:
-            job = client.wait(args.job, timeout=args.timeout, interval=args.interval, on_update=show)
+            if args.follow:
+                job = client.follow(args.job, timeout=args.timeout, on_job=show, on_log=log)
+            else:
+                job = client.wait(args.job, timeout=args.timeout, interval=args.interval, on_update=show)
         except TimeoutError as exc:
             return fail(str(exc), ExitCode.TIMEOUT)
     if args.json:
@@ -183,4 +244,26 @@ def cmd_upload(args: argparse.Namespace) -> int:
         print(upload["uri"])
     return 0
 
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    try:
+        labels = _pairs(args.label, "--label")
+    except ValueError as exc:
+        return fail(str(exc))
+    with _client(args) as client:
+        found = client.jobs(labels=labels, status=args.status, limit=args.limit)
+    if args.json:
+        print_json(found)
+    else:
+        for job in found:
+            tags = " ".join(f"{k}={v}" for k, v in sorted(job.get("labels", {}).items()))
+            print(f"{_describe(job)}{'  ' + tags if tags else ''}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete(args.job)
+    print(f"cahp: job {args.job} deleted", file=sys.stderr)
+    return 0
 

@@ -38,6 +38,8 @@ def register(sub: Any) -> None:
     worker.add_argument("--concurrency", type=int, default=1, help="jobs at once; keep 1 per GPU")
     worker.add_argument("--name", help="Celery node name, e.g. gpu0@%%h (default: a random cahp-XXXXXX@host)")
     worker.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    worker.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics on this port (default: CAHP_WORKER_METRICS_PORT, else none)")
     worker.set_defaults(func=cmd_worker)
 
     db = sub.add_parser("db", help="database administration")
@@ -85,6 +87,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(no_auth="true" if args.no_auth else None)
     if settings.no_auth and not is_loopback(args.host):
         return fail(f"--no-auth is accepted only on a loopback address (127.0.0.1, ::1), not {args.host!r}")
+    from app.core.metrics_dir import use_directory
+
+    # Before anything imports prometheus_client: this server and the workers it starts share it.
+    use_directory(settings.data_dir / "metrics" / f"serve-{args.port}")
     import uvicorn
 
     from app.api.main import create_app
@@ -107,8 +113,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     children = [_start_worker(settings) for _ in range(workers)]
     if children:
         _pid_file(settings).write_text("".join(f"{child.pid}\n" for child in children))
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            app.state.draining.set()  # open event streams end now; their clients reconnect elsewhere
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=10)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+        Server(config).run()
     finally:
         for child in children:
             _stop(child)
@@ -186,7 +199,13 @@ def _stop(child: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     import uuid
 
-    settings = _settings(device=args.device, queue=args.queue)
+    settings = _settings(device=args.device, queue=args.queue,
+                         worker_metrics_port=None if args.metrics_port is None else str(args.metrics_port))
+    if settings.worker_metrics_port is not None:
+        from app.core.metrics_dir import use_directory
+
+        # Before prometheus_client is imported: the Celery pool processes write here, the server reads.
+        use_directory(settings.resolved_work_dir / "metrics" / f"worker-{os.getpid()}")
     from app.core.errors import OutboundUrlRefusedError
     from app.core.storage import open_store
     from worker.celery_app import make_celery
@@ -199,6 +218,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from worker.lifecycle import follow_parent_from_environment
 
     follow_parent_from_environment()  # started by `cahp serve`: exit with it
+    if settings.worker_metrics_port is not None:
+        from app.core.metrics import serve as serve_metrics
+
+        serve_metrics(settings.worker_metrics_port)
+        print(f"cahp: worker metrics on port {settings.worker_metrics_port} (/metrics)", file=sys.stderr)
     celery = make_celery(settings, with_tasks=True)
     argv = ["worker", f"--pool={args.pool}", f"--concurrency={args.concurrency}", f"--queues={settings.queue}",
             f"--loglevel={args.log_level.upper()}", f"--hostname={args.name or f'cahp-{uuid.uuid4().hex[:6]}@%h'}",

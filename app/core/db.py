@@ -57,14 +57,14 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S, **kwargs: Any) -> Engine:
     """Create an engine; for SQLite, make the directory and set WAL, a busy timeout and foreign keys."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **kwargs)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+    connect_args = {"timeout": busy_timeout_s, "check_same_thread": False}
     engine = create_engine(url, connect_args=connect_args, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -72,7 +72,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        cursor.execute(f"PRAGMA busy_timeout={round(busy_timeout_s * 1000)}")
         cursor.close()
 
     return engine

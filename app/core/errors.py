@@ -10,7 +10,10 @@ records the ``code`` on a failed job.
     ├── AuthenticationError       401 a missing, malformed or unknown API key
     ├── NotFoundError             404 no such job, upload or artifact *for this key*
     ├── ConflictError             409 the request contradicts the resource's state
-    │   └── JobFinishedError      409 cancelling a job that already succeeded or failed
+    │   ├── JobFinishedError      409 cancelling a job that already succeeded or failed
+    │   └── JobNotFinishedError   409 deleting a job that is still queued or running
+    ├── GoneError                 410 the resource existed and was removed on purpose
+    │   └── ArtifactsExpiredError 410 the retention sweep removed the job's artifacts
     ├── PayloadTooLargeError      413 an upload over ``CAHP_MAX_UPLOAD_BYTES``
     ├── InvalidRequestError       422 input the caller must change
     │   ├── InvalidReferenceError 422 a model or dataset URI that cannot be used
@@ -18,6 +21,7 @@ records the ``code`` on a failed job.
     │   ├── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
     │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
     │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
+    ├── RangeNotSatisfiableError  416 a ``Range`` that starts past the end of the artifact
     ├── UnavailableError          503 the database or the broker cannot be reached
     └── InsufficientStorageError  507 the server's disk filled up while storing or unpacking
 
@@ -55,6 +59,32 @@ class ConflictError(ServiceError):
 class JobFinishedError(ConflictError):
     code = "job_finished"
     title = "Job already finished"
+
+
+class JobNotFinishedError(ConflictError):
+    code = "job_not_finished"
+    title = "Job not finished"
+
+
+class GoneError(ServiceError):
+    code = "gone"
+    title = "Gone"
+
+
+class ArtifactsExpiredError(GoneError):
+    code = "artifacts_expired"
+    title = "Artifacts expired"
+
+
+class RangeNotSatisfiableError(ServiceError):
+    """A byte range outside the object; ``size`` goes into the answer's ``Content-Range: bytes */size``."""
+
+    code = "range_not_satisfiable"
+    title = "Range not satisfiable"
+
+    def __init__(self, message: str, *, size: int) -> None:
+        super().__init__(message)
+        self.size = size
 
 
 class PayloadTooLargeError(ServiceError):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -77,6 +80,51 @@ def create_api_key(*, session: Session, name: str) -> str:
     return new.key
 
 
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts for: the id of the key it presented (or of the ``--no-auth`` principal)."""
+
+    id: str
+    name: str
+
+
+class KeyCache:
+    """Keys checked in the last ``ttl_s`` seconds, so a busy poller costs no key lookup per request.
+
+    Entries are keyed by the key's sha256 and live ``ttl_s`` (at most 1 s, :class:`Settings`), so a
+    key revoked in the database is refused within that time by every API process. Only successful
+    checks are kept; a wrong key always goes to the database.
+    """
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, ttl_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._entries: dict[str, tuple[float, Principal]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Principal | None:
+        if self.ttl_s <= 0:
+            return None
+        digest = hash_key(key)
+        entry = self._entries.get(digest)
+        if entry is None:
+            return None
+        if self._clock() >= entry[0]:
+            self._entries.pop(digest, None)
+            return None
+        return entry[1]
+
+    def put(self, key: str, principal: Principal) -> None:
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self.MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[hash_key(key)] = (self._clock() + self.ttl_s, principal)
+
+
 def authenticate(*, session: Session, key: str) -> ApiKey:
     """The live key row that ``key`` matches; AuthenticationError otherwise."""
     key_id = key_id_of(key)
@@ -89,11 +137,4 @@ def authenticate(*, session: Session, key: str) -> ApiKey:
     last = row.last_used_at
     if last is None or (now - last).total_seconds() >= LAST_USED_EVERY_S:
         repository.touch_api_key(session, key_id=row.id, now=now, every_s=LAST_USED_EVERY_S)
-    return row
-
-
-def local_principal(*, session: Session) -> ApiKey:
-    """The owner of everything on a ``--no-auth`` server."""
-    row = repository.ensure_local_principal(session)
-    session.commit()
     return row

@@ -53,6 +53,9 @@ class ApiKey(Base):
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
     # Refreshed at most once a minute per key (see app.core.keys), so reads stay reads.
     last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Standard Webhooks secret (``whsec_...``) that signs deliveries to jobs' own ``notify_url``;
+    # made on first use (GET /v1/webhooks/default/secret, or a submit with a notify_url).
+    webhook_secret: Mapped[str | None] = mapped_column(String(100), default=None)
 
 
 class Upload(Base):
@@ -116,6 +119,14 @@ class Job(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # The caller's metadata (commit, branch, model name...): also in ``job_labels``, which the
+    # list filters on; this copy is what a read returns.
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    # Where this job's events are also delivered (Standard Webhooks, signed with the key's
+    # ``webhook_secret``).
+    notify_url: Mapped[str | None] = mapped_column(Text, default=None)
+    # Set when the retention sweep (CAHP_ARTIFACT_TTL_DAYS) removed the artifacts; routes answer 410.
+    artifacts_expired: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class JobLog(Base):
@@ -142,3 +153,83 @@ class Artifact(Base):
     media_type: Mapped[str] = mapped_column(String(100))
     storage_key: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class JobLabel(Base):
+    """One label of a job, as a row, so that ``?label=key:value`` is an indexed lookup everywhere."""
+
+    __tablename__ = "job_labels"
+    __table_args__ = (Index("ix_job_labels_key_value", "key", "value"),)
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
+
+
+class Webhook(Base):
+    """An endpoint that receives the events of every job of one API key."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    # Kept as is (not hashed): every delivery is signed with it. Shown to the caller once.
+    secret: Mapped[str] = mapped_column(String(100))
+    # Event types delivered; empty means all of them.
+    events: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class JobEvent(Base):
+    """The outbox: an event, written in the transaction of the state change it reports.
+
+    ``payload`` is the exact body every delivery sends, and ``webhook_id`` the ``webhook-id``
+    header, so that retries are byte-identical and receivers can deduplicate.
+    """
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    webhook_id: Mapped[str] = mapped_column(String(40), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    type: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One event on its way to one URL: ``pending`` until a 2xx (``delivered``) or its period ends (``failed``)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status_known"),
+        # Serves the dispatcher's "what is due" query.
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_id: Mapped[int] = mapped_column(ForeignKey("job_events.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    # The registered endpoint, or None for the job's own notify_url.
+    endpoint_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    url: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Retried until created_at + CAHP_WEBHOOK_RETRY_PERIOD_S (the dispatcher's policy), then ``failed``.
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+
+class WebhookAttempt(Base):
+    """One try at a delivery: when, the receiver's status code or the transport error, and how long."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True)
+    attempted_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    status_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    duration_ms: Mapped[float] = mapped_column(Float, default=0.0)

@@ -1,4 +1,4 @@
-"""The guard on every URL the service itself connects to: the S3 endpoint and the model hub.
+"""The guard on every URL the service itself connects to: the S3 endpoint, the model hub and webhook receivers.
 
 A server that fetches from a configurable address can be turned against its own network (SSRF):
 the cloud metadata service at 169.254.169.254 hands out credentials, and services bound to
@@ -124,3 +124,22 @@ def check_hub_endpoint(*, allowed_hosts: Sequence[str], hub: Any = None) -> None
     if hub.HF_HUB_OFFLINE:
         return  # no request is made
     check_outbound_url(hub.ENDPOINT, allowed_hosts=allowed_hosts, what="the Hugging Face endpoint (HF_ENDPOINT)")
+
+
+def check_webhook_url(url: str, *, allowed_hosts: Sequence[str], what: str, resolve: Resolver = _resolve) -> None:
+    """A webhook target: ``http`` or ``https``, a host, no credentials, and :func:`check_outbound_url`.
+
+    Checked when the URL is given and again before each delivery (a name may resolve elsewhere later).
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise OutboundUrlRefusedError(f"{what} {url[:200]!r} is not a valid URL: {exc}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise OutboundUrlRefusedError(f"{what} must be an http:// or https:// URL with a host, got {url[:200]!r}")
+    if parts.username is not None or parts.password is not None:
+        raise OutboundUrlRefusedError(f"{what} must not carry credentials; authenticate deliveries by their signature")
+    if port == 0:
+        raise OutboundUrlRefusedError(f"{what} {url[:200]!r} names port 0")
+    check_outbound_url(url, allowed_hosts=allowed_hosts, what=what, resolve=resolve)

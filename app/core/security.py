@@ -7,6 +7,7 @@ not something a person chose; the comparison is constant-time.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -45,3 +46,8 @@ def key_id_of(key: str) -> str | None:
 
 def key_matches(key: str, stored_hash: str) -> bool:
     return hmac.compare_digest(hash_key(key), stored_hash)
+
+
+def generate_webhook_secret() -> str:
+    """A Standard Webhooks signing secret: ``whsec_`` and 32 random bytes in base64."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()

@@ -96,9 +96,29 @@ class Settings(BaseSettings):
         that ``s3://`` references may read, ``,``-separated in the environment. Empty (the default)
         disables ``s3://`` inputs. The artifact store's own bucket and prefix are always refused.
     allowed_outbound_hosts : tuple of str
-        Host names, addresses or networks (CIDR) that outbound requests (S3 endpoint, hub) may reach
-        even though they are loopback, link-local or cloud-metadata addresses, which are refused
-        otherwise (``,``-separated in the environment).
+        Host names, addresses or networks (CIDR) that outbound requests (S3 endpoint, hub, webhook
+        receivers) may reach even though they are loopback, link-local or cloud-metadata addresses,
+        which are refused otherwise (``,``-separated in the environment).
+    artifact_ttl_days : float or None
+        Artifacts of jobs that finished longer ago than this are deleted by the sweeper and the job
+        is marked ``artifacts_expired``; None (the default) keeps them until the job is deleted.
+    key_cache_s : float
+        How long the API trusts a key it has checked without asking the database again (at most 1 s,
+        so a revoked key is refused within a second; 0 turns the cache off).
+    events_poll_s : float
+        How often an open event stream (``GET /v1/jobs/{id}/events``) reads the job and new log lines.
+    webhook_interval_s : float
+        How often the API's dispatcher looks for webhook deliveries that are due; 0 turns it off in
+        this process (another API process must then run one).
+    webhook_timeout_s : float
+        How long one delivery waits for the receiver to answer.
+    webhook_retry_initial_s, webhook_retry_max_s : float
+        Back-off between attempts of a delivery: doubling from the first, capped by the second.
+    webhook_retry_period_s : float
+        A delivery is retried for this long after its event (default 24 h), then ends ``failed``.
+    worker_metrics_port : int or None
+        Port on which ``cahp worker`` serves its Prometheus metrics (all its pool processes); None
+        serves none (workers started by ``cahp serve`` report through the API's ``/metrics``).
     """
 
     model_config = SettingsConfigDict(env_prefix="CAHP_", extra="ignore", frozen=True)
@@ -131,6 +151,15 @@ class Settings(BaseSettings):
     upload_stale_s: float = Field(default=3600.0, gt=0)
     allowed_outbound_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     allowed_s3_prefixes: Annotated[tuple[str, ...], NoDecode] = ()
+    artifact_ttl_days: float | None = Field(default=None, gt=0)
+    key_cache_s: float = Field(default=1.0, ge=0, le=1.0)
+    events_poll_s: float = Field(default=0.5, gt=0, le=60)
+    webhook_interval_s: float = Field(default=1.0, ge=0)
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    webhook_retry_initial_s: float = Field(default=5.0, gt=0)
+    webhook_retry_max_s: float = Field(default=3600.0, gt=0)
+    webhook_retry_period_s: float = Field(default=24 * 3600.0, gt=0)
+    worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     @field_validator("allowed_local_roots", mode="before")
     @classmethod

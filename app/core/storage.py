@@ -30,8 +30,11 @@ class ArtifactStore(Protocol):
     def put_file(self, key: str, path: Path, *, media_type: str) -> None:
         """Store the file at ``path`` under ``key``, replacing any object there, all at once."""
 
-    def iter_bytes(self, key: str) -> Iterator[bytes]:
-        """Open the object now (NotFoundError if there is none) and stream its bytes."""
+    def iter_bytes(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """Open the object now (NotFoundError if there is none) and stream its bytes ``start..end``.
+
+        ``end`` is inclusive, as in an HTTP ``Range``; None means to the end of the object.
+        """
 
     def download(self, key: str, dest: Path) -> None:
         """Copy the object into the file ``dest``."""
@@ -39,6 +42,14 @@ class ArtifactStore(Protocol):
     def exists(self, key: str) -> bool: ...
 
     def delete(self, key: str) -> None: ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object whose key starts with ``prefix/``; returns how many there were."""
+
+
+def job_prefix(job_id: str) -> str:
+    """Where every attempt of a job stores its artifacts: ``jobs/<id>/<attempt>/<name>``."""
+    return f"jobs/{job_id}"
 
 
 def _check_key(key: str) -> str:
@@ -67,12 +78,13 @@ class LocalStore:
         finally:
             partial.unlink(missing_ok=True)
 
-    def iter_bytes(self, key: str) -> Iterator[bytes]:
+    def iter_bytes(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         try:
             handle = open(self._path(key), "rb")
         except FileNotFoundError as exc:
             raise NotFoundError(f"stored object {key!r} is missing") from exc
-        return _chunks(handle)
+        handle.seek(start)
+        return _chunks(handle, None if end is None else end + 1 - start)
 
     def download(self, key: str, dest: Path) -> None:
         try:
@@ -85,6 +97,14 @@ class LocalStore:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def delete_prefix(self, prefix: str) -> int:
+        root = self._path(prefix.strip("/"))
+        if not root.is_dir():
+            return 0
+        count = sum(1 for path in root.rglob("*") if path.is_file())
+        shutil.rmtree(root, ignore_errors=True)
+        return count
 
 
 class S3Store:
@@ -102,11 +122,12 @@ class S3Store:
     def put_file(self, key: str, path: Path, *, media_type: str) -> None:
         self.client.upload_file(str(path), self.bucket, self._key(key), ExtraArgs={"ContentType": media_type})
 
-    def iter_bytes(self, key: str) -> Iterator[bytes]:
+    def iter_bytes(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         from botocore.exceptions import ClientError
 
+        extra = {} if start == 0 and end is None else {"Range": f"bytes={start}-{'' if end is None else end}"}
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
         except ClientError as exc:
             if _missing(exc):
                 raise NotFoundError(f"stored object {key!r} is missing") from exc
@@ -130,11 +151,27 @@ class S3Store:
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    def delete_prefix(self, prefix: str) -> int:
+        full = self._key(prefix.strip("/")) + "/"
+        count = 0
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+                count += len(keys)
+        return count
 
-def _chunks(handle: Any) -> Iterator[bytes]:
-    """Read an open file-like object to the end in chunks, closing it afterwards."""
+
+def _chunks(handle: Any, length: int | None = None) -> Iterator[bytes]:
+    """Read an open file-like object in chunks, to the end or ``length`` bytes, closing it afterwards."""
     try:
-        while chunk := handle.read(CHUNK_SIZE):
+        left = length
+        while left is None or left > 0:
+            chunk = handle.read(CHUNK_SIZE if left is None else min(CHUNK_SIZE, left))
+            if not chunk:
+                break
+            if left is not None:
+                left -= len(chunk)
             yield chunk
     finally:
         handle.close()

@@ -38,7 +38,8 @@ def test_db_upgrade_and_keys_create_print_only_the_key(data_dir: Path, capsys: p
 
 def test_client_commands_report_an_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    assert main(["status", "abc", "--url", url]) == ExitCode.UNAVAILABLE
+    # --timeout 0: one try, no retries (tests/reliability/test_client_retries.py covers the retrying).
+    assert main(["status", "abc", "--url", url, "--timeout", "0"]) == ExitCode.UNAVAILABLE
     assert "cannot reach" in capsys.readouterr().err
     assert main(["submit", "--model", "hf://a/b", "--dataset", "hf://datasets/c", "--param", "nonsense",
                  "--url", url]) == ExitCode.USAGE
@@ -49,4 +50,5 @@ def test_client_commands_report_an_unreachable_server(capsys: pytest.CaptureFixt
 def test_every_command_is_registered() -> None:
     parser = build_parser()
     commands = next(a for a in parser._subparsers._group_actions).choices  # type: ignore[union-attr]
-    assert {"serve", "worker", "db", "keys", "upload", "submit", "status", "wait", "download", "prune"} <= set(commands)
+    assert {"serve", "worker", "db", "keys", "upload", "submit", "status", "wait", "download", "jobs",
+            "delete", "prune"} <= set(commands)

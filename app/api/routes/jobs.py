@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import ApiKeyDep, QueueDep, SessionDep, SettingsDep, StoreDep
+from app.api.deps import ApiKeyDep, JobReaderDep, QueueDep, SessionDep, SettingsDep, StoreDep
 from app.api.routes.problem_docs import problem_responses
-from app.api.schemas import ArtifactPublic, JobCreate, JobPublic, LogPage, Page
-from app.api.services import jobs
+from app.api.schemas import ArtifactPublic, DeliveryPublic, JobCreate, JobPublic, LogPage, Page
+from app.api.services import events, jobs, webhooks
 from app.core.models import JobStatus
 from app.core.storage import ARTIFACT_MEDIA_TYPES
 
@@ -48,15 +48,24 @@ def list_jobs(
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 20,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
+    label: Annotated[list[str], Query(max_length=320, description="`key:value`; repeat to require several")] = [],  # noqa: B006
 ) -> Page[JobPublic]:
-    """This key's jobs, newest first; follow ``next_cursor`` for more."""
-    return jobs.list_jobs(session=session, owner_id=key.id, limit=limit, status=status, cursor=cursor)
+    """This key's jobs, newest first; follow ``next_cursor`` for more. ``label=key:value`` filters."""
+    return jobs.list_jobs(session=session, owner_id=key.id, limit=limit, status=status, cursor=cursor, labels=label)
 
 
-@router.get("/{job_id}", responses=problem_responses(401, 404))
-def get_job(job_id: str, session: SessionDep, key: ApiKeyDep) -> JobPublic:
+@router.get("/{job_id}", response_model=JobPublic, responses=problem_responses(401, 404))
+async def get_job(job_id: str, reader: JobReaderDep, key: ApiKeyDep) -> Response:
     """Status, stage, progress, times, error and result summary of one job."""
-    return jobs.to_public(jobs.get_job(session=session, owner_id=key.id, job_id=job_id))
+    # The route CI pipelines poll: read in the event loop and answered as JSON bytes, nothing else.
+    return Response(await jobs.job_json(reader=reader, owner_id=key.id, job_id=job_id), media_type="application/json")
+
+
+@router.delete("/{job_id}", status_code=204, responses=problem_responses(401, 404, 409))
+def delete_job(job_id: str, session: SessionDep, store: StoreDep, key: ApiKeyDep) -> Response:
+    """Delete a finished job with its log and stored artifacts; 409 while it is queued or running."""
+    jobs.delete_job(session=session, store=store, owner_id=key.id, job_id=job_id)
+    return Response(status_code=204)
 
 
 @router.post("/{job_id}/cancel", status_code=202, responses=problem_responses(401, 404, 409))
@@ -78,7 +87,7 @@ def read_logs(
     return jobs.read_logs(session=session, owner_id=key.id, job_id=job_id, offset=offset, limit=limit)
 
 
-@router.get("/{job_id}/artifacts", responses=problem_responses(401, 404))
+@router.get("/{job_id}/artifacts", responses=problem_responses(401, 404, 410))
 def list_artifacts(job_id: str, session: SessionDep, key: ApiKeyDep) -> Page[ArtifactPublic]:
     """The manifest: name, size, sha256 and media type of each stored artifact."""
     return jobs.list_artifacts(session=session, owner_id=key.id, job_id=job_id)
@@ -88,16 +97,62 @@ def list_artifacts(job_id: str, session: SessionDep, key: ApiKeyDep) -> Page[Art
     "/{job_id}/artifacts/{name}",
     response_class=StreamingResponse,
     responses={200: {"content": _ARTIFACT_CONTENT, "description": "The artifact's bytes, with its own media type"},
-               **problem_responses(401, 404)},
+               206: {"content": _ARTIFACT_CONTENT, "description": "The requested byte range (`Content-Range`)"},
+               **problem_responses(401, 404, 410, 416, 422)},
 )
 def download_artifact(
-    job_id: str, name: str, session: SessionDep, store: StoreDep, key: ApiKeyDep
+    job_id: str,
+    name: str,
+    session: SessionDep,
+    store: StoreDep,
+    key: ApiKeyDep,
+    range_: Annotated[str | None, Header(alias="Range", max_length=200,
+                                         description="One byte range, e.g. `bytes=1048576-`")] = None,
+    if_range: Annotated[str | None, Header(alias="If-Range", max_length=200,
+                                           description="The ETag the range belongs to")] = None,
 ) -> StreamingResponse:
-    """Stream one artifact; ``ETag`` is its sha256."""
-    artifact, stream = jobs.open_artifact(session=session, store=store, owner_id=key.id, job_id=job_id, name=name)
+    """Stream one artifact; ``ETag`` is its sha256. ``Range`` resumes an interrupted download (206)."""
+    artifact, span, stream = jobs.open_artifact(session=session, store=store, owner_id=key.id, job_id=job_id,
+                                                name=name, range_header=range_, if_range=if_range)
     headers = {
-        "Content-Length": str(artifact.size),
-        "ETag": f'"{artifact.sha256}"',
+        "Content-Length": str(artifact.size if span is None else span.length),
+        "ETag": jobs.etag_of(artifact),
+        "Accept-Ranges": "bytes",
         "Content-Disposition": f'attachment; filename="{artifact.name}"',
     }
-    return StreamingResponse(stream, media_type=artifact.media_type, headers=headers)
+    if span is not None:
+        headers["Content-Range"] = span.content_range(artifact.size)
+    return StreamingResponse(stream, status_code=200 if span is None else 206, media_type=artifact.media_type,
+                             headers=headers)
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                     "description": "Server-Sent Events: `status`, `stage`, `progress` (the job) and `log` (a line)"},
+               **problem_responses(401, 404, 422)},
+)
+def job_events(
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    key: ApiKeyDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64,
+                                                description="Resume after this event")] = None,
+) -> StreamingResponse:
+    """The job's state and log as they change, until it has finished; resumable with ``Last-Event-ID``."""
+    events.check_job(session, owner_id=key.id, job_id=job_id)
+    stream = events.job_events(sessions=request.app.state.sessions, owner_id=key.id, job_id=job_id,
+                               last_event_id=events.parse_last_event_id(last_event_id),
+                               poll_s=settings.events_poll_s, draining=request.app.state.draining)
+    # no-transform and X-Accel-Buffering: proxies must pass each event on as it comes, not buffer them.
+    headers = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+
+@router.get("/{job_id}/deliveries", responses=problem_responses(401, 404))
+def job_deliveries(job_id: str, session: SessionDep, key: ApiKeyDep) -> Page[DeliveryPublic]:
+    """Webhook deliveries of this job's events, with every attempt (status code or error, duration)."""
+    return webhooks.list_deliveries(session=session, owner_id=key.id, job_id=job_id)

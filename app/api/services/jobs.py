@@ -9,13 +9,17 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.api.job_reader import JobReader
 from app.api.producer import JobQueue
+from app.api.ranges import ByteRange, requested_range
 from app.api.schemas import (
     ArtifactPublic,
     DatasetSpec,
@@ -33,19 +37,24 @@ from app.api.schemas import (
 from app.core import repository
 from app.core.db import utcnow
 from app.core.errors import (
+    ArtifactsExpiredError,
     IdempotencyKeyReusedError,
     InvalidReferenceError,
     InvalidRequestError,
     JobFinishedError,
+    JobNotFinishedError,
     NotFoundError,
     UnavailableError,
 )
+from app.core.labels import MAX_LABELS, parse_selector
 from app.core.models import Artifact, Job, JobStatus
+from app.core.outbound import check_webhook_url
 from app.core.params import dataset_options, stored_params
+from app.core.security import generate_webhook_secret
 from app.core.settings import Settings
 from app.core.sources import SourceContext, check_reference, parse_reference
 from app.core.sources.upload import find_upload
-from app.core.storage import ArtifactStore
+from app.core.storage import ArtifactStore, job_prefix
 
 MAX_PAGE = 100
 MAX_LOG_PAGE = 1000
@@ -105,10 +114,16 @@ def submit_job(
             "`model.revision` must be a branch, tag or commit: letters, digits, `_`, `-`, `.` and `/`"
         )
 
+    if body.notify_url is not None:
+        check_webhook_url(body.notify_url, allowed_hosts=settings.allowed_outbound_hosts, what="`notify_url`")
+        # Deliveries to it are signed with the key's own secret: make it now, so it exists to be read.
+        repository.set_key_webhook_secret(session, key_id=owner_id, secret=generate_webhook_secret())
+
     job = Job(
         id=uuid.uuid4().hex, owner_id=owner_id, status=JobStatus.queued.value, model_uri=body.model.uri,
         model_revision=body.model.revision, dataset=body.dataset.model_dump(mode="json"), params=params,
-        idempotency_key=idempotency_key, request_hash=digest, enqueued_at=utcnow(),
+        idempotency_key=idempotency_key, request_hash=digest, enqueued_at=utcnow(), labels=dict(body.labels),
+        notify_url=body.notify_url,
     )
     try:
         repository.add_job(session, job)
@@ -161,6 +176,14 @@ def _same_request(earlier: Job, digest: str) -> Job:
     return earlier
 
 
+async def job_json(*, reader: JobReader, owner_id: str, job_id: str) -> bytes:
+    """The job as JSON (:class:`JobPublic`): one prepared read of its row, no ORM, no thread hand-off."""
+    row = await reader.job_row(job_id=job_id, owner_id=owner_id)
+    if row is None:
+        raise NotFoundError(f"no job {job_id!r} for this API key")
+    return to_public(row).model_dump_json().encode()
+
+
 def get_job(*, session: Session, owner_id: str, job_id: str) -> Job:
     job = repository.get_job(session, job_id=job_id, owner_id=owner_id)
     if job is None:
@@ -169,13 +192,23 @@ def get_job(*, session: Session, owner_id: str, job_id: str) -> Job:
 
 
 def list_jobs(
-    *, session: Session, owner_id: str, limit: int, status: JobStatus | None = None, cursor: str | None = None
+    *,
+    session: Session,
+    owner_id: str,
+    limit: int,
+    status: JobStatus | None = None,
+    cursor: str | None = None,
+    labels: Sequence[str] = (),
 ) -> Page[JobPublic]:
-    """One page of the key's jobs, newest first."""
+    """One page of the key's jobs, newest first; ``labels`` are ``key:value`` filters, all must match."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidRequestError(f"`limit` must be between 1 and {MAX_PAGE}, got {limit}")
+    if len(labels) > MAX_LABELS:
+        raise InvalidRequestError(f"at most {MAX_LABELS} `label` filters, got {len(labels)}")
+    selectors = [parse_selector(text) for text in labels]
     before = _decode_cursor(cursor) if cursor else None
-    rows = repository.list_jobs(session, owner_id=owner_id, limit=limit + 1, status=status, before=before)
+    rows = repository.list_jobs(session, owner_id=owner_id, limit=limit + 1, status=status, before=before,
+                                labels=selectors)
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = _encode_cursor(rows[-1]) if more else None
@@ -209,6 +242,30 @@ def cancel_job(*, session: Session, owner_id: str, job_id: str) -> Job:
     return get_job(session=session, owner_id=owner_id, job_id=job_id)
 
 
+def delete_job(*, session: Session, store: ArtifactStore, owner_id: str, job_id: str) -> None:
+    """Remove a finished job: its stored objects first, then its rows (logs, labels, artifacts, events).
+
+    Objects first: if the store fails half-way the job is still there and the delete can be repeated;
+    the other order would leave objects no row points at.
+
+    Raises
+    ------
+    NotFoundError
+        No such job for this key (also on a second delete).
+    JobNotFinishedError
+        The job is queued or running: cancel it and delete it once it has stopped.
+    """
+    job = get_job(session=session, owner_id=owner_id, job_id=job_id)
+    if not JobStatus(job.status).finished:
+        raise JobNotFinishedError(f"job {job_id} is {job.status}; cancel it (POST {job_id}/cancel) and delete it "
+                                  "once it has stopped")
+    session.commit()
+    store.delete_prefix(job_prefix(job_id))
+    if not repository.delete_finished_job(session, job_id=job_id, owner_id=owner_id):
+        raise NotFoundError(f"no job {job_id!r} for this API key")
+    session.commit()
+
+
 def read_logs(*, session: Session, owner_id: str, job_id: str, offset: int, limit: int) -> LogPage:
     get_job(session=session, owner_id=owner_id, job_id=job_id)
     if offset < 0:
@@ -222,8 +279,16 @@ def read_logs(*, session: Session, owner_id: str, job_id: str, offset: int, limi
     )
 
 
+def _kept_artifacts(session: Session, owner_id: str, job_id: str) -> Job:
+    job = get_job(session=session, owner_id=owner_id, job_id=job_id)
+    if job.artifacts_expired:
+        raise ArtifactsExpiredError(f"the artifacts of job {job_id} were deleted by the retention rule "
+                                    "(CAHP_ARTIFACT_TTL_DAYS); the job's summary and log are kept")
+    return job
+
+
 def list_artifacts(*, session: Session, owner_id: str, job_id: str) -> Page[ArtifactPublic]:
-    get_job(session=session, owner_id=owner_id, job_id=job_id)
+    _kept_artifacts(session, owner_id, job_id)
     rows = repository.list_artifacts(session, job_id=job_id)
     return Page[ArtifactPublic](
         data=[ArtifactPublic(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
@@ -233,20 +298,28 @@ def list_artifacts(*, session: Session, owner_id: str, job_id: str) -> Page[Arti
 
 
 def open_artifact(
-    *, session: Session, store: ArtifactStore, owner_id: str, job_id: str, name: str
-) -> tuple[Artifact, Iterator[bytes]]:
-    """The artifact's row and a stream of its bytes."""
-    get_job(session=session, owner_id=owner_id, job_id=job_id)
+    *, session: Session, store: ArtifactStore, owner_id: str, job_id: str, name: str,
+    range_header: str | None = None, if_range: str | None = None,
+) -> tuple[Artifact, ByteRange | None, Iterator[bytes]]:
+    """The artifact's row, the byte range asked for (None: all of it) and a stream of those bytes."""
+    _kept_artifacts(session, owner_id, job_id)
     artifact = repository.get_artifact(session, job_id=job_id, name=name)
     if artifact is None:
         raise NotFoundError(f"job {job_id} has no artifact {name!r}; GET /v1/jobs/{job_id}/artifacts lists them")
-    stream = store.iter_bytes(artifact.storage_key)
+    span = requested_range(range_header, size=artifact.size, etag=etag_of(artifact), if_range=if_range)
+    stream = (store.iter_bytes(artifact.storage_key) if span is None
+              else store.iter_bytes(artifact.storage_key, span.start, span.end))
     # The bytes stream for as long as the client reads; no database connection is needed meanwhile.
     session.commit()
-    return artifact, stream
+    return artifact, span, stream
 
 
-def to_public(job: Job) -> JobPublic:
+def etag_of(artifact: Artifact) -> str:
+    return f'"{artifact.sha256}"'
+
+
+def to_public(job: Job | Row[Any]) -> JobPublic:
+    """The API's view of a job, from its ORM object or a plain row of its columns."""
     base = f"/v1/jobs/{job.id}"
     return JobPublic(
         id=job.id,
@@ -262,5 +335,9 @@ def to_public(job: Job) -> JobPublic:
         finished_at=job.finished_at,
         error=JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None,
         result=JobResult.model_validate(job.result) if job.result else None,
-        links=JobLinks(self=base, logs=f"{base}/logs", artifacts=f"{base}/artifacts", cancel=f"{base}/cancel"),
+        labels=job.labels or {},
+        notify_url=job.notify_url,
+        artifacts_expired=bool(job.artifacts_expired),
+        links=JobLinks(self=base, logs=f"{base}/logs", artifacts=f"{base}/artifacts", cancel=f"{base}/cancel",
+                       events=f"{base}/events", deliveries=f"{base}/deliveries"),
     )

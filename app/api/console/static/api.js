@@ -91,6 +91,16 @@ export async function probeAccess(key) {
   }
 }
 
+/**
+ * Open a server-sent event stream (text/event-stream) with the key as a header; resolves to the
+ * Response once the stream has begun, or rejects with ApiError. `lastEventId` resumes a stream.
+ */
+export async function openStream(path, { signal, lastEventId } = {}) {
+  const extraHeaders = { Accept: "text/event-stream" };
+  if (lastEventId) extraHeaders["Last-Event-ID"] = lastEventId;
+  return send(path, { signal, extraHeaders });
+}
+
 /** An artifact's bytes as a Blob (with the Authorization header, which a plain link cannot send). */
 export async function fetchBlob(path, signal) {
   const response = await send(path, { signal, extraHeaders: { Accept: "*/*" } });

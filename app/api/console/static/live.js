@@ -1,12 +1,15 @@
 // How the console hears about changes. Everything that stays live goes through this module.
 //
-// Today the API has no event stream, so both functions poll: one request at a time, every couple of
-// seconds, paused while the tab is hidden, backing off while the service does not answer. When the API
-// gains `GET /v1/jobs/{id}/events` (server-sent events), `watchJob` reads that stream instead (with
-// fetch and a stream reader, since EventSource cannot send the Authorization header) and calls the same
-// callbacks: `onJob(job)` for each new state, `onLogs(lines)` for new log lines. Callers do not change.
+// One job is followed through its event stream, `GET /v1/jobs/{id}/events` (server-sent events), read
+// with fetch and a stream reader: EventSource cannot send the Authorization header, and the key must
+// never go into a URL. The stream resumes after a drop with `Last-Event-ID` (the count of log lines
+// received), so no line is shown twice. Should the stream not work (a proxy that buffers or blocks
+// it, an older server), the page falls back to polling: one request at a time, every couple of
+// seconds, paused while the tab is hidden, backing off while the service does not answer. The job
+// list is polled. Either way the callers get the same calls: `onJob(job)` for each new state,
+// `onLogs(lines)` for new log lines.
 
-import { api } from "./api.js";
+import { api, openStream } from "./api.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled"]);
 const LOG_PAGE = 1000; // the API's largest log page
@@ -79,14 +82,39 @@ function repeat(step, { intervalMs, onError }) {
   };
 }
 
-/**
- * Follow one job: its state and its log, until it has finished and the log is read to the end.
- *
- * @param {string} jobId
- * @param {{onJob: function(object), onLogs: function(object[]), onError?: function(Error), intervalMs?: number}} handlers
- * @returns {{stop: function(), now: function()}}
- */
-export function watchJob(jobId, { onJob, onLogs, onError, intervalMs = 1500 }) {
+/** The events of a `text/event-stream` response body, as {id, event, data}, until it ends. */
+async function* serverEvents(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const event = { id: null, event: "message", data: [] };
+        for (const line of block.split("\n")) {
+          if (!line || line.startsWith(":")) continue;
+          const colon = line.indexOf(":");
+          const name = colon < 0 ? line : line.slice(0, colon);
+          const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+          if (name === "id") event.id = value;
+          else if (name === "event") event.event = value;
+          else if (name === "data") event.data.push(value);
+        }
+        if (event.data.length) yield { ...event, data: event.data.join("\n") };
+      }
+    }
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+/** Follow one job by polling its state and log (the fallback when its event stream does not work). */
+function pollJob(jobId, { onJob, onLogs, onError, intervalMs }) {
   const id = encodeURIComponent(jobId);
   let offset = 0;
   return repeat(async (signal) => {
@@ -101,6 +129,75 @@ export function watchJob(jobId, { onJob, onLogs, onError, intervalMs = 1500 }) {
     }
     return isFinished(job);
   }, { intervalMs, onError });
+}
+
+/**
+ * Follow one job: its state and its log, until it has finished and the log is read to the end.
+ *
+ * @param {string} jobId
+ * @param {{onJob: function(object), onLogs: function(object[]), onError?: function(Error), intervalMs?: number}} handlers
+ * @returns {{stop: function(), now: function()}}
+ */
+export function watchJob(jobId, { onJob, onLogs, onError, intervalMs = 1500 }) {
+  const id = encodeURIComponent(jobId);
+  const controller = new AbortController();
+  let stopped = false;
+  let polling = null;
+  let received = "0"; // log lines received so far: the stream's Last-Event-ID
+  let fruitless = 0; // connections in a row that brought no event
+
+  function stop() {
+    stopped = true;
+    controller.abort();
+    polling?.stop();
+  }
+
+  function fallBack() {
+    if (!stopped) polling = pollJob(jobId, { onJob, onLogs, onError, intervalMs });
+  }
+
+  async function follow() {
+    while (!stopped) {
+      let events = 0;
+      try {
+        const response = await openStream(`v1/jobs/${id}/events`, { signal: controller.signal, lastEventId: received });
+        for await (const event of serverEvents(response)) {
+          events += 1;
+          fruitless = 0;
+          if (event.id !== null) received = event.id;
+          const data = JSON.parse(event.data);
+          if (event.event === "log") {
+            onLogs([data]);
+          } else if (["status", "stage", "progress"].includes(event.event)) {
+            onJob(data);
+            if (isFinished(data)) return stop();
+          }
+        }
+        // The stream ended before the job did: the server is going away; reconnect shortly.
+      } catch (error) {
+        if (stopped || error.name === "AbortError") return;
+        if (error.status === 404 || error.status === 401) return onError?.(error);
+        onError?.(error);
+      }
+      if (events === 0 && ++fruitless >= 2) return fallBack();
+      await new Promise((resolve) => setTimeout(resolve, Math.min(30000, intervalMs * 2 ** fruitless)));
+    }
+  }
+
+  follow();
+  return {
+    stop,
+    /** Read the job's state now (after a user action), whatever the stream is doing. */
+    async now() {
+      if (stopped) return;
+      if (polling) return polling.now();
+      try {
+        onJob(await api(`v1/jobs/${id}`, { signal: controller.signal }));
+      } catch (error) {
+        if (error.name !== "AbortError") onError?.(error);
+      }
+    },
+  };
 }
 
 /**

@@ -1,0 +1,91 @@
+"""``GET /v1/jobs/{id}/events``: the job's state and log as Server-Sent Events, resumable."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from app.core.settings import Settings
+from tests.api.helpers import service_settings
+from tests.api.jobs_helpers import finish, progress, start, submit
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return service_settings(tmp_path, events_poll_s=0.05)
+
+
+def _events(client: TestClient, auth: dict[str, str], job_id: str, last_event_id: str | None = None
+            ) -> list[tuple[str, str, dict]]:
+    """Read the whole stream: ``(id, event, data)`` of each event, in order."""
+    headers = {**auth, **({"Last-Event-ID": last_event_id} if last_event_id is not None else {})}
+    found: list[tuple[str, str, dict]] = []
+    with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in response.iter_lines():
+            if not line:
+                if "data" in fields:
+                    found.append((fields["id"], fields["event"], json.loads(fields["data"])))
+                fields = {}
+            elif not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+    return found
+
+
+def test_the_stream_of_a_running_job_ends_with_its_terminal_status(
+    client: TestClient, auth: dict[str, str], engine: Engine, settings: Settings
+) -> None:
+    job_id = submit(client, auth, settings)
+    start(engine, job_id)
+
+    def work() -> None:  # the worker's writes, while the client listens
+        for stage, fraction, line in (("load", 0.0, "loading"), ("signatures", 0.5, "signatures"),
+                                      ("signatures", 0.9, "almost")):
+            time.sleep(0.2)
+            progress(engine, job_id, stage, fraction, messages=(line,))
+        time.sleep(0.2)
+        finish(engine, job_id, messages=["done"])
+
+    writer = threading.Thread(target=work)
+    writer.start()
+    events = _events(client, auth, job_id)
+    writer.join()
+    kinds = [kind for _, kind, _ in events]
+    assert kinds[0] == "status" and events[0][2]["status"] == "running"
+    assert kinds[-1] == "status" and events[-1][2]["status"] == "succeeded"
+    assert [data["message"] for _, kind, data in events if kind == "log"] == ["loading", "signatures", "almost", "done"]
+    assert [data["stage"] for _, kind, data in events if kind == "stage"] == ["load", "signatures"]
+    assert "progress" in kinds
+    # ids count the log lines sent, so they never go down
+    ids = [int(event_id) for event_id, _, _ in events]
+    assert ids == sorted(ids) and ids[-1] == 4
+
+
+def test_last_event_id_resumes_after_the_lines_already_received(
+    client: TestClient, auth: dict[str, str], engine: Engine, settings: Settings
+) -> None:
+    job_id = submit(client, auth, settings)
+    start(engine, job_id)
+    progress(engine, job_id, "load", 0.1, messages=("one", "two", "three"))
+    finish(engine, job_id, messages=["four"])
+    everything = _events(client, auth, job_id)
+    assert [d["message"] for _, k, d in everything if k == "log"] == ["one", "two", "three", "four"]
+    resumed = _events(client, auth, job_id, last_event_id="2")
+    assert [d["message"] for _, k, d in resumed if k == "log"] == ["three", "four"]
+    assert resumed[-1][1] == "status" and resumed[-1][2]["status"] == "succeeded"
+    # An id this server never gave out starts from the beginning rather than failing.
+    assert len([k for _, k, _ in _events(client, auth, job_id, last_event_id="abc") if k == "log"]) == 4
+
+
+def test_unknown_jobs_and_missing_keys(client: TestClient, auth: dict[str, str]) -> None:
+    assert client.get("/v1/jobs/nope/events", headers=auth).status_code == 404
+    assert client.get("/v1/jobs/nope/events").status_code == 401

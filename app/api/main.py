@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app.api.console.routes import router as console_router
-from app.api.docs_page import router as docs_router
 from app.api.dispatcher import WebhookDispatcher
+from app.api.docs_page import router as docs_router
 from app.api.job_reader import job_reader
 from app.api.metrics import MetricsMiddleware, database_registry
 from app.api.metrics import router as metrics_router

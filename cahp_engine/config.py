@@ -32,6 +32,10 @@ CalibrationAmount = float | Literal["auto"]
 DENSE_FINETUNE_MODES: tuple[str, ...] = ("auto", "always", "never")
 ExportFormat = Literal["onnx", "none"]
 Quantize = Literal["none", "int8"]
+RecoveryLoss = Literal["ce", "distill"]
+BudgetMetric = Literal["accuracy", "macro_f1"]
+RECOVERY_LOSSES: tuple[str, ...] = ("ce", "distill")
+BUDGET_METRICS: tuple[str, ...] = ("accuracy", "macro_f1")
 EXPORT_FORMATS: tuple[str, ...] = ("onnx", "none")
 QUANTIZE_MODES: tuple[str, ...] = ("none", "int8")
 #: Polynomial degrees reported in ``knees_by_degree`` (the paper's sweep, Section IV-B.2).
@@ -87,6 +91,22 @@ class PruningConfig:
         or its label count does not match the dataset).
     dense_epochs, dense_lr
         Recipe of that dense fine-tuning; the other values are shared with recovery.
+    recovery_loss : {"ce", "distill"}, default "distill"
+        ``distill``: the dense model the run started from (after dense fine-tuning when that ran)
+        teaches the pruned one (:mod:`cahp_engine.distill`); its logits over the training split are
+        computed once. ``ce``: cross-entropy with the labels alone (the paper's recovery).
+    distill_alpha : float in [0, 1], default 0.5
+        Weight of the labels' cross-entropy in the distillation loss (1 is plain cross-entropy).
+    distill_temperature : float > 0, default 4.0
+        Temperature of the distillation loss's softmaxes.
+    max_accuracy_drop : float or None
+        An accuracy budget in points (0-100): try candidate head counts from the smallest and keep
+        the smallest whose validation score after recovery is within this many points of the dense
+        model's (:mod:`cahp_engine.budget`). None (the default): one run at the knee.
+    budget_metric : {"accuracy", "macro_f1"}, default "accuracy"
+        The validation score the budget compares.
+    budget_screen_epochs : float, default 1.0
+        Recovery epochs of each candidate while searching; the chosen one then gets ``epochs``.
     device : str
         ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     export : {"onnx", "none"}, default "onnx"
@@ -122,6 +142,12 @@ class PruningConfig:
     dense_finetune: DenseFinetune = "auto"
     dense_epochs: float = 3
     dense_lr: float = 5e-5
+    recovery_loss: RecoveryLoss = "distill"
+    distill_alpha: float = 0.5
+    distill_temperature: float = 4.0
+    max_accuracy_drop: float | None = None
+    budget_metric: BudgetMetric = "accuracy"
+    budget_screen_epochs: float = 1.0
     device: str = "auto"
     latency_warmup: int = 3
     latency_repeats: int = 20
@@ -166,6 +192,15 @@ class PruningConfig:
         check("weight_decay", self.weight_decay, Interval("real", 0.0, 1.0))
         check("max_grad_norm", self.max_grad_norm, Interval("real", 0.0, 1e6, closed="right"))
         check("dense_finetune", self.dense_finetune, Options(DENSE_FINETUNE_MODES))
+        check("recovery_loss", self.recovery_loss, Options(RECOVERY_LOSSES))
+        check("distill_alpha", self.distill_alpha, Interval("real", 0.0, 1.0))
+        check("distill_temperature", self.distill_temperature, Interval("real", 0.0, 100.0, closed="right"))
+        check("max_accuracy_drop", self.max_accuracy_drop, Interval("real", 0.0, 100.0), allow_none=True)
+        check("budget_metric", self.budget_metric, Options(BUDGET_METRICS))
+        check("budget_screen_epochs", self.budget_screen_epochs, Interval("real", 0.0, 1000.0, closed="right"))
+        if self.max_accuracy_drop is not None and self.heads_to_keep is not None:
+            raise ConfigError("`max_accuracy_drop` searches for the head count and `heads_to_keep` fixes it; "
+                              "set one of them")
         check("latency_warmup", self.latency_warmup, Interval("integer", 0, 1000))
         check("latency_repeats", self.latency_repeats, Interval("integer", 1, 10000))
         check("export", self.export, Options(EXPORT_FORMATS))

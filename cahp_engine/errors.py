@@ -9,6 +9,7 @@
     │   ├── ModelLoadError         a model path or hub id that cannot be loaded, or is not a classifier
     │   └── UnsupportedModelError  a model family with no adapter in the registry
     ├── JobCancelledError          a cancellation request was seen between two steps
+    ├── AccuracyBudgetError        no candidate met ``max_accuracy_drop`` (the report is still written)
     └── PipelineError              a stage could not produce its result (a bug or an environment fault)
         └── ExportParityError      the exported ONNX graph does not reproduce the PyTorch model's logits
 
@@ -77,3 +78,19 @@ class ExportParityError(PipelineError):
     def __init__(self, message: str, parity: object = None) -> None:
         super().__init__(message)
         self.parity = parity
+
+
+class AccuracyBudgetError(CahpError):
+    """No candidate head count kept the validation score within ``max_accuracy_drop`` of the dense model's.
+
+    ``budget`` is the :class:`~cahp_engine.report.BudgetRecord` of the search (every candidate tried);
+    the run still writes its report and plots (the one exception to "a failed run leaves nothing").
+    """
+
+    code = "accuracy_budget_not_met"
+
+    def __init__(self, message: str, budget: object = None) -> None:
+        super().__init__(message)
+        self.budget = budget
+        #: What a caller stored of the run's output (the job service's artifact records).
+        self.artifacts: list[object] = []

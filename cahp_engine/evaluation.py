@@ -97,11 +97,13 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, num_classes: 
     """
     classes = np.arange(max(num_classes, int(y_pred.max()) + 1, int(y_true.max()) + 1))
     confusion = confusion_matrix(y_true, y_pred, labels=classes)
+    support = confusion.sum(axis=1)
     return ClassificationMetrics(
         accuracy=float(accuracy_score(y_true, y_pred)),
         macro_f1=float(f1_score(y_true, y_pred, average="macro", zero_division=0)),
         n=len(y_true),
         confusion=tuple(tuple(int(c) for c in row) for row in confusion),
+        recall=tuple(float(confusion[i, i] / support[i]) if support[i] else None for i in range(len(classes))),
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
-from cahp_engine.analysis import analyze_heads
+from cahp_engine.analysis import HeadAnalysis, analyze_heads
 from cahp_engine.config import PruningConfig
 from cahp_engine.graph_space import GraphSpace
 from cahp_engine.knee import Knee
@@ -58,6 +58,8 @@ class SelectionResult:
     stability : StabilityRecord or None
         The same choice from the statistics of every shard but one (None when
         ``stability_shards`` is 0 or the shards were too thin).
+    analysis : HeadAnalysis or None
+        What the choice was made from; the accuracy budget chooses again from it at other k.
     """
 
     selection: Selection
@@ -77,6 +79,7 @@ class SelectionResult:
     signature_sampling: SamplingRecord | None = None
     calibration_sampling: SamplingRecord | None = None
     stability: StabilityRecord | None = None
+    analysis: HeadAnalysis | None = None
 
     @property
     def perplexity(self) -> float:
@@ -151,6 +154,7 @@ def select_heads(
         signature_sampling=analysis.signature_sampling,
         calibration_sampling=analysis.calibration_sampling,
         stability=stability,
+        analysis=analysis,
     )
 
 

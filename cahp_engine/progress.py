@@ -26,8 +26,12 @@ STAGE_SPAN: dict[str, tuple[float, float]] = {
     "knee": (0.43, 0.435),
     "salience": (0.435, 0.495),
     "stability": (0.495, 0.50),
-    "selection": (0.50, 0.505),
-    "surgery": (0.505, 0.51),
+    "selection": (0.50, 0.503),
+    "surgery": (0.503, 0.505),
+    "teacher": (0.505, 0.51),
+    # An accuracy budget's candidates (screening recoveries); the chosen one's full recovery follows
+    # as ``recovery``, whose span starts again at 0.51.
+    "budget": (0.51, 0.88),
     "recovery": (0.51, 0.88),
     "evaluation": (0.88, 0.94),
     "export": (0.94, 0.98),

@@ -101,6 +101,9 @@ class ClassificationMetrics(JsonRecord):
     macro_f1: float
     n: int
     confusion: tuple[tuple[int, ...], ...] | None = None
+    #: ``recall[i]``: the share of class ``i``'s samples predicted as ``i`` (None for a class with no
+    #: samples in the split); empty in reports written before it was recorded.
+    recall: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,22 @@ class TrainingResult(JsonRecord):
     seconds_per_epoch: tuple[float, ...]
     device: str
     precision: str
+    #: ``ce`` (cross-entropy with the labels) or ``distill`` (see :mod:`cahp_engine.distill`).
+    loss: str = "ce"
+    #: The distillation loss's weight of the labels and its temperature (None for ``ce``).
+    alpha: float | None = None
+    temperature: float | None = None
+    #: The teacher's pass over the training split (None for ``ce``).
+    teacher: TeacherRecord | None = None
+
+
+@dataclass(frozen=True)
+class TeacherRecord(JsonRecord):
+    """The teacher's logits over the training split: ``passes`` forward passes over ``rows`` rows."""
+
+    passes: int
+    rows: int
+    seconds: float
 
 
 @dataclass(frozen=True)

@@ -25,23 +25,28 @@ import torch
 
 from cahp_engine import steps
 from cahp_engine._torch import resolve_device
-from cahp_engine.artifacts import ARTIFACT_FILES, write_artifacts, write_json
+from cahp_engine.artifacts import ARTIFACT_FILES, write_artifacts, write_curve, write_head_map, write_json
 from cahp_engine.config import PruningConfig
 from cahp_engine.datasets_io import DatasetOptions
 from cahp_engine.deploy import INT8_PRUNED, ONNX_PRUNED, export_for_deployment, write_cards
-from cahp_engine.errors import InvalidInputError
+from cahp_engine.errors import AccuracyBudgetError, InvalidInputError
+from cahp_engine.evaluation import count_parameters
 from cahp_engine.pipeline import SelectionResult
 from cahp_engine.progress import STAGE_SPAN, Monitor
 from cahp_engine.report import (
     REPORT_FORMAT_VERSION,
+    BudgetRecord,
     DatasetInfo,
+    DenseFinetuneRecord,
     Environment,
     ModelInfo,
     RunMetrics,
+    RunParameters,
     RunReport,
     RunSummary,
     SelectionRecord,
 )
+from cahp_engine.results import ClassificationMetrics
 
 __all__ = ["ARTIFACT_FILES", "STAGE_SPAN", "prepare_output_dir", "resolve_device", "run_pruning"]
 
@@ -132,6 +137,13 @@ def run_pruning(
         if out.exists():
             shutil.rmtree(out)
         os.replace(work, out)
+    except AccuracyBudgetError:
+        # The one documented exception to "a failed run leaves nothing": the candidates' report and
+        # plots say why no head count met the budget (report.json has "status": "failed").
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(work, out)
+        raise
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -166,10 +178,43 @@ def _run(
     dense_metrics = steps.evaluate_dense(run, model=model, evaluation=inputs.evaluation)
     result = steps.select(run, model=model, train=inputs.rows)
     warnings.extend(result.warnings)
-    pruned, parameters = steps.prune(run, model=model, selection=result.selection)
-    before = steps.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
-    recovery = steps.recover(run, model=pruned, train=inputs.train)
+    teacher = steps.teacher(run, model=model, train=inputs.train)
+    budget: BudgetRecord | None = None
+    if config.max_accuracy_drop is None:
+        pruned, parameters = steps.prune(run, model=model, selection=result.selection)
+        before = steps.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
+        recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher)
+    else:
+        assert inputs.validation is not None
+        dense_validation = steps.evaluate_validation(run, model=model, validation=inputs.validation)
+        try:
+            outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
+                                          dense_validation=dense_validation)
+        except AccuracyBudgetError as exc:
+            _write_failure(work, run, exc, result=result, inputs=inputs, options=options, dense=dense,
+                           dense_metrics=dense_metrics, warnings=warnings, model_name=model_name,
+                           dataset_name=dataset_name, dataset_ref=dataset_ref, revision=revision)
+            raise
+        budget = outcome.record
+        chosen = outcome.candidate
+        assert result.analysis is not None
+        result = dataclasses.replace(result, selection=chosen.selection, k_star=chosen.k, knee=None,
+                                     clustering=result.analysis.partition(chosen.k))
+        # Only now is the evaluation split read: the search itself never touched it.
+        fresh, _ = steps.prune(run, model=model, selection=chosen.selection)
+        before = steps.evaluate_pruned(run, model=fresh, evaluation=inputs.evaluation)
+        del fresh
+        pruned, recovery = outcome.model, outcome.recovery
+        parameters = RunParameters(dense=count_parameters(model), pruned=count_parameters(pruned))
     after, speed = steps.evaluate_recovered(run, dense=model, pruned=pruned, evaluation=inputs.evaluation)
+    warnings.extend(steps.recall_warnings(dense_metrics, after, tuple(inputs.splits.label_names)))
+    if budget is not None:
+        final = budget.candidates[-1]
+        final_score = final.accuracy_final if budget.metric == "accuracy" else final.macro_f1_final
+        if final_score is not None and final_score < budget.threshold:
+            warnings.append(f"the chosen {final.heads_kept} heads met the budget after the screening recovery but "
+                            f"ended at validation {budget.metric} {final_score:.4f} after the full recovery, below "
+                            f"the threshold {budget.threshold:.4f}")
     export = export_for_deployment(run, work=work, dense=model, pruned=pruned, tokenizer=loaded.tokenizer,
                                    evaluation=inputs.evaluation, seq_len=speed.seq_len)
     with run.monitor.stage("artifacts"):
@@ -177,7 +222,6 @@ def _run(
                                      evaluation=inputs.evaluation, device=run.device)
 
     sel = result.selection
-    splits = inputs.splits
     return RunReport(
         format_version=REPORT_FORMAT_VERSION,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -191,17 +235,8 @@ def _run(
                            if export.onnx_int8 is not None and export.onnx_int8.accuracy is not None else None),
             int8_speedup=export.speedup_at(INT8_PRUNED),
         ),
-        model=ModelInfo(ref=model_name, revision=revision, family=loaded.family, layers=loaded.num_layers,
-                        heads_per_layer=loaded.num_heads, classifier_trained=loaded.classifier_trained),
-        dataset=DatasetInfo(
-            ref=dataset_name,
-            # The resolved directory or hub id; under another name (a job's URI) it would be a worker path.
-            source=splits.source if dataset_name == dataset_ref else dataset_name,
-            format=splits.format, splits_found=tuple(splits.splits_found), train_split=options.train_split,
-            eval_split=splits.eval_split, text_column=options.text_column,
-            text_pair_column=options.text_pair_column, label_column=options.label_column, config=options.config,
-            label_names=tuple(splits.label_names), train_rows=len(inputs.train), eval_rows=len(inputs.evaluation),
-        ),
+        model=_model_info(inputs, model_name, revision),
+        dataset=_dataset_info(inputs, options, dataset_name, dataset_ref),
         config=config,
         seed=config.seed,
         device=str(run.device),
@@ -217,7 +252,58 @@ def _run(
         timings_s=dict(run.monitor.timings),
         warnings=tuple(warnings),
         wall_time_s=0.0,
+        budget=budget,
     )
+
+
+def _model_info(inputs: steps.Inputs, model_name: str, revision: str | None) -> ModelInfo:
+    loaded = inputs.loaded
+    return ModelInfo(ref=model_name, revision=revision, family=loaded.family, layers=loaded.num_layers,
+                     heads_per_layer=loaded.num_heads, classifier_trained=loaded.classifier_trained)
+
+
+def _dataset_info(inputs: steps.Inputs, options: DatasetOptions, dataset_name: str, dataset_ref: str) -> DatasetInfo:
+    splits = inputs.splits
+    return DatasetInfo(
+        ref=dataset_name,
+        # The resolved directory or hub id; under another name (a job's URI) it would be a worker path.
+        source=splits.source if dataset_name == dataset_ref else dataset_name,
+        format=splits.format, splits_found=tuple(splits.splits_found), train_split=options.train_split,
+        eval_split=splits.eval_split, text_column=options.text_column,
+        text_pair_column=options.text_pair_column, label_column=options.label_column, config=options.config,
+        label_names=tuple(splits.label_names), train_rows=len(inputs.rows), eval_rows=len(inputs.evaluation),
+    )
+
+
+def _write_failure(
+    work: Path, run: steps.RunContext, exc: AccuracyBudgetError, *, result: SelectionResult, inputs: steps.Inputs,
+    options: DatasetOptions, dense: DenseFinetuneRecord, dense_metrics: ClassificationMetrics, warnings: list[str],
+    model_name: str, dataset_name: str, dataset_ref: str, revision: str | None,
+) -> None:
+    """What a run that missed its accuracy budget leaves: the curve, the head map of the knee's
+    choice, and a report with ``"status": "failed"``, the error and every candidate tried."""
+    config = run.config
+    write_curve(work, result, config)
+    write_head_map(work, result)
+    budget = exc.budget if isinstance(exc.budget, BudgetRecord) else None
+    write_json(work / "report.json", {
+        "format_version": REPORT_FORMAT_VERSION,
+        "status": "failed",
+        "error": {"code": exc.code, "message": str(exc)},
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": _model_info(inputs, model_name, revision).to_dict(),
+        "dataset": _dataset_info(inputs, options, dataset_name, dataset_ref).to_dict(),
+        "config": config.to_dict(),
+        "seed": config.seed,
+        "device": str(run.device),
+        "environment": _environment().to_dict(),
+        "dense_finetune": dense.to_dict(),
+        "selection": _selection_record(result, config).to_dict(),
+        "metrics": {"dense": dense_metrics.to_dict()},
+        "budget": None if budget is None else budget.to_dict(),
+        "timings_s": dict(run.monitor.timings),
+        "warnings": list(warnings),
+    })
 
 
 def _selection_record(result: SelectionResult, config: PruningConfig) -> SelectionRecord:

@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from cahp_engine.analysis import validate_inputs
+from cahp_engine.budget import BudgetOutcome, ValidationData, candidates, search, validation_data
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, encode
 from cahp_engine.datasets_io import DatasetOptions, DatasetSplits, load_splits
+from cahp_engine.distill import TeacherLogits, teacher_logits
 from cahp_engine.evaluation import compare_speed, count_parameters, evaluate
 from cahp_engine.lazy_data import LazyEncodedDataset, TrainRows
 from cahp_engine.models import LoadedClassifier, load_classifier
@@ -63,13 +65,17 @@ class Inputs:
     """The loaded model and the splits.
 
     ``rows`` is the training split tokenised on demand: selection reads only the rows it samples.
-    ``train`` tokenises every row the first time a step asks for it (fine-tuning).
+    ``train`` tokenises every row the first time a step asks for it (fine-tuning). With an accuracy
+    budget, ``validation`` is the split it scores on and ``held_out`` says where it came from; rows
+    carved from the training split are then not in ``rows``.
     """
 
     loaded: LoadedClassifier
     splits: DatasetSplits
     rows: LazyEncodedDataset
     evaluation: EncodedDataset
+    validation: EncodedDataset | None = None
+    held_out: ValidationData | None = None
 
     @cached_property
     def train(self) -> EncodedDataset:
@@ -97,12 +103,23 @@ def load(
         loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
                                  cache_dir=cache_dir, token=hub_token, device=device)
         loaded.model.to(device).eval()
-        rows = LazyEncodedDataset(loaded.tokenizer, splits.train, max_length=config.max_length)
+        held_out = validation = None
+        train = splits.train
+        if config.max_accuracy_drop is not None:
+            held_out = validation_data(splits, dataset_ref, options, seed=config.seed, cache_dir=cache_dir,
+                                       token=hub_token)
+            train = held_out.train
+            validation = encode(loaded.tokenizer, held_out.validation, max_length=config.max_length)
+            run.say(f"accuracy budget: validating on {len(validation)} rows "
+                    + (f"carved from split {held_out.split!r} (left out of selection and training)"
+                       if held_out.carved else f"of split {held_out.split!r}"))
+        rows = LazyEncodedDataset(loaded.tokenizer, train, max_length=config.max_length)
         evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
         validate_inputs(loaded.model, rows, config)
         run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
-    return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation)
+    return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,
+                  held_out=held_out)
 
 
 def dense_finetune(
@@ -163,12 +180,30 @@ def evaluate_pruned(run: RunContext, *, model: nn.Module, evaluation: EncodedDat
     return metrics
 
 
-def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> TrainingResult:
-    """Recovery fine-tuning of the pruned model, in place."""
-    with run.monitor.stage("recovery"):
-        run.say(f"recovery fine-tuning: {run.config.epochs} epochs at lr {run.config.lr}")
-        return train_model(run, model=model, train=train, epochs=run.config.epochs, lr=run.config.lr,
-                           stage="recovery")
+def teacher(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> TeacherLogits | None:
+    """The dense model's logits over the training split, once, when recovery distils (else None)."""
+    if run.config.recovery_loss != "distill":
+        return None
+    with run.monitor.stage("teacher"):
+        logits = teacher_logits(model, train, batch_size=run.config.batch_size, device=run.device)
+    run.say(f"teacher logits over {len(train)} training rows in {logits.record.seconds:.1f} s")
+    return logits
+
+
+def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher: TeacherLogits | None = None,
+            epochs: float | None = None, stage: str = "recovery") -> TrainingResult:
+    """Recovery fine-tuning of the pruned model, in place: ``config.epochs`` unless ``epochs`` is given.
+
+    With ``teacher`` the loss is the distillation loss (``distill_alpha``, ``distill_temperature``).
+    """
+    config = run.config
+    epochs = config.epochs if epochs is None else epochs
+    with run.monitor.stage(stage):
+        how = (f"distillation (alpha {config.distill_alpha:g}, T {config.distill_temperature:g})"
+               if teacher is not None else "cross-entropy")
+        run.say(f"recovery fine-tuning: {epochs:g} epochs at lr {config.lr}, {how}")
+        return train_model(run, model=model, train=train, epochs=epochs, lr=config.lr, stage=stage,
+                           teacher=teacher)
 
 
 def evaluate_recovered(
@@ -189,7 +224,8 @@ def evaluate_recovered(
 
 
 def train_model(
-    run: RunContext, *, model: nn.Module, train: EncodedDataset, epochs: float, lr: float, stage: str
+    run: RunContext, *, model: nn.Module, train: EncodedDataset, epochs: float, lr: float, stage: str,
+    teacher: TeacherLogits | None = None,
 ) -> TrainingResult:
     """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs and rate."""
     config = run.config
@@ -197,6 +233,7 @@ def train_model(
         model, train, epochs=epochs, lr=lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, device=run.device,
         progress=lambda step, total: run.overall(stage, step / max(total, 1)), should_cancel=run.should_cancel,
+        teacher=teacher, alpha=config.distill_alpha, temperature=config.distill_temperature,
     )
 
 
@@ -208,3 +245,63 @@ def _dense_decision(mode: str, classifier_trained: bool) -> tuple[bool, str]:
     if classifier_trained:
         return False, "the model has a trained classification head for these labels"
     return True, "the model has no trained classification head for the dataset's labels"
+
+
+def evaluate_validation(run: RunContext, *, model: nn.Module, validation: EncodedDataset) -> ClassificationMetrics:
+    """Score the dense model on the accuracy budget's validation split."""
+    with run.monitor.stage("dense_evaluation"):
+        metrics = evaluate(model, validation, batch_size=run.config.batch_size, device=run.device)
+    run.say(f"dense validation accuracy {metrics.accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
+    return metrics
+
+
+def budget_search(
+    run: RunContext, *, inputs: Inputs, model: nn.Module, result: SelectionResult, teacher: TeacherLogits | None,
+    dense_validation: ClassificationMetrics,
+) -> BudgetOutcome:
+    """The accuracy budget's search (:func:`cahp_engine.budget.search`) over ``result``'s analysis.
+
+    Reads the validation split and the training rows only, never the evaluation split.
+    """
+    config = run.config
+    assert inputs.validation is not None and inputs.held_out is not None and result.analysis is not None
+    validation = inputs.validation
+    options = candidates(result.analysis, config.strategy, seed=config.seed)
+    assert config.max_accuracy_drop is not None
+
+    def prune_copy(selection: Selection) -> nn.Module:
+        pruned = copy.deepcopy(model)
+        prune_heads(pruned, selection.kept)
+        return pruned.eval()
+
+    def score(candidate: nn.Module) -> ClassificationMetrics:
+        return evaluate(candidate, validation, batch_size=config.batch_size, device=run.device)
+
+    def train(candidate: nn.Module, epochs: float) -> TrainingResult:
+        stage = "recovery" if epochs >= config.epochs else "budget"
+        return recover(run, model=candidate, train=inputs.train, teacher=teacher, epochs=epochs, stage=stage)
+
+    return search(options, max_drop=config.max_accuracy_drop, metric=config.budget_metric,
+                  dense_validation=dense_validation, validation=inputs.held_out,
+                  screen_epochs=config.budget_screen_epochs, epochs=config.epochs, prune=prune_copy, recover=train,
+                  score=score, say=run.say)
+
+
+def recall_warnings(dense: ClassificationMetrics, pruned: ClassificationMetrics,
+                    label_names: tuple[str, ...]) -> list[str]:
+    """A warning for each class whose recall fell to zero or by more than 20 points from the dense model's."""
+    out: list[str] = []
+    for i, (was, now) in enumerate(zip(dense.recall, pruned.recall, strict=False)):
+        if was is None or now is None:
+            continue
+        name = label_names[i] if i < len(label_names) else str(i)
+        if now == 0.0 and was > 0.0:
+            out.append(f"class {name!r} is lost: its recall fell from {was:.1%} to 0 after pruning and recovery")
+        elif was - now > RECALL_DROP_WARNING + 1e-9:  # 20 points exactly is not more than 20
+            out.append(f"class {name!r}: recall fell from {was:.1%} to {now:.1%} after pruning and recovery "
+                       f"(more than {RECALL_DROP_WARNING:.0%})")
+    return out
+
+
+#: A class's recall may fall by this much (a share) before the run warns.
+RECALL_DROP_WARNING = 0.20

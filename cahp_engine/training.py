@@ -7,6 +7,7 @@ A plain torch loop rather than the transformers ``Trainer``: the loop is short, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import warnings
@@ -22,6 +23,7 @@ from transformers import get_linear_schedule_with_warmup
 from cahp_engine._torch import as_device, model_inputs
 from cahp_engine._validation import Interval, check
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
+from cahp_engine.distill import TeacherLogits, distillation_loss
 from cahp_engine.errors import DatasetError, JobCancelledError, PipelineError
 from cahp_engine.results import TrainingResult
 
@@ -79,6 +81,9 @@ def finetune(
     device: torch.device | str = "cpu",
     progress: Callable[[int, int], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    teacher: TeacherLogits | None = None,
+    alpha: float = 0.5,
+    temperature: float = 4.0,
 ) -> TrainingResult:
     """Fine-tune every parameter of ``model`` on ``data`` with AdamW and a linear warm-up/decay.
 
@@ -105,6 +110,10 @@ def finetune(
         Called after every optimiser step; ``step`` counts from 1.
     should_cancel : callable () -> bool, optional
         Asked before every step.
+    teacher : TeacherLogits, optional
+        A teacher's logits for every row of ``data``: the loss becomes
+        :func:`~cahp_engine.distill.distillation_loss` with ``alpha`` and ``temperature``
+        (otherwise plain cross-entropy, and those two are ignored).
 
     Returns
     -------
@@ -123,6 +132,12 @@ def finetune(
     warm-up, weight decay 0.01, max gradient norm 1.0, batch size 32.
     """
     _check_recipe(epochs, lr, batch_size, warmup_ratio, weight_decay, max_grad_norm)
+    if teacher is not None:
+        check("alpha", alpha, Interval("real", 0, 1))
+        check("temperature", temperature, Interval("real", 0, None, closed="neither"))
+        if teacher.logits.shape[0] != len(data):
+            raise PipelineError(f"the teacher's logits cover {teacher.logits.shape[0]} rows but the training data "
+                                f"has {len(data)}")
     dev = as_device(device)
     precision = _precision(dev)
     n = len(data)
@@ -132,8 +147,8 @@ def finetune(
     # Half-up rounding (not Python's round-half-even), and at least one step for any epochs > 0.
     total = 0 if epochs == 0 else max(1, math.floor(epochs * batches_per_epoch + 0.5))
     if total == 0:
-        return TrainingResult(steps=0, epochs=0.0, loss_per_epoch=(), wall_s=0.0, seconds_per_epoch=(),
-                              device=str(dev), precision=precision)
+        return _described(TrainingResult(steps=0, epochs=0.0, loss_per_epoch=(), wall_s=0.0, seconds_per_epoch=(),
+                                         device=str(dev), precision=precision), teacher, alpha, temperature)
     num_labels = int(getattr(model.config, "num_labels", data.num_classes))
     if int(data.labels.max()) >= num_labels:
         raise DatasetError(
@@ -152,9 +167,11 @@ def finetune(
             for p, _ in flags:
                 p.requires_grad_(True)
             model.to(dev).train()
-            return _loop(model, data, dev, precision, total, batch_size, lr=lr,
-                         warmup_ratio=warmup_ratio, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                         seed=seed, progress=progress, should_cancel=should_cancel)
+            result = _loop(model, data, dev, precision, total, batch_size, lr=lr,
+                           warmup_ratio=warmup_ratio, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                           seed=seed, progress=progress, should_cancel=should_cancel,
+                           loss_fn=_loss_fn(teacher, alpha, temperature, dev))
+            return _described(result, teacher, alpha, temperature)
     finally:
         model.eval()
         for p, flag in flags:
@@ -162,10 +179,31 @@ def finetune(
             p.requires_grad_(flag)
 
 
+#: ``loss_fn(logits, labels, row_indices) -> loss`` of one batch.
+LossFn = Callable[[torch.Tensor, torch.Tensor, np.ndarray], torch.Tensor]
+
+
+def _loss_fn(teacher: TeacherLogits | None, alpha: float, temperature: float, dev: torch.device) -> LossFn:
+    if teacher is None:
+        # The loss in fp32: half-precision cross-entropy loses the small differences late in training.
+        return lambda logits, labels, _rows: F.cross_entropy(logits.float(), labels)
+    return lambda logits, labels, rows: distillation_loss(logits, teacher.rows(rows, dev), labels, alpha=alpha,
+                                                          temperature=temperature)
+
+
+def _described(result: TrainingResult, teacher: TeacherLogits | None, alpha: float,
+               temperature: float) -> TrainingResult:
+    """``result`` with the loss it was trained with."""
+    if teacher is None:
+        return result
+    return dataclasses.replace(result, loss="distill", alpha=float(alpha), temperature=float(temperature),
+                               teacher=teacher.record)
+
+
 def _loop(model: nn.Module, data: EncodedDataset, dev: torch.device, precision: str, total: int,
           batch_size: int, *, lr: float, warmup_ratio: float, weight_decay: float, max_grad_norm: float,
           seed: int, progress: Callable[[int, int], None] | None,
-          should_cancel: Callable[[], bool] | None) -> TrainingResult:
+          should_cancel: Callable[[], bool] | None, loss_fn: LossFn) -> TrainingResult:
     optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(warmup_ratio * total), total)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -185,13 +223,12 @@ def _loop(model: nn.Module, data: EncodedDataset, dev: torch.device, precision: 
                                          shuffle_seed=_epoch_seed(seed, epoch))
         batches = batches[: total - step]
         loss_sum = 0.0
-        for batch in iterate_batches(data, batches, dev):
+        for rows, batch in zip(batches, iterate_batches(data, batches, dev), strict=True):
             if should_cancel is not None and should_cancel():
                 raise JobCancelledError(f"fine-tuning was cancelled after {step} of {total} steps")
             with autocast():
                 logits = model(**model_inputs(model, batch)).logits
-            # The loss in fp32: half-precision cross-entropy loses the small differences late in training.
-            loss = F.cross_entropy(logits.float(), batch["labels"])
+            loss = loss_fn(logits, batch["labels"], rows)
             value = float(loss.detach())  # one sync per step, needed for the NaN check anyway
             if not math.isfinite(value):
                 raise PipelineError(

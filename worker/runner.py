@@ -32,7 +32,7 @@ from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 from cahp_engine.checkpoint import check_weight_files
-from cahp_engine.errors import CahpError, JobCancelledError, PipelineError
+from cahp_engine.errors import AccuracyBudgetError, CahpError, JobCancelledError, PipelineError
 from cahp_engine.report import RunReport
 from worker.artifacts import store_artifacts
 from worker.lease import LeaseKeeper
@@ -131,7 +131,12 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         logger.info("job %s failed: %s: %s", job_id, exc.code, exc)
         message = redact(str(exc))
         reporter.log(f"failed: {exc.code}: {message}")
-        return _finish(context, reporter, claimed, JobStatus.failed, code=exc.code, message=message)
+        # A missed accuracy budget keeps the candidates' report and plots (stored by _run).
+        stored = [a for a in getattr(exc, "artifacts", []) if isinstance(a, ArtifactRecord)]
+        if stored:
+            reporter.log("stored " + ", ".join(a.name for a in stored))
+        return _finish(context, reporter, claimed, JobStatus.failed, code=exc.code, message=message,
+                       artifacts=stored)
     except Exception as exc:
         full = storage_error(exc, "running the job") if isinstance(exc, OSError) else None
         if full is not None:
@@ -190,7 +195,30 @@ def _run(
         from cahp_engine.run import run_pruning
 
         pipeline = run_pruning
-    report = pipeline(
+    try:
+        report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter)
+    except AccuracyBudgetError as exc:
+        # The one failure that leaves artifacts: the report and plots of the candidates it tried.
+        if output.is_dir() and reporter.still_held():
+            files = sorted(p.name for p in output.iterdir() if p.is_file())
+            exc.artifacts = list(store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
+                                                 attempt=claimed.attempt))
+        raise
+    if not (output / "model").is_dir():
+        raise PipelineError("the run finished without writing the pruned model directory")
+    if not reporter.still_held():
+        # Taken over while finishing: storing now would only leave objects no row points at.
+        raise JobCancelledError("this worker no longer holds the job")
+    # The engine writes only its artifacts into ``output`` (model/ plus ARTIFACT_FILES).
+    files = sorted(p.name for p in output.iterdir() if p.is_file())
+    artifacts = store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
+                                attempt=claimed.attempt)
+    return report, artifacts
+
+
+def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: Any, claimed: _Claimed,
+          settings: Settings, reporter: JobReporter) -> RunReport:
+    return pipeline(
         inputs.model_ref, inputs.dataset_ref, output, config,
         dataset_options=options,
         model_name=claimed.model["uri"],
@@ -202,16 +230,6 @@ def _run(
         should_cancel=reporter.should_cancel,
         log=reporter.log,
     )
-    if not (output / "model").is_dir():
-        raise PipelineError("the run finished without writing the pruned model directory")
-    if not reporter.still_held():
-        # Taken over while finishing: storing now would only leave objects no row points at.
-        raise JobCancelledError("this worker no longer holds the job")
-    # The engine writes only its artifacts into ``output`` (model/ plus ARTIFACT_FILES).
-    files = sorted(p.name for p in output.iterdir() if p.is_file())
-    artifacts = store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
-                                attempt=claimed.attempt)
-    return report, artifacts
 
 
 def _finish_stopped(

@@ -16,9 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli.dataset_flags import add_dataset_flags, dataset_options_from_args
 from app.cli.exit_codes import ExitCode
-from cahp_engine.config import DENSE_FINETUNE_MODES, EXPORT_FORMATS, QUANTIZE_MODES, PruningConfig
+from cahp_engine.config import (
+    BUDGET_METRICS,
+    DENSE_FINETUNE_MODES,
+    EXPORT_FORMATS,
+    QUANTIZE_MODES,
+    RECOVERY_LOSSES,
+    PruningConfig,
+)
 from cahp_engine.dataset_options import DatasetOptions
-from cahp_engine.errors import CahpError, InvalidInputError, JobCancelledError
+from cahp_engine.errors import AccuracyBudgetError, CahpError, InvalidInputError, JobCancelledError
 from cahp_engine.progress import STAGE_SPAN
 from cahp_engine.strategies import STRATEGIES
 
@@ -97,6 +104,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--dense-finetune", choices=DENSE_FINETUNE_MODES, default=_default("dense_finetune"))
     t.add_argument("--dense-epochs", type=float, default=_default("dense_epochs"))
     t.add_argument("--dense-lr", type=float, default=_default("dense_lr"))
+    t.add_argument("--recovery-loss", choices=RECOVERY_LOSSES, default=_default("recovery_loss"),
+                   help="distill: the dense model teaches the pruned one; ce: labels only (default %(default)s)")
+    t.add_argument("--distill-alpha", type=float, default=_default("distill_alpha"),
+                   help="weight of the labels in the distillation loss (default %(default)s)")
+    t.add_argument("--distill-temperature", type=float, default=_default("distill_temperature"),
+                   help="softmax temperature of the distillation loss (default %(default)s)")
+    b = p.add_argument_group("accuracy budget")
+    b.add_argument("--max-accuracy-drop", type=float, default=None, metavar="P",
+                   help="keep the fewest heads whose validation score stays within P points of the dense model's "
+                        "(tries candidate head counts; off by default)")
+    b.add_argument("--budget-metric", choices=BUDGET_METRICS, default=_default("budget_metric"),
+                   help="the validation score the budget compares (default %(default)s)")
+    b.add_argument("--budget-screen-epochs", type=float, default=_default("budget_screen_epochs"),
+                   help="recovery epochs of each candidate while searching (default %(default)s)")
     p.add_argument("--seed", type=int, default=_default("seed"))
     p.add_argument("--device", default=_default("device"), help="auto, cpu, cuda or cuda:N")
     p.add_argument("--latency-repeats", type=int, default=_default("latency_repeats"))
@@ -119,6 +140,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOp
         seed=args.seed, batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
         dense_finetune=args.dense_finetune, dense_epochs=args.dense_epochs, dense_lr=args.dense_lr,
         device=args.device, latency_repeats=args.latency_repeats, export=args.export, quantize=args.quantize,
+        recovery_loss=args.recovery_loss, distill_alpha=args.distill_alpha,
+        distill_temperature=args.distill_temperature, max_accuracy_drop=args.max_accuracy_drop,
+        budget_metric=args.budget_metric,
+        budget_screen_epochs=args.budget_screen_epochs,
     )
     options = dataset_options_from_args(args)
     return config, options
@@ -185,6 +210,12 @@ def run_command(args: argparse.Namespace) -> int:
         bars.close()
         print(f"cahp prune: {exc}", file=sys.stderr)
         return ExitCode.FAILED
+    except AccuracyBudgetError as exc:
+        bars.close()
+        print(f"cahp prune: failed ({exc.code}): {exc}", file=sys.stderr)
+        print(f"cahp prune: the candidates' report and plots are in {args.output} (report.json has "
+              '"status": "failed")', file=sys.stderr)
+        return ExitCode.FAILED
     except CahpError as exc:
         bars.close()
         print(f"cahp prune: failed ({exc.code}): {exc}", file=sys.stderr)
@@ -223,6 +254,7 @@ def format_summary(report: RunReport, output: Path) -> str:
         f"pruned before recovery {m.pruned_before_recovery.accuracy:.4f}, "
         f"after recovery {m.pruned.accuracy:.4f}",
         f"  macro-F1: dense {m.dense.macro_f1:.4f}, pruned {m.pruned.macro_f1:.4f}",
+        _recovery_line(report),
         f"  parameters: {report.parameters.dense.total:,} -> {report.parameters.pruned.total:,}",
     ]
     for row in speed.results:
@@ -230,11 +262,36 @@ def format_summary(report: RunReport, output: Path) -> str:
             f"  latency batch {row.batch_size:>2} x {speed.seq_len} tokens on {report.device}: "
             f"p50 {row.dense.p50_ms:.2f} ms -> {row.pruned.p50_ms:.2f} ms (x{row.speedup:.2f})"
         )
+    lines += _budget_lines(report)
     lines += _export_lines(report)
     lines.append(f"  wall time {report.wall_time_s:.1f} s; artifacts in {output}")
     for warning in report.warnings:
         lines.append(f"  warning: {warning}")
     return "\n".join(lines)
+
+
+def _recovery_line(report: RunReport) -> str:
+    r = report.recovery
+    how = f"distillation (alpha {r.alpha:g}, T {r.temperature:g})" if r.loss == "distill" else "cross-entropy"
+    return f"  recovery: {r.epochs:g} epochs, {how}, {r.wall_s:.1f} s"
+
+
+def _budget_lines(report: RunReport) -> list[str]:
+    """What the summary says of an accuracy budget's search."""
+    b = report.budget
+    if b is None:
+        return []
+    where = f"{b.validation_rows} rows carved from '{b.split}'" if b.carved else f"split '{b.split}'"
+    lines = [f"  accuracy budget: validation {b.metric} within {b.max_accuracy_drop:g} points of the dense "
+             f"{b.dense_validation:.4f} (>= {b.threshold:.4f}) on {where}"]
+    for c in b.candidates:
+        after = c.accuracy_after if b.metric == "accuracy" else c.macro_f1_after
+        lines.append(f"    {c.heads_kept:>4} heads (k={c.k}): {after:.4f} after {c.screen_epochs:g} epoch(s)"
+                     + ("  <- chosen" if c.within_budget else ""))
+    if b.cost_vs_single_run is not None:
+        lines.append(f"    search {b.search_seconds:.1f} s + final recovery {b.final_recovery_seconds:.1f} s "
+                     f"= x{b.cost_vs_single_run:.2f} a single run's recovery")
+    return lines
 
 
 def _export_lines(report: RunReport) -> list[str]:

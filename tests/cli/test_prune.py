@@ -152,6 +152,12 @@ def test_json_flag_prints_the_report(tmp_path):
          {"signature_samples": 0.5, "calibration_fraction": 0.25}),
         (["--calibration-fraction", "auto", "--stability-shards", "0", "--perplexity", "5"],
          {"calibration_fraction": "auto", "stability_shards": 0, "perplexity": 5.0}),
+        ([], {"recovery_loss": "distill", "distill_alpha": 0.5, "distill_temperature": 4.0,
+              "max_accuracy_drop": None, "budget_metric": "accuracy", "budget_screen_epochs": 1.0}),
+        (["--recovery-loss", "ce", "--distill-alpha", "0.25", "--distill-temperature", "2"],
+         {"recovery_loss": "ce", "distill_alpha": 0.25, "distill_temperature": 2.0}),
+        (["--max-accuracy-drop", "1", "--budget-metric", "macro_f1", "--budget-screen-epochs", "0.5"],
+         {"max_accuracy_drop": 1.0, "budget_metric": "macro_f1", "budget_screen_epochs": 0.5}),
     ],
 )
 def test_sampling_flags_reach_the_config_exactly(flags, expected):
@@ -263,3 +269,18 @@ def test_prune_reads_a_dataset_configuration_with_mnli_splits(tmp_path):
     refused = cahp(str(model), str(repository), "--output", str(tmp_path / "out2"), "--text-column", "premise",
                    cwd=tmp_path)
     assert refused.returncode == 2 and "--dataset-config" in refused.stderr
+
+
+def test_a_missed_budget_exits_1_and_leaves_the_candidates_report(tmp_path):
+    model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=3)
+    data = write_dataset(tmp_path / "data", n_train=150)
+    out = tmp_path / "out"
+    # A well-trained dense model and a recovery rate that wrecks every candidate: nothing is within 0 points.
+    proc = cahp(str(model), str(data), "-o", str(out), "--dense-finetune", "always", "--dense-epochs", "6",
+                "--dense-lr", "2e-3", "--lr", "0.05", "--epochs", "1", "--max-accuracy-drop", "0",
+                "--budget-metric", "macro_f1", "--stability-shards", "0", "--export", "none", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "failed (accuracy_budget_not_met)" in proc.stderr and f"report and plots are in {out}" in proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["budget"]["chosen"] is None
+    assert (out / "mss_curve.png").is_file() and (out / "head_map.png").is_file() and not (out / "model").exists()

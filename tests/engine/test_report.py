@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.report import RunReport, RunSummary
-from cahp_engine.results import ClassificationMetrics, TrainingResult
+from cahp_engine.results import ClassificationMetrics, TeacherRecord, TrainingResult
 from cahp_engine.run import run_pruning
 from tests.engine.golden.make_golden import HERE, write_inputs
 
@@ -51,8 +51,15 @@ def test_training_result_keeps_its_dict_form():
     result = TrainingResult(steps=2, epochs=1.0, loss_per_epoch=(0.5,), wall_s=0.1, seconds_per_epoch=(0.1,),
                             device="cpu", precision="fp32")
     assert result.to_dict() == {"steps": 2, "epochs": 1.0, "loss_per_epoch": [0.5], "wall_s": 0.1,
-                                "seconds_per_epoch": [0.1], "device": "cpu", "precision": "fp32"}
+                                "seconds_per_epoch": [0.1], "device": "cpu", "precision": "fp32", "loss": "ce",
+                                "alpha": None, "temperature": None, "teacher": None}
     assert TrainingResult.from_dict(result.to_dict()) == result
+    # A report written before the loss was recorded reads back as cross-entropy.
+    old = {k: v for k, v in result.to_dict().items() if k not in ("loss", "alpha", "temperature", "teacher")}
+    assert TrainingResult.from_dict(old) == result
+    distilled = dataclasses.replace(result, loss="distill", alpha=0.5, temperature=4.0,
+                                    teacher=TeacherRecord(passes=1, rows=60, seconds=0.2))
+    assert TrainingResult.from_dict(distilled.to_dict()) == distilled
 
 
 @pytest.mark.slow

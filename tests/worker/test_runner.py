@@ -22,7 +22,7 @@ from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.checkpoint import load_pruned
 from cahp_engine.run import ARTIFACT_FILES, run_pruning
-from tests.api.helpers import job_body, write_split
+from tests.api.helpers import job_body, write_split, write_tiny_dataset
 from worker.runner import Outcome, WorkerContext, execute_job
 
 
@@ -272,3 +272,27 @@ def test_the_device_comes_from_the_worker_settings(
     assert execute_job(job_id=job_id, context=ctx, pipeline=record) is Outcome.succeeded
     assert seen == [device]
     assert f"device {device}" in _logs(client, auth, job_id)
+
+
+def test_a_missed_accuracy_budget_fails_the_job_and_keeps_the_candidates_report(
+    client: TestClient, auth: dict[str, str], context: WorkerContext, model_uri: str, local_root: Path,
+) -> None:
+    dataset_uri = f"file://{write_tiny_dataset(local_root / 'data150', train=150, test=30)}"
+    # A recovery rate that wrecks every candidate (AdamW moves each weight by about the rate per
+    # step) against a well-trained dense model: no candidate is within 0 points.
+    job_id = _submit(client, auth, job_body(model_uri, dataset_uri, dense_finetune="always", dense_epochs=6,
+                                            dense_lr=2e-3, lr=0.05, max_accuracy_drop=0.0,
+                                            budget_metric="macro_f1", stability_shards=0))
+    assert execute_job(job_id=job_id, context=context) is Outcome.failed
+    job = _job(client, auth, job_id)
+    assert job["status"] == "failed" and job["error"]["code"] == "accuracy_budget_not_met"
+    assert "within 0 points" in job["error"]["message"] and job["result"] is None
+    manifest = {a["name"]: a for a in client.get(f"/v1/jobs/{job_id}/artifacts", headers=auth).json()["data"]}
+    assert set(manifest) == {"report.json", "mss_curve.json", "mss_curve.png", "head_map.json", "head_map.png",
+                             "layer_retention.png"}
+    report = client.get(manifest["report.json"]["url"], headers=auth).json()
+    assert report["status"] == "failed" and report["budget"]["chosen"] is None
+    assert report["budget"]["carved"] and report["budget"]["validation_rows"] == 15
+    assert report["budget"]["dense_validation"] > 0.5  # the dense model learned the task
+    assert report["dataset"]["ref"] == dataset_uri  # the job's URI, never a worker path
+    assert "stored head_map.json" in _logs(client, auth, job_id) and "report.json" in _logs(client, auth, job_id)

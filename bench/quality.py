@@ -6,7 +6,13 @@ from the same curve) and both baselines, which keep exactly as many heads as CAH
 seed and degree. Every pruned model gets the same recovery fine-tuning and is scored on the test
 split. Finished cells (seed, degree, strategy) go to a cache file at once, so a rerun resumes.
 
-Run: ``python -m bench quality [--threads 2] [--paper-protocol] [--smoke] [--report-only]``
+With ``--losses ce,distill`` every cell is recovered twice: with cross-entropy (the paper's) and with
+distillation from the dense model (the engine's default; the teacher's logits over the training split
+are computed once and cached as ``teacher-logits.npy``). Cells recovered with cross-entropy keep the
+key they always had, so caches from before distillation resume.
+
+Run: ``python -m bench quality [--threads 2] [--paper-protocol] [--smoke] [--losses ce,distill]
+[--report-only]``
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from cahp_engine.checkpoint import save_pruned
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import EncodedDataset, LabelledTexts, draw_subset, encode
 from cahp_engine.datasets_io import DatasetOptions, load_splits
+from cahp_engine.distill import TeacherLogits, teacher_logits
 from cahp_engine.evaluation import evaluate
 from cahp_engine.models import load_classifier
+from cahp_engine.results import TeacherRecord
 from cahp_engine.run import resolve_device
 from cahp_engine.selection import Selection
 from cahp_engine.strategies import choose
@@ -84,6 +92,13 @@ class Protocol:
     train_rows: int | None = None
     test_rows: int | None = None
     score_before_recovery: bool = True
+    losses: tuple[str, ...] = ("ce",)
+    distill_alpha: float = 0.5
+    distill_temperature: float = 4.0
+
+    def variants(self) -> list[tuple[str, str]]:
+        """(strategy, recovery loss) of every cell of a seed and degree."""
+        return [(strategy, loss) for loss in self.losses for strategy in STRATEGIES]
 
     def dense_key(self) -> dict[str, Any]:
         """What the cached dense model and selections depend on (not the recovery recipe)."""
@@ -96,12 +111,15 @@ class Protocol:
 
     def describe(self) -> str:
         rows = "" if self.train_rows is None else f" ({self.train_rows} train / {self.test_rows} test rows)"
+        losses = " and ".join("cross-entropy" if loss == "ce" else
+                              f"distillation from the dense model (alpha {self.distill_alpha:g}, "
+                              f"T {self.distill_temperature:g})" for loss in self.losses)
         return (f"{self.model}{rows}: dense fine-tuning {self.dense_epochs:g} epochs at lr {self.dense_lr:g}, "
                 f"batch {self.batch_size}, seed {self.dense_seed}; per seed in {list(self.seeds)}: CAHP selection "
                 f"(B={self.resolution}, the engine's default sampling: stopping rules) at polynomial degrees "
                 f"{list(self.degrees)}, salience top-k and seeded random at CAHP's head count; recovery "
-                f"{self.recovery_epochs:g} epoch(s) at lr {self.recovery_lr:g} (warm-up 10%, weight decay 0.01, "
-                "clip 1.0, batch 32, seed = run seed); SST-5 test accuracy")
+                f"{self.recovery_epochs:g} epoch(s) at lr {self.recovery_lr:g} with {losses} (warm-up 10%, "
+                "weight decay 0.01, clip 1.0, batch 32, seed = run seed); SST-5 test accuracy")
 
 
 SMOKE = Protocol(name="quality_sst5_smoke", model="tiny-random-bert", dense_epochs=3, dense_lr=1e-3,
@@ -109,6 +127,16 @@ SMOKE = Protocol(name="quality_sst5_smoke", model="tiny-random-bert", dense_epoc
 
 
 # --------------------------------------------------------------------------- small pure helpers
+
+
+def variant(strategy: str, loss: str) -> str:
+    """The name a (strategy, loss) pair goes by in the summary: the strategy alone for cross-entropy."""
+    return strategy if loss == "ce" else f"{strategy}+{loss}"
+
+
+def label(name: str) -> str:
+    strategy, _, loss = name.partition("+")
+    return LABELS[strategy] + (f" + {loss}" if loss else "")
 
 
 def jaccard(a: set[tuple[int, int]], b: set[tuple[int, int]]) -> float:
@@ -217,9 +245,26 @@ def selections_for_seed(dense: nn.Module, train: EncodedDataset, protocol: Proto
     }
 
 
+def teacher_for(dense: nn.Module, train: EncodedDataset, cache: Path, protocol: Protocol,
+                device: torch.device, say: Callable[[str], None]) -> TeacherLogits:
+    """The dense model's logits over the training rows: computed once, then read from the cache."""
+    path, record_path = cache / "teacher-logits.npy", cache / "teacher.json"
+    record = _read_json(record_path)
+    if path.is_file() and record is not None:
+        logits = np.load(path)
+        if logits.shape[0] == len(train):
+            return TeacherLogits(logits, TeacherRecord(**record))
+    teacher = teacher_logits(dense, train, batch_size=protocol.batch_size, device=device)
+    np.save(path, teacher.logits)
+    _write_json(record_path, teacher.record.to_dict())
+    say(f"teacher logits over {len(train)} rows in {teacher.record.seconds:.0f} s (cached)")
+    return teacher
+
+
 def run_cell(dense: nn.Module, train: EncodedDataset, test: EncodedDataset, heads: list[list[int]],
-             protocol: Protocol, seed: int, device: torch.device) -> dict[str, Any]:
-    """Prune a copy of the dense model to ``heads``, score it, recover it, score it again."""
+             protocol: Protocol, seed: int, device: torch.device, loss: str = "ce",
+             teacher: TeacherLogits | None = None) -> dict[str, Any]:
+    """Prune a copy of the dense model to ``heads``, score it, recover it (with ``loss``), score it again."""
     start = time.perf_counter()
     pruned = copy.deepcopy(dense)
     kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
@@ -231,9 +276,11 @@ def run_cell(dense: nn.Module, train: EncodedDataset, test: EncodedDataset, head
         before = evaluate(pruned, test, batch_size=protocol.batch_size, device=device).accuracy
     recovery = finetune(pruned, train, epochs=protocol.recovery_epochs, lr=protocol.recovery_lr,
                         batch_size=protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
-                        seed=seed, device=device)
+                        seed=seed, device=device, teacher=teacher if loss == "distill" else None,
+                        alpha=protocol.distill_alpha, temperature=protocol.distill_temperature)
     after = evaluate(pruned, test, batch_size=protocol.batch_size, device=device)
-    return {"accuracy": after.accuracy, "macro_f1": after.macro_f1, "accuracy_before_recovery": before,
+    return {"loss": loss, "accuracy": after.accuracy, "macro_f1": after.macro_f1, "recall": list(after.recall),
+            "accuracy_before_recovery": before,
             "recovery": {"wall_s": recovery.wall_s, "loss_per_epoch": list(recovery.loss_per_epoch)},
             "wall_s": time.perf_counter() - start}
 
@@ -241,8 +288,9 @@ def run_cell(dense: nn.Module, train: EncodedDataset, test: EncodedDataset, head
 # --------------------------------------------------------------------------- the run, resumable
 
 
-def _cell_key(seed: int, degree: int, strategy: str) -> str:
-    return f"seed={seed}/degree={degree}/strategy={strategy}"
+def _cell_key(seed: int, degree: int, strategy: str, loss: str = "ce") -> str:
+    base = f"seed={seed}/degree={degree}/strategy={strategy}"
+    return base if loss == "ce" else f"{base}/loss={loss}"
 
 
 def _check_manifest(cache: Path, protocol: Protocol) -> None:
@@ -288,18 +336,22 @@ def run(protocol: Protocol, *, base: str, data_dir: Path, cache: Path, device: t
 
     cells_path = cache / protocol.cells_file()
     cells: dict[str, Any] = _read_json(cells_path) or {}
-    todo = [(s, d, name) for s in protocol.seeds for d in protocol.degrees for name in STRATEGIES]
-    for i, (seed, degree, strategy) in enumerate(todo, 1):
-        key = _cell_key(seed, degree, strategy)
+    todo = [(s, d, name, loss) for s in protocol.seeds for d in protocol.degrees
+            for name, loss in protocol.variants()]
+    teacher = None
+    for i, (seed, degree, strategy, loss) in enumerate(todo, 1):
+        key = _cell_key(seed, degree, strategy, loss)
         if key in cells or not compute:
             continue
+        if loss == "distill" and teacher is None:
+            teacher = teacher_for(dense, train, cache, protocol, device, say)
         info = selections[seed]["degrees"][str(degree)]
-        cell = run_cell(dense, train, test, info["kept"][strategy], protocol, seed, device)
+        cell = run_cell(dense, train, test, info["kept"][strategy], protocol, seed, device, loss, teacher)
         cells[key] = {"seed": seed, "degree": degree, "strategy": strategy, "k_star": info["k_star"],
                       "heads_kept": info["heads_kept"], "retention": info["retention"], **cell}
         _write_json(cells_path, cells)  # at once: an interrupted run resumes after this cell
         unrecovered = cell["accuracy_before_recovery"]
-        say(f"[{i}/{len(todo)}] seed {seed} degree {degree} {strategy:8s}: {info['heads_kept']} heads "
+        say(f"[{i}/{len(todo)}] seed {seed} degree {degree} {variant(strategy, loss):16s}: {info['heads_kept']} heads "
             f"({info['retention']:.1%}), accuracy {cell['accuracy']:.4f}"
             + ("" if unrecovered is None else f" (before recovery {unrecovered:.4f})")
             + f" in {cell['wall_s']:.0f} s")
@@ -308,7 +360,7 @@ def run(protocol: Protocol, *, base: str, data_dir: Path, cache: Path, device: t
         "dense": record,
         "summary": summarise(cells, selections, protocol),
         "complete": all(_cell_key(*c) in cells for c in todo),
-        "cells": [cells[_cell_key(*c)] for c in todo if _cell_key(*c) in cells],
+        "cells": [{"loss": "ce", **cells[_cell_key(*c)]} for c in todo if _cell_key(*c) in cells],
         "selections": {str(seed): sel for seed, sel in selections.items()},
         "public_implementation": PUBLIC,
         "paper_table1_bert_base_cahp": PAPER_BERT_BASE,
@@ -332,12 +384,12 @@ def summarise(cells: dict[str, Any], selections: dict[int, dict[str, Any]], prot
     out: dict[str, Any] = {}
     for degree in protocol.degrees:
         infos = [sel["degrees"][str(degree)] for sel in selections.values()]
-        for strategy in STRATEGIES:
-            rows = [cells[k] for s in protocol.seeds if (k := _cell_key(s, degree, strategy)) in cells]
+        for strategy, loss in protocol.variants():
+            rows = [cells[k] for s in protocol.seeds if (k := _cell_key(s, degree, strategy, loss)) in cells]
             acc = [r["accuracy"] for r in rows]
             unrecovered = [r["accuracy_before_recovery"] for r in rows if r["accuracy_before_recovery"] is not None]
             sets = [{(h[0], h[1]) for h in info["kept"][strategy]} for info in infos]
-            out.setdefault(str(degree), {})[strategy] = {
+            out.setdefault(str(degree), {})[variant(strategy, loss)] = {
                 "seeds": [r["seed"] for r in rows],
                 "accuracies": acc,
                 "accuracy_mean": statistics.fmean(acc) if acc else None,
@@ -378,7 +430,8 @@ def markdown(doc: dict[str, Any]) -> str:
     degrees = [str(d) for d in settings["degrees"]]
     public = doc["public_implementation"]
     show_public = settings["model"] == PUBLIC_MODEL  # its figures say nothing about another model
-    n_seeds = max((len(summary[d][s]["seeds"]) for d in degrees for s in STRATEGIES), default=0)
+    names = list(summary[degrees[0]]) if degrees else []
+    n_seeds = max((len(summary[d][s]["seeds"]) for d in degrees for s in names), default=0)
     head = "| Method | " + " | ".join(f"Poly {d}" for d in degrees) + " |\n|---|" + "---|" * len(degrees) + "\n"
     lines = [
         f"# SST-5 quality: CAHP against salience top-k and random choice ({settings['model']})", "",
@@ -392,49 +445,51 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Test accuracy (%), mean ± std over {n_seeds} seed(s); subscript: mean share of heads kept "
         "(the same for the three methods, which keep the same number of heads).", "", head.rstrip("\n"),
     ]
-    for strategy in STRATEGIES:
+    for strategy in names:
         cells = []
         for d in degrees:
             row = summary[d][strategy]
             share = f"<sub>{_pct(row['retention_mean'])}%</sub>"
             cells.append(_mean_std(row["accuracy_mean"], row["accuracy_std"]) + share)
-        lines.append(f"| {LABELS[strategy]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(strategy)} | " + " | ".join(cells) + " |")
     ref = [public["degrees"].get(d) for d in degrees]
     if show_public:
         lines.append("| Public CAHP (seed 42) | " + " | ".join(
             "–" if r is None else f"{_pct(r['accuracy'])}<sub>{_pct(r['retention'])}%</sub>" for r in ref) + " |")
     lines += ["", "Mean k* (clusters at the knee) and heads kept (k* plus layer-safety heads): " + "; ".join(
-        f"Poly {d}: k* {summary[d]['cahp']['k_star_mean'] or 0:.1f}, {summary[d]['cahp']['heads_kept_mean'] or 0:.1f}"
+        f"Poly {d}: k* {summary[d][names[0]]['k_star_mean'] or 0:.1f}, "
+        f"{summary[d][names[0]]['heads_kept_mean'] or 0:.1f}"
         " heads" for d in degrees) + ".", "",
         "Accuracy (%) straight after pruning, before recovery, mean over seeds:", "", head.rstrip("\n")]
-    for strategy in STRATEGIES:
-        lines.append(f"| {LABELS[strategy]} | " + " | ".join(
+    for strategy in names[:len(STRATEGIES)]:  # before recovery the loss makes no difference
+        lines.append(f"| {LABELS[strategy.partition('+')[0]]} | " + " | ".join(
             _pct(summary[d][strategy]["accuracy_before_recovery_mean"]) for d in degrees) + " |")
     lines += ["", "Macro-F1 (%) after recovery, mean ± std over seeds (a model that stops predicting a class "
               "loses here more than in accuracy):", "", head.rstrip("\n")]
-    for strategy in STRATEGIES:
-        lines.append(f"| {LABELS[strategy]} | " + " | ".join(
+    for strategy in names:
+        lines.append(f"| {label(strategy)} | " + " | ".join(
             _mean_std(summary[d][strategy]["macro_f1_mean"], summary[d][strategy].get("macro_f1_std"))
             for d in degrees) + " |")
     lines += ["", "Jaccard similarity of the kept heads across seeds (mean over pairs, min–max):", "",
               head.rstrip("\n")]
-    for strategy in STRATEGIES:
+    for strategy in names[:len(STRATEGIES)]:  # the kept heads do not depend on the loss
         cells = []
         for d in degrees:
             j = summary[d][strategy]["jaccard"]
             cells.append("–" if j["mean"] is None else f"{j['mean']:.2f} ({j['min']:.2f}–{j['max']:.2f})")
-        lines.append(f"| {LABELS[strategy]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {LABELS[strategy.partition('+')[0]]} | " + " | ".join(cells) + " |")
     if show_public:
         lines.append("| Public CAHP | " + " | ".join(
             "–" if r is None else f"{r['jaccard'][0]:.2f}–{r['jaccard'][1]:.2f}" for r in ref) + " |")
     lines += ["", "Per seed (test accuracy %, after recovery):", "",
-              "| Seed | Degree | k* | Heads kept | CAHP | Salience top-k | Random |", "|---|---|---|---|---|---|---|"]
-    by_key = {(c["seed"], c["degree"], c["strategy"]): c for c in doc["cells"]}
+              "| Seed | Degree | k* | Heads kept | " + " | ".join(label(n) for n in names) + " |",
+              "|---|---|---|---|" + "---|" * len(names)]
+    by_key = {(c["seed"], c["degree"], variant(c["strategy"], c.get("loss", "ce"))): c for c in doc["cells"]}
     for seed, sel in doc["selections"].items():
         for d in degrees:
             info = sel["degrees"][d]
             accs = [_pct(by_key[(int(seed), int(d), s)]["accuracy"]) if (int(seed), int(d), s) in by_key else "–"
-                    for s in STRATEGIES]
+                    for s in names]
             lines.append(f"| {seed} | {d} | {info['k_star']} | {info['heads_kept']} | " + " | ".join(accs) + " |")
     return "\n".join(lines) + "\n"
 
@@ -449,7 +504,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax = fig.add_subplot()
     colours = {"cahp": "#d7191c", "salience": "#2b83ba", "random": "#7f7f7f"}
     degrees = [str(d) for d in doc["settings"]["degrees"]]
-    for offset, strategy in zip((-0.4, 0.0, 0.4), STRATEGIES, strict=True):
+    names = list(doc["summary"][degrees[0]]) if degrees else []
+    offsets = {name: 0.4 * (i - (len(names) - 1) / 2) for i, name in enumerate(names)}
+    for strategy in names:
+        offset, base = offsets[strategy], strategy.partition("+")[0]
         xs, ys, errs = [], [], []
         for d in degrees:
             row = doc["summary"][d][strategy]
@@ -458,10 +516,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
             xs.append(100 * row["retention_mean"] + offset)
             ys.append(100 * row["accuracy_mean"])
             errs.append(100 * (row["accuracy_std"] or 0.0))
-        seeds = [c for c in doc["cells"] if c["strategy"] == strategy]
+        seeds = [c for c in doc["cells"] if variant(c["strategy"], c.get("loss", "ce")) == strategy]
         ax.scatter([100 * c["retention"] + offset for c in seeds], [100 * c["accuracy"] for c in seeds], s=10,
-                   color=colours[strategy], alpha=0.35)
-        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, color=colours[strategy], label=LABELS[strategy])
+                   color=colours[base], alpha=0.35)
+        ax.errorbar(xs, ys, yerr=errs, marker="o" if base == strategy else "s", capsize=3, color=colours[base],
+                    linestyle="-" if base == strategy else "--", label=label(strategy))
     ax.axhline(100 * doc["dense"]["test"]["accuracy"], color="black", linestyle="--", linewidth=1, label="dense")
     public = doc["public_implementation"]
     if doc["settings"]["model"] == PUBLIC_MODEL:
@@ -470,7 +529,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
                    facecolor="none", edgecolor="black", label="public CAHP (seed 42)")
         ax.axhline(100 * public["dense_accuracy"], color="black", linestyle=":", linewidth=1, label="public dense")
     for d in degrees:
-        row = doc["summary"][d]["cahp"]
+        row = doc["summary"][d][names[0]]
         if row["retention_mean"] is not None:
             ax.annotate(f"Poly {d}", (100 * row["retention_mean"], 0.0), xycoords=("data", "axes fraction"),
                         textcoords="offset points", xytext=(0, 4), ha="center", fontsize=8)
@@ -500,6 +559,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-dir", type=Path, help="default bench/results/cache/<name>")
     p.add_argument("--fresh", action="store_true", help="delete the cache first (dense model, selections, cells)")
     p.add_argument("--report-only", action="store_true", help="write the result files from the cache; compute nothing")
+    p.add_argument("--losses", default="ce",
+                   help="comma-separated recovery losses, each a full set of cells: ce, distill (default ce)")
     p.add_argument("--no-before-recovery", action="store_true",
                    help="skip scoring each pruned model before its recovery (saves one test pass per cell)")
     args = p.parse_args(argv)
@@ -516,6 +577,10 @@ def main(argv: list[str] | None = None) -> None:
         protocol = replace(protocol, degrees=tuple(int(v) for v in args.degrees.split(",") if v))
     if args.no_before_recovery:
         protocol = replace(protocol, score_before_recovery=False)
+    losses = tuple(v for v in args.losses.split(",") if v)
+    if not losses or set(losses) - {"ce", "distill"}:
+        raise SystemExit(f"--losses takes ce and/or distill, comma-separated, got {args.losses!r}")
+    protocol = replace(protocol, losses=losses)
     if args.fresh:
         if args.report_only:
             raise SystemExit("--fresh and --report-only contradict each other")

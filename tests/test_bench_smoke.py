@@ -83,6 +83,32 @@ def test_quality_rerun_skips_finished_cells_and_redoes_a_missing_one(tiny_setup,
     assert all(c in second["cells"] for c in same)
 
 
+def test_quality_with_distillation_adds_a_set_of_cells_and_keeps_the_cross_entropy_ones(tiny_setup, monkeypatch):
+    ce_only = _run(tiny_setup)
+    passes = []
+    real = quality.teacher_logits
+
+    def counting(*args, **kwargs):
+        passes.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quality, "teacher_logits", counting)
+    tiny_setup["protocol"] = quality.replace(tiny_setup["protocol"], losses=("ce", "distill"))
+    both = _run(tiny_setup)
+    assert passes == [1]  # one teacher pass for the six distilled cells
+    assert (tiny_setup["cache"] / "teacher-logits.npy").is_file()
+    distilled = [c for c in both["cells"] if c["loss"] == "distill"]
+    assert len(distilled) == 12 and all(c in both["cells"] for c in ce_only["cells"])
+    assert set(both["summary"]["2"]) == {"cahp", "salience", "random", "cahp+distill", "salience+distill",
+                                         "random+distill"}
+    again = _run(tiny_setup)  # cached: neither the teacher nor any cell runs again
+    assert passes == [1] and again["cells"] == both["cells"]
+    table = quality.markdown({**both, "date": "d", "command": "c", "machine": {"cpu": "x", "cores": 2,
+                                                                              "torch_threads": 1, "gpu": None},
+                              "protocol": "p"})
+    assert "| CAHP + distill |" in table and "Salience top-k + distill" in table
+
+
 def test_quality_report_only_names_the_run_that_computed_the_figures(tiny_setup, tmp_path):
     cache, protocol = tiny_setup["cache"], tiny_setup["protocol"]
     payload = _run(tiny_setup)

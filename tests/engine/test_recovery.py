@@ -238,6 +238,10 @@ def test_a_budget_run_keeps_the_smallest_candidate_and_never_reads_the_test_spli
     on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
     assert on_disk["budget"] == budget.to_dict() and RunReport.from_dict(on_disk).budget == budget
     assert len(on_disk["metrics"]["pruned"]["recall"]) == 3
+    from app.cli.prune import format_summary
+
+    text = format_summary(report, tmp_path / "out")
+    assert "chosen by the accuracy budget" in text and "<- chosen" in text and "distillation (alpha 0.5, T 4)" in text
 
 
 def test_a_budget_nobody_meets_fails_and_still_writes_the_report(tmp_path, model_dir, guard_evaluation):

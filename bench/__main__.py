@@ -11,6 +11,7 @@ BENCHMARKS = {
     "sst5-selection": "bench.sst5_selection",
     "speed": "bench.speed",
     "quality": "bench.quality",
+    "quality-causes": "bench.quality_causes",
     "load": "bench.load",
     "onnx-speed": "bench.onnx_speed",
     "convergence-study": "bench.convergence_study",

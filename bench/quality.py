@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import fcntl
 import itertools
 import json
 import os
@@ -38,7 +39,7 @@ from torch import nn
 from bench import common
 from bench.sst5_selection import minilm_path
 from cahp_engine.adapters import heads_per_layer
-from cahp_engine.analysis import analyze_heads
+from cahp_engine.analysis import HeadAnalysis, analyze_heads
 from cahp_engine.checkpoint import save_pruned
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import EncodedDataset, LabelledTexts, draw_subset, encode
@@ -49,6 +50,7 @@ from cahp_engine.models import load_classifier
 from cahp_engine.results import TeacherRecord
 from cahp_engine.run import resolve_device
 from cahp_engine.selection import Selection
+from cahp_engine.stability import selection_stability
 from cahp_engine.strategies import choose
 from cahp_engine.surgery import prune_heads
 from cahp_engine.training import finetune
@@ -201,17 +203,28 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
     """
     directory, record_file = cache / "dense", cache / "dense.json"
     record = _read_json(record_file)
-    if record is None:
+    if record is None or not (directory / "config.json").is_file():
         loaded = load_classifier(base, num_labels=5)
         train, test = load_data(data_dir, loaded.tokenizer, protocol)
-        say(f"dense fine-tuning: {protocol.dense_epochs:g} epochs at lr {protocol.dense_lr:g} on {len(train)} rows")
+        say(f"dense fine-tuning: {protocol.dense_epochs:g} epochs at lr {protocol.dense_lr:g} on {len(train)} rows"
+            + ("" if record is None else " (the model is not in the cache: retrained to resume its cells)"))
         training = finetune(loaded.model, train, epochs=protocol.dense_epochs, lr=protocol.dense_lr,
                             batch_size=protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
                             seed=protocol.dense_seed, device=device)
         metrics = evaluate(loaded.model, test, batch_size=protocol.batch_size, device=device)
+        if record is not None and record["test"]["confusion"] != metrics.to_dict()["confusion"]:
+            # The committed cells were scored against another dense model: mixing them would compare
+            # pruned models of two different teachers.
+            raise SystemExit(
+                f"the dense model retrained here (test accuracy {metrics.accuracy:.4f}) is not the one the cached "
+                f"cells were computed from ({record['test']['accuracy']:.4f}): CPU training reproduces only on "
+                "the same processor and thread count; pass --fresh or choose another --cache-dir")
         save_pruned(loaded.model, loaded.tokenizer, directory)
-        record = {"key": protocol.dense_key(), "training": training.to_dict(), "test": metrics.to_dict()}
-        _write_json(record_file, record)
+        if record is None:
+            record = {"key": protocol.dense_key(), "training": training.to_dict(), "test": metrics.to_dict()}
+            _write_json(record_file, record)
+        else:
+            say(f"dense model reproduced: the same test confusion matrix as the cached record ({metrics.accuracy:.4f})")
     loaded = load_classifier(str(directory), device=device)
     return loaded.model.eval(), loaded.tokenizer, record
 
@@ -235,6 +248,7 @@ def selections_for_seed(dense: nn.Module, train: EncodedDataset, protocol: Proto
             "retention": cahp.retention,
             "layer_safety_added": [list(h) for h in cahp.layer_safety_added],
             "kept": {name: _heads(sel) for name, sel in chosen.items()},
+            "stability": _stability(analysis, chosen, degree, seed),
         }
     return {
         "seed": seed, "shape": list(analysis.shape), "timings_s": analysis.timings,
@@ -243,6 +257,31 @@ def selections_for_seed(dense: nn.Module, train: EncodedDataset, protocol: Proto
         "mss_curve": {"ks": analysis.curve.ks.tolist(), "mss": analysis.curve.mss.tolist()},
         "salience": analysis.salience.tolist(), "degrees": per_degree,
     }
+
+
+def _stability(analysis: HeadAnalysis, chosen: dict[str, Selection], degree: int, seed: int) -> dict[str, Any]:
+    """Leave-one-shard-out stability of each strategy's choice (what ``selection.stability`` reports)."""
+    out: dict[str, Any] = {}
+    for name, selection in chosen.items():
+        record = selection_stability(analysis, selection, strategy=name, poly_degree=degree, heads_to_keep=None,
+                                     seed=seed)
+        if record is not None:
+            out[name] = {"mean_jaccard": record.mean_jaccard, "min_jaccard": record.min_jaccard,
+                         "jaccard_to_selection": record.jaccard_to_selection, "k_stars": list(record.k_stars),
+                         "heads_kept": list(record.heads_kept)}
+    return out
+
+
+def completed(found: dict[str, Any], dense: nn.Module, train: EncodedDataset, protocol: Protocol,
+              seed: int) -> dict[str, Any]:
+    """A cached selection that lacks a degree of ``protocol`` or the stability figures, completed: the
+    analysis is redone (the same seed gives the same analysis) and must keep the cached heads."""
+    degrees = tuple(sorted({int(d) for d in found["degrees"]} | set(protocol.degrees)))
+    again = selections_for_seed(dense, train, replace(protocol, degrees=degrees), seed)
+    for degree, info in found["degrees"].items():
+        if again["degrees"][degree]["kept"] != info["kept"]:
+            raise SystemExit(f"seed {seed}: the analysis no longer gives the cached selection; rerun with --fresh")
+    return {**again, "wall_s": found.get("wall_s")}
 
 
 def teacher_for(dense: nn.Module, train: EncodedDataset, cache: Path, protocol: Protocol,
@@ -293,6 +332,20 @@ def _cell_key(seed: int, degree: int, strategy: str, loss: str = "ce") -> str:
     return base if loss == "ce" else f"{base}/loss={loss}"
 
 
+def store_cell(cells_path: Path, key: str, cell: dict[str, Any]) -> dict[str, Any]:
+    """Add ``cell`` under ``key`` to the cells file and return every cell in it.
+
+    The file is re-read and rewritten under an exclusive lock, so that several runs (one per seed,
+    each a process of its own) can fill the same cache side by side without losing each other's cells.
+    """
+    with (cells_path.parent / (cells_path.name + ".lock")).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cells: dict[str, Any] = _read_json(cells_path) or {}
+        cells[key] = cell
+        _write_json(cells_path, cells)
+    return cells
+
+
 def _check_manifest(cache: Path, protocol: Protocol) -> None:
     """Refuse a cache written under another dense recipe: its cells would not be comparable."""
     path = cache / "manifest.json"
@@ -331,6 +384,10 @@ def run(protocol: Protocol, *, base: str, data_dir: Path, cache: Path, device: t
             _write_json(path, found)
             say(f"seed {seed}: selection in {found['wall_s']:.0f} s; " + ", ".join(
                 f"degree {d}: k*={v['k_star']}, {v['heads_kept']} heads" for d, v in found["degrees"].items()))
+        if found is not None and compute and (set(map(str, protocol.degrees)) - set(found["degrees"]) or any(
+                "stability" not in v for v in found["degrees"].values())):
+            found = completed(found, dense, train, protocol, seed)
+            _write_json(path, found)
         if found is not None:
             selections[seed] = found
 
@@ -347,14 +404,17 @@ def run(protocol: Protocol, *, base: str, data_dir: Path, cache: Path, device: t
             teacher = teacher_for(dense, train, cache, protocol, device, say)
         info = selections[seed]["degrees"][str(degree)]
         cell = run_cell(dense, train, test, info["kept"][strategy], protocol, seed, device, loss, teacher)
-        cells[key] = {"seed": seed, "degree": degree, "strategy": strategy, "k_star": info["k_star"],
-                      "heads_kept": info["heads_kept"], "retention": info["retention"], **cell}
-        _write_json(cells_path, cells)  # at once: an interrupted run resumes after this cell
+        # At once, merged under a lock: an interrupted run resumes after this cell, and runs of other
+        # seeds may share the cache.
+        cells = store_cell(cells_path, key, {"seed": seed, "degree": degree, "strategy": strategy,
+                                             "k_star": info["k_star"], "heads_kept": info["heads_kept"],
+                                             "retention": info["retention"], **cell})
         unrecovered = cell["accuracy_before_recovery"]
         say(f"[{i}/{len(todo)}] seed {seed} degree {degree} {variant(strategy, loss):16s}: {info['heads_kept']} heads "
             f"({info['retention']:.1%}), accuracy {cell['accuracy']:.4f}"
             + ("" if unrecovered is None else f" (before recovery {unrecovered:.4f})")
             + f" in {cell['wall_s']:.0f} s")
+    cells = _read_json(cells_path) or {}  # with the cells other runs added meanwhile
     return {
         "settings": asdict(protocol),
         "dense": record,
@@ -401,6 +461,8 @@ def summarise(cells: dict[str, Any], selections: dict[int, dict[str, Any]], prot
                 "heads_kept_mean": statistics.fmean(i["heads_kept"] for i in infos) if infos else None,
                 "k_star_mean": statistics.fmean(i["k_star"] for i in infos) if infos else None,
                 "jaccard": pairwise_jaccard(sets),
+                "leave_one_shard_out_jaccard": [i["stability"][strategy]["mean_jaccard"] for i in infos
+                                                if strategy in i.get("stability", {})],
             }
     return out
 
@@ -481,6 +543,14 @@ def markdown(doc: dict[str, Any]) -> str:
     if show_public:
         lines.append("| Public CAHP | " + " | ".join(
             "–" if r is None else f"{r['jaccard'][0]:.2f}–{r['jaccard'][1]:.2f}" for r in ref) + " |")
+    lines += ["", "Leave-one-shard-out stability (mean pairwise Jaccard of the 5 selections made without one "
+              "fifth of the sampled rows; mean over seeds, min–max):", "", head.rstrip("\n")]
+    for strategy in names[:len(STRATEGIES)]:
+        cells = []
+        for d in degrees:
+            loo = summary[d][strategy].get("leave_one_shard_out_jaccard") or []
+            cells.append(f"{statistics.fmean(loo):.2f} ({min(loo):.2f}–{max(loo):.2f})" if loo else "–")
+        lines.append(f"| {LABELS[strategy.partition('+')[0]]} | " + " | ".join(cells) + " |")
     lines += ["", "Per seed (test accuracy %, after recovery):", "",
               "| Seed | Degree | k* | Heads kept | " + " | ".join(label(n) for n in names) + " |",
               "|---|---|---|---|" + "---|" * len(names)]

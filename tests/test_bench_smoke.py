@@ -207,3 +207,68 @@ def test_stages_rerun_of_one_section_keeps_the_others(tmp_path, monkeypatch):
                for r, n in zip(doc["scaling"]["rows"], (40, 80), strict=True))
     with pytest.raises(SystemExit):
         stages.main([*tiny, "--sections", "everything"])
+
+
+def test_quality_selections_carry_leave_one_shard_out_stability(tiny_setup):
+    payload = _run(tiny_setup)
+    for selection in payload["selections"].values():
+        for info in selection["degrees"].values():
+            assert set(info["stability"]) == set(quality.STRATEGIES)
+            assert all(0.0 <= s["mean_jaccard"] <= 1.0 and len(s["k_stars"]) == 5 for s in info["stability"].values())
+    assert "Leave-one-shard-out stability" in quality.markdown(
+        {**payload, "date": "d", "command": "c", "protocol": "p",
+         "machine": {"cpu": "x", "cores": 2, "torch_threads": 1, "gpu": None}})
+
+
+def test_quality_resumes_committed_state_by_retraining_the_same_dense_model(tiny_setup):
+    """A fresh clone holds the cache's JSON files but not the model: the dense model is trained again and
+    must give the recorded test confusion matrix, else the cells are not comparable and the run stops."""
+    import shutil
+
+    first = _run(tiny_setup)
+    cache = tiny_setup["cache"]
+    shutil.rmtree(cache / "dense")
+    lines: list[str] = []
+    again = quality.run(tiny_setup["protocol"], base=tiny_setup["base"], data_dir=tiny_setup["data"], cache=cache,
+                        device=torch.device("cpu"), say=lines.append)
+    assert any("dense model reproduced" in line for line in lines)
+    assert again["cells"] == first["cells"]  # every cell was kept, none recomputed
+    shutil.rmtree(cache / "dense")
+    record = json.loads((cache / "dense.json").read_text())
+    record["test"]["confusion"][0][0] += 1
+    (cache / "dense.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match="not the one the cached cells were computed from"):
+        _run(tiny_setup)
+
+
+def test_store_cell_keeps_the_cells_another_run_wrote(tmp_path):
+    path = tmp_path / "cells.json"
+    quality.store_cell(path, "seed=1/degree=2/strategy=cahp", {"accuracy": 0.5})
+    mine = quality.store_cell(path, "seed=2/degree=2/strategy=cahp", {"accuracy": 0.6})
+    assert set(mine) == {"seed=1/degree=2/strategy=cahp", "seed=2/degree=2/strategy=cahp"}
+
+
+def test_cause_variants_keep_cahps_head_count(tiny_setup):
+    import numpy as np
+
+    from bench import quality_causes
+
+    salience = np.array([[1.0, 0.9, 0.1], [0.8, 0.0, 0.2]])
+    labels = np.array([0, 0, 1, 0, 2, 1])
+    # D'Hondt on the clusters' salience mass: the salient cluster takes every seat it can hold.
+    assert quality_causes.cluster_salience(labels, salience, 3).tolist() == [[True, True, False], [True, False, False]]
+    assert quality_causes.cluster_salience(labels, salience, 4).sum() == 4
+    assert quality_causes.salience_in_layers(salience, np.array([1, 2])).tolist() == [[True, False, False],
+                                                                                       [True, False, True]]
+    protocol = quality.replace(tiny_setup["protocol"], seeds=(1,), degrees=(6,))
+    _run({**tiny_setup, "protocol": protocol})
+    payload = quality_causes.run(protocol, quality_causes.VARIANTS, base=tiny_setup["base"],
+                                 cache=tiny_setup["cache"], data_dir=tiny_setup["data"], compute=True,
+                                 say=lambda _line: None)
+    assert {c["variant"] for c in payload["cells"]} == set(quality_causes.VARIANTS)
+    cahp = next(c for c in payload["reference_cells"] if c["strategy"] == "cahp")
+    for cell in payload["cells"]:
+        if cell["variant"] in ("salience_in_cahp_layers", "cluster_salience"):
+            assert cell["heads_kept"] == cahp["heads_kept"] == len(cell["kept"])
+    table = quality_causes.markdown({**payload, "date": "d", "command": "c"})
+    assert "| Cluster salience (D'Hondt seats) |" in table and "| CAHP |" in table

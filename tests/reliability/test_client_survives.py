@@ -153,6 +153,31 @@ def test_an_interrupted_download_resumes_and_verifies(tmp_path: Path) -> None:
         engine.dispose()
 
 
+def test_a_submit_whose_answer_is_lost_is_retried_into_the_same_job(tmp_path: Path, capsys) -> None:
+    """The connection drops after the API recorded the job but before its answer arrived: ``cahp submit``
+    retries with the Idempotency-Key it sent by default, and the API answers with the job it made."""
+    settings = service_settings(tmp_path)
+    engine = migrated_engine(settings)
+    key = new_key(engine, "ci")
+    api = start_server(settings, tmp_path / "api.log")
+    proxy = CuttingProxy(int(api.url.rsplit(":", 1)[1]), cut_marker=b"POST /v1/jobs", cut_after=0)
+    try:
+        common = ["--url", proxy.url, "--api-key", key]
+        assert main(["submit", "--model", "hf://org/model", "--dataset", "hf://datasets/org/data", *common]) == 0
+        job_id = capsys.readouterr().out.strip()
+        posts = [r for r in proxy.requests if r.startswith(b"POST /v1/jobs")]
+        assert proxy.cuts == 1 and len(posts) == 2  # the first answer was lost, the retry got one
+        sent = {line.split(b":", 1)[1].strip() for post in posts for line in post.split(b"\r\n")
+                if line.lower().startswith(b"idempotency-key:")}
+        assert len(sent) == 1 and next(iter(sent)).startswith(b"cahp-")  # one key, sent by default, both times
+        listed = httpx.get(f"{api.url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()["data"]
+        assert [job["id"] for job in listed] == [job_id]
+    finally:
+        proxy.close()
+        stop(api.process)
+        engine.dispose()
+
+
 class _Busy:
     """A real HTTP server that answers ``busy`` times with ``status`` and ``Retry-After``, then a job."""
 

@@ -116,6 +116,7 @@ def test_the_plots_can_be_read_with_the_keyboard_alone(served: Console, watched:
     page.keyboard.press("Home")
     expect(page.locator("figure.mss").get_by_role("tooltip")).to_contain_text("k = 2")
     watched.shot("keyboard")
+    assert_key_kept_secret(watched, served)
 
 
 def test_a_failed_job_shows_its_error_code_and_message_and_the_filter_finds_it(
@@ -224,6 +225,7 @@ def test_pages_fit_a_phone_screen(served: Console, watched: Watched) -> None:
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= 390, f"{path} scrolls sideways at 390 px ({width} px wide)"
         watched.shot("phone-" + (path.strip("/").replace("/", "-") or "root"))
+    assert_key_kept_secret(watched, served)
 
 
 def test_with_no_auth_the_console_opens_without_signing_in(watched: Watched, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ def test_the_job_page_follows_a_running_job_over_its_event_stream(served: Consol
     assert not any("/logs?" in url for url in watched.urls)  # no polling of the log
     log = page.get_by_role("log").inner_text()
     assert log.count("cancelled on request") == 1  # every line once
+    watched.shot("followed-over-events")
     assert_key_kept_secret(watched, served)
 
 
@@ -43,5 +44,7 @@ def test_without_the_event_stream_the_page_polls(served: Console, watched: Watch
         expect(page.get_by_role("log")).to_contain_text("cancelled on request")
         running.thread.join(120)
     assert any("/logs?offset=" in url for url in watched.urls)
+    watched.shot("followed-by-polling")
+    assert_key_kept_secret(watched, served)
     # The refused stream was reported as a failed request; the page itself logged no script error.
     watched.errors[:] = [e for e in watched.errors if "502" not in e]

@@ -296,3 +296,30 @@ def test_a_missed_accuracy_budget_fails_the_job_and_keeps_the_candidates_report(
     assert report["budget"]["dense_validation"] > 0.5  # the dense model learned the task
     assert report["dataset"]["ref"] == dataset_uri  # the job's URI, never a worker path
     assert "stored head_map.json" in _logs(client, auth, job_id) and "report.json" in _logs(client, auth, job_id)
+
+
+def test_an_onnx_graph_that_does_not_reproduce_the_model_fails_the_job_with_its_code(
+    client: TestClient, auth: dict[str, str], context: WorkerContext, model_uri: str, dataset_uri: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    from cahp_engine import export as export_module
+
+    real_export = export_module._export_graph
+
+    def export_then_perturb(wrapper: Any, example: Any, names: Any, path: Path) -> None:
+        real_export(wrapper, example, names, path)  # then a classifier weight moves: the graph is wrong
+        graph = onnx.load(str(path))
+        weight = next(i for i in graph.graph.initializer if "classifier" in i.name and len(i.dims) == 2)
+        weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + 0.05, weight.name))
+        onnx.save(graph, str(path))
+
+    monkeypatch.setattr(export_module, "_export_graph", export_then_perturb)
+    job_id = _submit(client, auth, job_body(model_uri, dataset_uri, stability_shards=0, export="onnx"))
+    assert execute_job(job_id=job_id, context=context) is Outcome.failed
+    job = _job(client, auth, job_id)
+    assert job["status"] == "failed" and job["error"]["code"] == "export_parity_failed"
+    assert "does not reproduce the PyTorch model" in job["error"]["message"] and job["result"] is None
+    assert client.get(f"/v1/jobs/{job_id}/artifacts", headers=auth).json()["data"] == []

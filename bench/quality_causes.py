@@ -55,6 +55,13 @@ def _heads(mask: np.ndarray) -> list[list[int]]:
     return [[int(layer), int(head)] for layer, head in zip(*np.nonzero(mask), strict=True)]
 
 
+def _per_layer(heads: list[list[int]], n_layers: int) -> list[int]:
+    counts = [0] * n_layers
+    for layer, _head in heads:
+        counts[layer] += 1
+    return counts
+
+
 def salience_in_layers(salience: np.ndarray, per_layer: np.ndarray) -> np.ndarray:
     """Keep ``per_layer[l]`` heads of layer l, the most salient of that layer (ties: lower index)."""
     mask = np.zeros(salience.shape, dtype=bool)
@@ -166,10 +173,23 @@ def run(protocol: quality.Protocol, variants: tuple[str, ...], *, base: str, cac
                     f"{cell['accuracy']:.4f} (before recovery {cell['accuracy_before_recovery']:.4f}) in "
                     f"{cell['wall_s']:.0f} s")
     grid = quality._read_json(cache / protocol.cells_file()) or {}
+    layers: dict[str, Any] = {}  # heads kept per layer, per seed, degree and method: the distribution itself
+    for seed in protocol.seeds:
+        selection = quality._read_json(cache / f"selection-seed{seed}.json") or {"degrees": {}}
+        n_layers = int(selection.get("shape", [0])[0])
+        for degree in protocol.degrees:
+            info = selection["degrees"].get(str(degree))
+            if info is None:
+                continue
+            found = {name: _per_layer(heads, n_layers) for name, heads in info["kept"].items()}
+            found |= {c["variant"]: _per_layer(c["kept"], n_layers) for c in cells.values()
+                      if c["seed"] == seed and c["degree"] == degree}
+            layers[f"seed={seed}/degree={degree}"] = found
     return {"settings": {"seeds": list(protocol.seeds), "degrees": list(protocol.degrees), "variants": list(variants),
                          "recovery_epochs": protocol.recovery_epochs, "recovery_lr": protocol.recovery_lr},
             "dense": quality._read_json(cache / "dense.json"),
             "cells": [cells[k] for s, d, v in todo if (k := f"seed={s}/degree={d}/variant={v}") in cells],
+            "heads_per_layer": layers,
             "reference_cells": [grid[k] for s in protocol.seeds for d in protocol.degrees for st in quality.STRATEGIES
                                 if (k := quality._cell_key(s, d, st)) in grid]}
 
@@ -194,6 +214,14 @@ def markdown(doc: dict[str, Any]) -> str:
             cells = ["–" if c is None else f"{100 * c['accuracy']:.1f} ({c['heads_kept']})" for c in got]
             mean = f"{statistics.fmean(accs):.1f}" if len(accs) == len(seeds) else "–"
             lines.append(f"| {text} | " + " | ".join(cells) + f" | {mean} |")
+        lines.append("")
+        lines += [f"Heads kept per layer at degree {degree} (layer 0 first):", "",
+                  "| Method | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+        for _kind, name, text in names:
+            per = [doc.get("heads_per_layer", {}).get(f"seed={s}/degree={degree}", {}).get(name) for s in seeds]
+            if any(p is not None for p in per):
+                lines.append(f"| {text} | " + " | ".join("–" if p is None else " ".join(map(str, p)) for p in per)
+                             + " |")
         lines.append("")
     return "\n".join(lines)
 

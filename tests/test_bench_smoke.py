@@ -272,3 +272,6 @@ def test_cause_variants_keep_cahps_head_count(tiny_setup):
             assert cell["heads_kept"] == cahp["heads_kept"] == len(cell["kept"])
     table = quality_causes.markdown({**payload, "date": "d", "command": "c"})
     assert "| Cluster salience (D'Hondt seats) |" in table and "| CAHP |" in table
+    per_layer = payload["heads_per_layer"]["seed=1/degree=6"]
+    assert sum(per_layer["cahp"]) == cahp["heads_kept"] and len(per_layer["cluster_salience"]) == 3
+    assert "Heads kept per layer at degree 6" in table

@@ -1,4 +1,5 @@
-"""The files a pruning run writes next to its report: the checkpoint, the MSS curve, the head map.
+"""The files a pruning run writes next to its report: the checkpoint, the MSS curve, the head map, and
+the accuracy budget's candidates (``budget.png``) when the run had a budget.
 
 Their fields are documented in ``docs/artifacts.md``.
 """
@@ -18,8 +19,8 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, collate
 from cahp_engine.errors import PipelineError
 from cahp_engine.pipeline import SelectionResult
-from cahp_engine.plots import plot_head_map, plot_layer_retention, plot_mss_curve
-from cahp_engine.report import CheckpointRecord
+from cahp_engine.plots import plot_budget, plot_head_map, plot_layer_retention, plot_mss_curve
+from cahp_engine.report import BudgetRecord, CheckpointRecord
 
 #: Files written next to ``model/``.
 ARTIFACT_FILES: tuple[str, ...] = (
@@ -115,6 +116,16 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
                   kept_frequency=None if stability is None else np.asarray(stability.kept_frequency),
                   stability_title=title)
     plot_layer_retention(sel.kept_mask, work / "layer_retention.png")
+
+
+def write_budget_plot(work: Path, budget: BudgetRecord, total_heads: int) -> None:
+    """``budget.png``: every candidate the accuracy budget tried, against its threshold."""
+    metric = budget.metric
+    plot_budget([c.heads_kept for c in budget.candidates],
+                [c.accuracy_before if metric == "accuracy" else c.macro_f1_before for c in budget.candidates],
+                [c.accuracy_after if metric == "accuracy" else c.macro_f1_after for c in budget.candidates],
+                threshold=budget.threshold, dense=budget.dense_validation, metric=metric, chosen=budget.chosen,
+                total_heads=total_heads, path=work / "budget.png")
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -310,3 +310,56 @@ def plot_layer_retention(kept: np.ndarray, path: str | os.PathLike[str]) -> None
     ax.set_title(f"share of heads kept per layer\n(dashed line: all layers, {mask.mean():.0%})", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     _save(fig, path)
+
+
+def plot_budget(
+    heads_kept: Sequence[int],
+    before: Sequence[float],
+    after: Sequence[float],
+    *,
+    threshold: float,
+    dense: float,
+    metric: str,
+    chosen: int | None,
+    total_heads: int,
+    path: str | os.PathLike[str],
+) -> None:
+    """The accuracy budget's candidates: validation score against heads kept, before and after screening.
+
+    Parameters
+    ----------
+    heads_kept, before, after : sequences of the same length
+        Per candidate, in the order tried: heads kept, and the validation score (0-1) of the pruned
+        model before recovery and after its screening recovery.
+    threshold, dense : float
+        The score a candidate had to reach, and the dense model's.
+    metric : str
+        ``accuracy`` or ``macro_f1``, for the axis label.
+    chosen : int or None
+        ``heads_kept`` of the chosen candidate; None when no candidate met the budget.
+    total_heads : int
+    path : str or path
+        PNG file to write; its folder must exist.
+    """
+    if not (len(heads_kept) == len(before) == len(after)) or not heads_kept:
+        raise InvalidInputError("the budget plot needs one heads_kept, before and after value per candidate")
+    fig = Figure(figsize=(6.0, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    x = np.asarray(heads_kept, dtype=float)
+    ax.plot(x, np.asarray(before), "o:", color=_PRUNED, markeredgecolor="grey", label="before recovery", zorder=2)
+    ax.plot(x, np.asarray(after), "o-", color=_KEPT, label="after the screening recovery", zorder=3)
+    ax.axhline(dense, color="black", ls="--", lw=1, label=f"dense ({dense:.1%})", zorder=1)
+    ax.axhline(threshold, color=_SAFETY, ls="-.", lw=1.2, label=f"budget threshold ({threshold:.1%})", zorder=1)
+    if chosen is not None and chosen in heads_kept:
+        i = list(heads_kept).index(chosen)
+        ax.plot([x[i]], [after[i]], marker="*", ms=16, color=_CHOSEN, ls="none", label=f"chosen: {chosen} heads",
+                zorder=4)
+    ax.set_xlim(0, total_heads)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    ax.set_xlabel(f"heads kept (of {total_heads})")
+    ax.set_ylabel(f"validation {metric.replace('_', '-')}")
+    verdict = "no candidate within the budget" if chosen is None else "the first within the budget is kept"
+    ax.set_title(f"accuracy budget: candidates tried, fewest heads first\n({verdict})", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    _save(fig, path)

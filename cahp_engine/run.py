@@ -25,7 +25,14 @@ import torch
 
 from cahp_engine import steps
 from cahp_engine._torch import resolve_device
-from cahp_engine.artifacts import ARTIFACT_FILES, write_artifacts, write_curve, write_head_map, write_json
+from cahp_engine.artifacts import (
+    ARTIFACT_FILES,
+    write_artifacts,
+    write_budget_plot,
+    write_curve,
+    write_head_map,
+    write_json,
+)
 from cahp_engine.config import PruningConfig
 from cahp_engine.datasets_io import DatasetOptions
 from cahp_engine.deploy import INT8_PRUNED, ONNX_PRUNED, export_for_deployment, write_cards
@@ -220,6 +227,8 @@ def _run(
     with run.monitor.stage("artifacts"):
         checkpoint = write_artifacts(work, pruned=pruned, tokenizer=loaded.tokenizer, result=result, config=config,
                                      evaluation=inputs.evaluation, device=run.device)
+        if budget is not None:
+            write_budget_plot(work, budget, int(result.selection.kept_mask.size))
 
     sel = result.selection
     return RunReport(
@@ -286,6 +295,8 @@ def _write_failure(
     write_curve(work, result, config)
     write_head_map(work, result)
     budget = exc.budget if isinstance(exc.budget, BudgetRecord) else None
+    if budget is not None:
+        write_budget_plot(work, budget, int(result.selection.kept_mask.size))
     write_json(work / "report.json", {
         "format_version": REPORT_FORMAT_VERSION,
         "status": "failed",

@@ -238,6 +238,7 @@ def test_a_budget_run_keeps_the_smallest_candidate_and_never_reads_the_test_spli
     on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
     assert on_disk["budget"] == budget.to_dict() and RunReport.from_dict(on_disk).budget == budget
     assert len(on_disk["metrics"]["pruned"]["recall"]) == 3
+    assert (tmp_path / "out" / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from app.cli.prune import format_summary
 
     text = format_summary(report, tmp_path / "out")
@@ -264,4 +265,5 @@ def test_a_budget_nobody_meets_fails_and_still_writes_the_report(tmp_path, model
     assert kept == sorted(kept) and len(set(kept)) == len(kept) and kept[-1] == 11  # up to N - 1 = 11 heads
     assert report["dataset"]["train_rows"] == 150  # a validation split of its own: nothing carved
     assert {p.name for p in out.iterdir()} == {"report.json", "mss_curve.json", "mss_curve.png", "head_map.json",
-                                               "head_map.png", "layer_retention.png"}
+                                               "head_map.png", "layer_retention.png", "budget.png"}
+    assert (out / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

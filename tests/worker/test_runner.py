@@ -289,7 +289,7 @@ def test_a_missed_accuracy_budget_fails_the_job_and_keeps_the_candidates_report(
     assert "within 0 points" in job["error"]["message"] and job["result"] is None
     manifest = {a["name"]: a for a in client.get(f"/v1/jobs/{job_id}/artifacts", headers=auth).json()["data"]}
     assert set(manifest) == {"report.json", "mss_curve.json", "mss_curve.png", "head_map.json", "head_map.png",
-                             "layer_retention.png"}
+                             "layer_retention.png", "budget.png"}
     report = client.get(manifest["report.json"]["url"], headers=auth).json()
     assert report["status"] == "failed" and report["budget"]["chosen"] is None
     assert report["budget"]["carved"] and report["budget"]["validation_rows"] == 15

@@ -443,7 +443,7 @@ def summarise(cells: dict[str, Any], selections: dict[int, dict[str, Any]], prot
     and the pairwise Jaccard similarity of the kept-head sets across seeds."""
     out: dict[str, Any] = {}
     for degree in protocol.degrees:
-        infos = [sel["degrees"][str(degree)] for sel in selections.values()]
+        infos = [sel["degrees"][str(degree)] for sel in selections.values() if str(degree) in sel["degrees"]]
         for strategy, loss in protocol.variants():
             rows = [cells[k] for s in protocol.seeds if (k := _cell_key(s, degree, strategy, loss)) in cells]
             acc = [r["accuracy"] for r in rows]
@@ -544,7 +544,8 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append("| Public CAHP | " + " | ".join(
             "–" if r is None else f"{r['jaccard'][0]:.2f}–{r['jaccard'][1]:.2f}" for r in ref) + " |")
     lines += ["", "Leave-one-shard-out stability (mean pairwise Jaccard of the 5 selections made without one "
-              "fifth of the sampled rows; mean over seeds, min–max):", "", head.rstrip("\n")]
+              "fifth of the sampled rows; mean over seeds, min–max; random choice depends on the rows only through "
+              "each rerun's head count):", "", head.rstrip("\n")]
     for strategy in names[:len(STRATEGIES)]:
         cells = []
         for d in degrees:
@@ -557,6 +558,8 @@ def markdown(doc: dict[str, Any]) -> str:
     by_key = {(c["seed"], c["degree"], variant(c["strategy"], c.get("loss", "ce"))): c for c in doc["cells"]}
     for seed, sel in doc["selections"].items():
         for d in degrees:
+            if d not in sel["degrees"]:
+                continue
             info = sel["degrees"][d]
             accs = [_pct(by_key[(int(seed), int(d), s)]["accuracy"]) if (int(seed), int(d), s) in by_key else "–"
                     for s in names]

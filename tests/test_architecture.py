@@ -99,7 +99,7 @@ def _modules(where: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("floor", ["cahp_engine", "app.core", "app.api", "worker"])
+@pytest.mark.parametrize("floor", ["cahp_engine", "app.core", "app.api", "worker", "app.cli", "app.client"])
 def test_importing_every_module_of_a_floor_loads_nothing_from_above(floor: str) -> None:
     where, banned = RULES[floor]
     loaded = _loaded_after_importing(_modules(where))

@@ -38,7 +38,7 @@ def test_db_upgrade_and_keys_create_print_only_the_key(data_dir: Path, capsys: p
 
 def test_client_commands_report_an_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    # --timeout 0: one try, no retries (tests/reliability/test_client_retries.py covers the retrying).
+    # --timeout 0: one try, no retries (tests/reliability/test_client_survives.py covers the retrying).
     assert main(["status", "abc", "--url", url, "--timeout", "0"]) == ExitCode.UNAVAILABLE
     assert "cannot reach" in capsys.readouterr().err
     assert main(["submit", "--model", "hf://a/b", "--dataset", "hf://datasets/c", "--param", "nonsense",
@@ -52,3 +52,8 @@ def test_every_command_is_registered() -> None:
     commands = next(a for a in parser._subparsers._group_actions).choices  # type: ignore[union-attr]
     assert {"serve", "worker", "db", "keys", "upload", "submit", "status", "wait", "download", "jobs",
             "delete", "prune"} <= set(commands)
+    # Client commands keep trying a busy or unreachable server for 30 s by default; `wait` has no limit.
+    for command, *rest in (["upload", "x"], ["submit", "--model", "m", "--dataset", "d"], ["status", "j"],
+                           ["download", "j"], ["jobs"], ["delete", "j"]):
+        assert parser.parse_args([command, *rest]).timeout == 30.0, command
+    assert parser.parse_args(["wait", "j"]).timeout is None

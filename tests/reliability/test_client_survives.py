@@ -212,7 +212,7 @@ class _Busy:
         self.server.server_close()
 
 
-@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
 def test_busy_answers_are_retried_no_sooner_than_retry_after_asks(status: int) -> None:
     busy = _Busy(busy=2, status=status, retry_after="1")
     try:

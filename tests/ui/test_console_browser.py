@@ -44,6 +44,7 @@ def test_sign_in_then_read_a_finished_jobs_k_star_accuracy_and_mss_curve(served:
     expect(summary.locator("[data-field=accuracy]")).to_contain_text(f"{100 * result['pruned_accuracy']:.1f}%")
     expect(summary.locator("[data-field=heads]")).to_contain_text(f"{result['heads_kept']} of {result['heads_total']}")
     expect(summary.locator("[data-field=speedup]")).to_contain_text(f"×{result['speedup']:.2f} at batch 32")
+    expect(page.locator("[data-field=labels]")).to_have_count(0)  # a job without labels shows no empty row
     # The knee of every degree is marked and k* is ringed; hovering k* reads its k and MSS.
     chart = page.locator("figure.mss")
     expect(chart.locator(".kstar-label")).to_have_text(f"k* = {result['k_star']}")
@@ -103,6 +104,11 @@ def test_the_plots_can_be_read_with_the_keyboard_alone(served: Console, watched:
         if link.evaluate("element => element === document.activeElement"):
             break
     page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{served.url}/ui/jobs/{job_id}")
+    # The skip link moves the focus to the content and keeps this page (its "#view" resolves against <base>).
+    page.locator("a.skip").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("main#view")).to_be_focused()
     expect(page).to_have_url(f"{served.url}/ui/jobs/{job_id}")
     grid = page.locator("figure.heads svg.focusable")
     grid.focus()
@@ -231,10 +237,12 @@ def test_pages_fit_a_phone_screen(served: Console, watched: Watched) -> None:
 def test_with_no_auth_the_console_opens_without_signing_in(watched: Watched, tmp_path: Path) -> None:
     with console(tmp_path, no_auth=True) as live:
         model, data = tiny_inputs(live.local_root)
-        job_id = live.submit({"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"}})
+        job_id = live.submit({"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"},
+                              "labels": {"branch": "main"}})
         page = watched.page
         page.goto(live.url + "/ui")
         expect(page.get_by_text("local mode, no key")).to_be_visible()
         expect(page.locator(f"tr[data-job-id='{job_id}']")).to_contain_text("queued")
+        expect(page.locator(f"tr[data-job-id='{job_id}'] td[data-label=Labels]")).to_have_text("branch=main")
         expect(page.get_by_role("heading", name="Sign in")).to_have_count(0)
         watched.shot("no-auth")

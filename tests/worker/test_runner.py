@@ -295,7 +295,8 @@ def test_a_missed_accuracy_budget_fails_the_job_and_keeps_the_candidates_report(
     assert report["budget"]["carved"] and report["budget"]["validation_rows"] == 15
     assert report["budget"]["dense_validation"] > 0.5  # the dense model learned the task
     assert report["dataset"]["ref"] == dataset_uri  # the job's URI, never a worker path
-    assert "stored budget.png, head_map.json" in _logs(client, auth, job_id) and "report.json" in _logs(client, auth, job_id)
+    logs = _logs(client, auth, job_id)
+    assert "stored budget.png, head_map.json" in logs and "report.json" in logs
 
 
 def test_an_onnx_graph_that_does_not_reproduce_the_model_fails_the_job_with_its_code(

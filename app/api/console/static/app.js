@@ -126,6 +126,13 @@ document.addEventListener("click", (event) => {
   navigate(link.href);
 });
 
+// The skip link's "#view" resolves against <base> (/ui/), not the page shown: on a job's page a plain
+// fragment link would load the job list. Move the focus instead of navigating.
+document.querySelector("a.skip")?.addEventListener("click", (event) => {
+  event.preventDefault();
+  view.focus();
+});
+
 window.addEventListener("popstate", () => {
   if (access !== null) render();
 });

@@ -138,7 +138,7 @@ export function jobView(jobId) {
       field("duration", "Duration", runFor),
       field("model", "Model", h("code", {}, job.model?.uri), job.model?.revision ? ` @ ${job.model.revision}` : ""),
       field("dataset", "Dataset", h("code", {}, job.dataset?.uri)),
-      job.labels ? field("labels", "Labels", labelChips(job.labels)) : null,
+      job.labels && Object.keys(job.labels).length ? field("labels", "Labels", labelChips(job.labels)) : null,
       field("params", "Settings", h("details", {}, h("summary", {}, `degree ${job.params?.poly_degree ?? "–"}, epochs ${job.params?.epochs ?? "–"}, strategy ${job.params?.strategy ?? "–"}`),
         h("pre", { class: "params" }, JSON.stringify(job.params, null, 2)))));
     cancel.hidden = isFinished(job) || job.cancel_requested;

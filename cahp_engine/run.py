@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from cahp_engine import steps
 from cahp_engine._torch import resolve_device
@@ -36,6 +37,7 @@ from cahp_engine.artifacts import (
 from cahp_engine.config import PruningConfig
 from cahp_engine.datasets_io import DatasetOptions
 from cahp_engine.deploy import INT8_PRUNED, ONNX_PRUNED, export_for_deployment, write_cards
+from cahp_engine.distill import TeacherLogits
 from cahp_engine.errors import AccuracyBudgetError, InvalidInputError
 from cahp_engine.evaluation import count_parameters
 from cahp_engine.pipeline import SelectionResult
@@ -53,7 +55,7 @@ from cahp_engine.report import (
     RunSummary,
     SelectionRecord,
 )
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.results import ClassificationMetrics, TrainingResult
 
 __all__ = ["ARTIFACT_FILES", "STAGE_SPAN", "prepare_output_dir", "resolve_device", "run_pruning"]
 
@@ -159,6 +161,18 @@ def run_pruning(
     return report
 
 
+@dataclasses.dataclass(frozen=True)
+class _Recovered:
+    """What the plain path or the budget search hands on: the selection it pruned to and the recovered model."""
+
+    result: SelectionResult
+    pruned: nn.Module
+    before: ClassificationMetrics
+    recovery: TrainingResult
+    parameters: RunParameters
+    budget: BudgetRecord | None = None
+
+
 def _run(
     run: steps.RunContext,
     *,
@@ -186,49 +200,31 @@ def _run(
     result = steps.select(run, model=model, train=inputs.rows)
     warnings.extend(result.warnings)
     teacher = steps.teacher(run, model=model, train=inputs.train)
-    budget: BudgetRecord | None = None
     if config.max_accuracy_drop is None:
         pruned, parameters = steps.prune(run, model=model, selection=result.selection)
         before = steps.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
         recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher)
+        done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters)
     else:
-        assert inputs.validation is not None
-        dense_validation = steps.evaluate_validation(run, model=model, validation=inputs.validation)
         try:
-            outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
-                                          dense_validation=dense_validation)
+            done = _within_budget(run, inputs=inputs, model=model, result=result, teacher=teacher)
         except AccuracyBudgetError as exc:
             _write_failure(work, run, exc, result=result, inputs=inputs, options=options, dense=dense,
                            dense_metrics=dense_metrics, warnings=warnings, model_name=model_name,
                            dataset_name=dataset_name, dataset_ref=dataset_ref, revision=revision)
             raise
-        budget = outcome.record
-        chosen = outcome.candidate
-        assert result.analysis is not None
-        result = dataclasses.replace(result, selection=chosen.selection, k_star=chosen.k, knee=None,
-                                     clustering=result.analysis.partition(chosen.k))
-        # Only now is the evaluation split read: the search itself never touched it.
-        fresh, _ = steps.prune(run, model=model, selection=chosen.selection)
-        before = steps.evaluate_pruned(run, model=fresh, evaluation=inputs.evaluation)
-        del fresh
-        pruned, recovery = outcome.model, outcome.recovery
-        parameters = RunParameters(dense=count_parameters(model), pruned=count_parameters(pruned))
+    result, pruned = done.result, done.pruned
     after, speed = steps.evaluate_recovered(run, dense=model, pruned=pruned, evaluation=inputs.evaluation)
     warnings.extend(steps.recall_warnings(dense_metrics, after, tuple(inputs.splits.label_names)))
-    if budget is not None:
-        final = budget.candidates[-1]
-        final_score = final.accuracy_final if budget.metric == "accuracy" else final.macro_f1_final
-        if final_score is not None and final_score < budget.threshold:
-            warnings.append(f"the chosen {final.heads_kept} heads met the budget after the screening recovery but "
-                            f"ended at validation {budget.metric} {final_score:.4f} after the full recovery, below "
-                            f"the threshold {budget.threshold:.4f}")
+    if done.budget is not None:
+        warnings.extend(_budget_warnings(done.budget))
     export = export_for_deployment(run, work=work, dense=model, pruned=pruned, tokenizer=loaded.tokenizer,
                                    evaluation=inputs.evaluation, seq_len=speed.seq_len)
     with run.monitor.stage("artifacts"):
         checkpoint = write_artifacts(work, pruned=pruned, tokenizer=loaded.tokenizer, result=result, config=config,
                                      evaluation=inputs.evaluation, device=run.device)
-        if budget is not None:
-            write_budget_plot(work, budget, int(result.selection.kept_mask.size))
+        if done.budget is not None:
+            write_budget_plot(work, done.budget, int(result.selection.kept_mask.size))
 
     sel = result.selection
     return RunReport(
@@ -252,17 +248,52 @@ def _run(
         environment=_environment(),
         dense_finetune=dense,
         selection=_selection_record(result, config),
-        metrics=RunMetrics(dense=dense_metrics, pruned_before_recovery=before, pruned=after),
-        parameters=parameters,
+        metrics=RunMetrics(dense=dense_metrics, pruned_before_recovery=done.before, pruned=after),
+        parameters=done.parameters,
         speed=speed,
-        recovery=recovery,
+        recovery=done.recovery,
         checkpoint=checkpoint,
         export=export,
         timings_s=dict(run.monitor.timings),
         warnings=tuple(warnings),
         wall_time_s=0.0,
-        budget=budget,
+        budget=done.budget,
     )
+
+
+def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, model: nn.Module, result: SelectionResult,
+                   teacher: TeacherLogits | None) -> _Recovered:
+    """The accuracy budget's search, then the chosen candidate as the run's selection (docs/method.md).
+
+    Raises :class:`AccuracyBudgetError` when no candidate is within the budget.
+    """
+    assert inputs.validation is not None  # steps.load carves or finds one whenever a budget is set
+    dense_validation = steps.evaluate_validation(run, model=model, validation=inputs.validation)
+    outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
+                                  dense_validation=dense_validation)
+    chosen = outcome.candidate
+    assert result.analysis is not None
+    result = dataclasses.replace(result, selection=chosen.selection, k_star=chosen.k, knee=None,
+                                 clustering=result.analysis.partition(chosen.k))
+    # Only now is the evaluation split read: the search itself never touched it.
+    fresh, _ = steps.prune(run, model=model, selection=chosen.selection)
+    before = steps.evaluate_pruned(run, model=fresh, evaluation=inputs.evaluation)
+    del fresh
+    pruned = outcome.model
+    return _Recovered(result=result, pruned=pruned, before=before, recovery=outcome.recovery,
+                      parameters=RunParameters(dense=count_parameters(model), pruned=count_parameters(pruned)),
+                      budget=outcome.record)
+
+
+def _budget_warnings(budget: BudgetRecord) -> list[str]:
+    """A chosen candidate that met the budget after screening but not after the full recovery."""
+    final = budget.candidates[-1]
+    final_score = final.accuracy_final if budget.metric == "accuracy" else final.macro_f1_final
+    if final_score is None or final_score >= budget.threshold:
+        return []
+    return [f"the chosen {final.heads_kept} heads met the budget after the screening recovery but "
+            f"ended at validation {budget.metric} {final_score:.4f} after the full recovery, below "
+            f"the threshold {budget.threshold:.4f}"]
 
 
 def _model_info(inputs: steps.Inputs, model_name: str, revision: str | None) -> ModelInfo:

@@ -107,6 +107,20 @@ def test_prune_writes_every_artifact_with_its_schema(run):
     assert np.asarray(head_map["kept_frequency"]).shape == (3, 4)
     assert "stability" in report["timings_s"]
     assert "signature samples: 80 of 90" in proc.stdout and "stability: mean Jaccard" in proc.stdout
+    # The ONNX export is on by default: its parity and onnxruntime timing are in the report.
+    onnx = report["export"]["onnx"]
+    assert onnx["path"] == "onnx" and {"model.onnx", "config.json", "tokenizer.json"} <= set(onnx["files"])
+    assert onnx["parity"]["passed"] and onnx["parity"]["max_abs_diff"] <= 1e-4 <= onnx["parity"]["threshold"]
+    assert onnx["parity"]["padding_sides"] == ["right", "left"] and onnx["parity"]["source"] == "data"
+    assert s["onnx_max_abs_diff"] == onnx["parity"]["max_abs_diff"] and s["onnx_speedup"] > 0
+    assert report["export"]["onnx_int8"] is None and s["int8_accuracy"] is None
+    speed = report["export"]["speed"]
+    assert speed["baseline"] == "torch_dense" and [row["batch_size"] for row in speed["results"]] == [1, 32]
+    for row in speed["results"]:
+        assert set(row["latency"]) == {"torch_dense", "torch_pruned", "onnx_dense", "onnx_pruned"}
+        assert all(0 < lat["p50_ms"] <= lat["p95_ms"] for lat in row["latency"].values())
+    assert "onnxruntime" in (out / "model" / "README.md").read_text()
+    assert (out / "onnx" / "README.md").read_text() == (out / "model" / "README.md").read_text()
 
 
 def test_the_pruned_checkpoint_loads_and_is_smaller(run):
@@ -245,6 +259,11 @@ def test_prune_runs_end_to_end_on_the_newer_encoder_layouts(tmp_path, family):
     assert type(pruned).__name__.lower().startswith(family.replace("-", ""))
     assert count_parameters(pruned).heads_per_layer == tuple(len(kept[layer]) for layer in range(3))
     assert count_parameters(pruned).total == report["parameters"]["pruned"]["total"]
+    # ... and through the ONNX export (on by default), checked against PyTorch with both paddings.
+    onnx = report["export"]["onnx"]
+    assert (out / "onnx" / "model.onnx").is_file() and onnx["parity"]["passed"]
+    assert onnx["parity"]["max_abs_diff"] <= 1e-4 and onnx["parity"]["padding_sides"] == ["right", "left"]
+    assert onnx["heads_per_layer"] == [len(kept[layer]) for layer in range(3)]
     ids = torch.randint(5, 30, (2, 9))
     with torch.no_grad():
         assert torch.isfinite(pruned(input_ids=ids, attention_mask=torch.ones_like(ids)).logits).all()

@@ -35,6 +35,14 @@ KEPT = {0: [1, 3], 1: [], 2: [0, 1, 2]}
 
 def _pruned(family: str = "bert", **kwargs) -> torch.nn.Module:
     model = make_classifier(family, layers=3, heads=4, **kwargs)
+    # The default init (std 0.02) gives nearly constant logits: removing 7 of the 12 heads moves them by
+    # about 1e-4, so a 1e-4 parity check could not tell a wrong graph from a right one. Wider weights
+    # (and drawn biases) move them by about 1, as in the surgery tests.
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 or name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2, generator=generator)
     prune_heads(model, KEPT)
     return model.eval()
 
@@ -91,6 +99,18 @@ def test_pruned_export_reproduces_pytorch_with_left_and_right_padding(family: st
     left = collate(rows, np.arange(8), padding_side="left")
     assert (left["attention_mask"][:, 0] == 0).any()
     np.testing.assert_allclose(run_logits(session, left), _logits(model, left, expected_inputs), atol=1e-4)
+
+
+def test_deberta_with_its_own_position_projections_exports(tmp_path: Path) -> None:
+    # share_att_key=False: pos_key_proj/pos_query_proj lose the same heads as q/k/v; with absolute
+    # positions added to the input and the convolution after the first layer (the surgery tests' layout).
+    model = _pruned("deberta-v2", share_att_key=False, pos_att_type="p2c|c2p", position_biased_input=True,
+                    conv_kernel_size=3, position_buckets=-1, max_relative_positions=16, norm_rel_ebd="none")
+    attention = model.deberta.encoder.layer[0].attention.self
+    assert attention.pos_key_proj.out_features == attention.pos_query_proj.out_features == 2 * 8
+    result = export_onnx(model, make_tokenizer(), tmp_path / "onnx", data=_rows())
+    assert result.parity is not None and result.parity.passed and result.parity.max_abs_diff <= 1e-4
+    assert result.parity.padding_sides == ("right", "left") and result.heads_per_layer == (2, 0, 3)
 
 
 def test_inputs_follow_what_the_model_can_use(tmp_path: Path) -> None:

@@ -82,6 +82,10 @@ def median_of(runs: int, fn: Callable[[], float]) -> tuple[float, list[float]]:
 VECTOR_FLAGS = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8"})
 
 
+#: Environment variables that pin which vector code path ATen, MKL and oneDNN run.
+CPU_PATH_PINS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+
+
 def machine() -> dict[str, Any]:
     import torch
 
@@ -109,6 +113,10 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "torch_threads": torch.get_num_threads(),
+        # Pins of the CPU code paths (set in the environment before torch loads): a model trained under
+        # ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 processor matches one
+        # trained on an AVX2 processor.
+        "cpu_path": {name: os.environ[name] for name in CPU_PATH_PINS if name in os.environ},
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": sys.version.split()[0],
         "platform": platform.platform(),

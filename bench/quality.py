@@ -218,10 +218,15 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
             raise SystemExit(
                 f"the dense model retrained here (test accuracy {metrics.accuracy:.4f}) is not the one the cached "
                 f"cells were computed from ({record['test']['accuracy']:.4f}): CPU training reproduces only on "
-                "the same processor and thread count; pass --fresh or choose another --cache-dir")
+                "the same vector code path and thread count (on an AVX-512 processor, a model trained on an AVX2 "
+                "one is reproduced under ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2; "
+                f"the record says it was trained on {record.get('trained_on', 'an unrecorded machine')}); "
+                "pass --fresh or choose another --cache-dir")
         save_pruned(loaded.model, loaded.tokenizer, directory)
         if record is None:
-            record = {"key": protocol.dense_key(), "training": training.to_dict(), "test": metrics.to_dict()}
+            machine = common.machine()
+            record = {"key": protocol.dense_key(), "training": training.to_dict(), "test": metrics.to_dict(),
+                      "trained_on": {k: machine[k] for k in ("cpu", "vector_isa", "torch_threads", "cpu_path")}}
             _write_json(record_file, record)
         else:
             say(f"dense model reproduced: the same test confusion matrix as the cached record ({metrics.accuracy:.4f})")
@@ -482,8 +487,18 @@ def _provenance(doc: dict[str, Any]) -> str:
     """For a report rebuilt with --report-only: which runs computed its figures."""
     if not (doc.get("report_rebuilt_by") and doc.get("computed_by")):
         return ""
-    runs = "; ".join(f"`{r['command']}` on {r['date']} in {r['wall_s'] / 60:.0f} min" for r in doc["computed_by"])
+    runs = "; ".join(f"`{r['command']}` on {r['date']} in {r['wall_s'] / 60:.0f} min{_on_machine(r)}"
+                     for r in doc["computed_by"])
     return f" (this report rebuilt by `{doc['report_rebuilt_by']}`; computed by {runs})"
+
+
+def _on_machine(run: dict[str, Any]) -> str:
+    m = run.get("machine")
+    if m is None:
+        return ""
+    pins = " ".join(f"{k}={v}" for k, v in m.get("cpu_path", {}).items())
+    isa = "/".join(m.get("vector_isa", [])) or "no vector flags"
+    return f" ({m['torch_threads']} torch threads, {isa}{', ' + pins if pins else ''})"
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -498,8 +513,10 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# SST-5 quality: CAHP against salience top-k and random choice ({settings['model']})", "",
         f"Date {doc['date']}; command `{doc['command']}`{_provenance(doc)}; machine {doc['machine']['cpu']} "
-        f"({doc['machine']['cores']} cores, {doc['machine']['torch_threads']} torch threads"
-        f"{', GPU ' + doc['machine']['gpu'] if doc['machine']['gpu'] else ''}).", "",
+        f"({doc['machine']['cores']} cores"
+        # A rebuilt report's own thread count says nothing about the runs that computed it.
+        + ("" if doc.get("report_rebuilt_by") else f", {doc['machine']['torch_threads']} torch threads")
+        + f"{', GPU ' + doc['machine']['gpu'] if doc['machine']['gpu'] else ''}).", "",
         f"Protocol: {doc['protocol']}.", "",
         f"Dense test accuracy: **{_pct(doc['dense']['test']['accuracy'])}%**"
         + (f" (public implementation: {_pct(public['dense_accuracy'])}%)." if show_public else ".")
@@ -672,7 +689,7 @@ def main(argv: list[str] | None = None) -> None:
                   compute=not args.report_only, say=say)
     cmd = ("python -m bench quality " + " ".join(argv or [])).strip()
     this_run = {"command": cmd, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                "wall_s": payload["wall_s_this_invocation"]}
+                "wall_s": payload["wall_s_this_invocation"], "machine": common.machine()}
     runs = record_invocation(cache, protocol, None if args.report_only else this_run)
     payload["computed_by"] = runs
     if args.report_only:

@@ -112,8 +112,11 @@ def test_quality_with_distillation_adds_a_set_of_cells_and_keeps_the_cross_entro
 def test_quality_report_only_names_the_run_that_computed_the_figures(tiny_setup, tmp_path):
     cache, protocol = tiny_setup["cache"], tiny_setup["protocol"]
     payload = _run(tiny_setup)
+    computing_machine = {**common.machine(), "torch_threads": 1, "vector_isa": ["avx2", "fma"],
+                         "cpu_path": {"MKL_CBWR": "AVX2"}}
     runs = quality.record_invocation(cache, protocol, {"command": "python -m bench quality --seeds 1,2",
-                                                       "date": "2026-11-29T10:00:00+00:00", "wall_s": 120.0})
+                                                       "date": "2026-11-29T10:00:00+00:00", "wall_s": 120.0,
+                                                       "machine": computing_machine})
     other = quality.replace(protocol, recovery_epochs=3.0)
     quality.record_invocation(cache, other, {"command": "python -m bench quality --paper-protocol",
                                              "date": "2026-11-29T11:00:00+00:00", "wall_s": 60.0})
@@ -124,7 +127,10 @@ def test_quality_report_only_names_the_run_that_computed_the_figures(tiny_setup,
     header = quality.markdown(doc).splitlines()[2]
     assert header.startswith("Date 2026-11-29T12:00:00+00:00; command `python -m bench quality --seeds 1,2` (this "
                              "report rebuilt by `python -m bench quality --report-only`; computed by `python -m "
-                             "bench quality --seeds 1,2` on 2026-11-29T10:00:00+00:00 in 2 min)")
+                             "bench quality --seeds 1,2` on 2026-11-29T10:00:00+00:00 in 2 min (1 torch threads, "
+                             "avx2/fma, MKL_CBWR=AVX2))")
+    # The rebuild's own thread count is not the computing run's: it is left out of a rebuilt header.
+    assert "torch threads)" not in header.split("; machine ")[-1]
 
 
 def test_quality_refuses_a_cache_of_another_dense_recipe(tiny_setup):

@@ -24,6 +24,8 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -97,6 +99,10 @@ class Protocol:
     losses: tuple[str, ...] = ("ce",)
     distill_alpha: float = 0.5
     distill_temperature: float = 4.0
+    #: "pinned": the dense model is trained on the CPU code path every x86-64 processor runs alike
+    #: (:data:`DENSE_PINS`), so a later session on another machine retrains the very same model and resumes
+    #: the cells; "native": the fastest path, reproducible only on the same processor type.
+    dense_cpu_path: str = "pinned"
 
     def variants(self) -> list[tuple[str, str]]:
         """(strategy, recovery loss) of every cell of a seed and degree."""
@@ -105,7 +111,7 @@ class Protocol:
     def dense_key(self) -> dict[str, Any]:
         """What the cached dense model and selections depend on (not the recovery recipe)."""
         keys = ("model", "resolution", "batch_size", "dense_epochs", "dense_lr", "dense_seed", "train_rows",
-                "test_rows")
+                "test_rows", "dense_cpu_path")
         return {k: getattr(self, k) for k in keys}
 
     def cells_file(self) -> str:
@@ -195,15 +201,60 @@ def load_data(data_dir: Path, tokenizer: Any, protocol: Protocol) -> tuple[Encod
             encode(tokenizer, rows(splits.eval, protocol.test_rows), max_length=512))
 
 
+#: The dense fine-tuning's CPU code path with ``dense_cpu_path="pinned"``: ATen's scalar kernels, MKL's
+#: conditional-reproducibility mode and oneDNN at SSE4.1, one thread (the golden run's pins). The model
+#: weights are not committed (90 MiB) and a new session may get another processor: a model trained on the
+#: native path of an AVX2 machine was not reproduced on an AVX-512 one, natively or with AVX2 pins. About
+#: twice as slow as the native path, once per machine.
+DENSE_PINS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41",
+              "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _on_pinned_path() -> bool:
+    return all(os.environ.get(k) == v for k, v in DENSE_PINS.items())
+
+
+def _train_dense_in_pinned_child(base: str, data_dir: Path, cache: Path, protocol: Protocol) -> None:
+    """Train (or reproduce) the dense model in a child process whose CPU code path is pinned before torch
+    loads; the pins cannot be set in a process that already has torch."""
+    job = json.dumps({"base": base, "data_dir": str(data_dir), "cache": str(cache), "protocol": asdict(protocol)})
+    code = "import sys; from bench.quality import _dense_child; _dense_child(sys.argv[1])"
+    env = {**os.environ, **DENSE_PINS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                      os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", code, job], env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the dense fine-tuning on the pinned CPU path failed (exit {done.returncode}); "
+                         "see its output above")
+
+
+def _dense_child(job_json: str) -> None:
+    """Entry point of the pinned child: train or reproduce the dense model into the cache, then exit."""
+    job = json.loads(job_json)
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in job["protocol"].items()}
+    common.pin_threads(1)
+
+    def say(line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] (pinned CPU path) {line}", flush=True)
+
+    dense_model(job["base"], Path(job["data_dir"]), Path(job["cache"]), Protocol(**fields), torch.device("cpu"), say)
+
+
 def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, device: torch.device,
                 say: Callable[[str], None]) -> tuple[nn.Module, Any, dict[str, Any]]:
     """The densely fine-tuned model, its tokenizer and its record (recipe, training, test scores).
 
-    Trained once and saved under ``cache/dense``; later runs load it.
+    Trained once and saved under ``cache/dense``; later runs load it. A cached record whose model files
+    are gone (another session, another machine) is reproduced and checked against the record.
     """
     directory, record_file = cache / "dense", cache / "dense.json"
     record = _read_json(record_file)
-    if record is None or not (directory / "config.json").is_file():
+    missing = record is None or not (directory / "config.json").is_file()
+    if missing and protocol.dense_cpu_path == "pinned" and device.type == "cpu" and not _on_pinned_path():
+        say("dense model: trained in a child process on the pinned CPU path (reproducible on any x86-64 machine)")
+        _train_dense_in_pinned_child(base, data_dir, cache, protocol)
+        record, missing = _read_json(record_file), False
+    if missing:
         loaded = load_classifier(base, num_labels=5)
         train, test = load_data(data_dir, loaded.tokenizer, protocol)
         say(f"dense fine-tuning: {protocol.dense_epochs:g} epochs at lr {protocol.dense_lr:g} on {len(train)} rows"
@@ -217,11 +268,9 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
             # pruned models of two different teachers.
             raise SystemExit(
                 f"the dense model retrained here (test accuracy {metrics.accuracy:.4f}) is not the one the cached "
-                f"cells were computed from ({record['test']['accuracy']:.4f}): CPU training reproduces only on "
-                "the same vector code path and thread count (on an AVX-512 processor, a model trained on an AVX2 "
-                "one is reproduced under ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2; "
-                f"the record says it was trained on {record.get('trained_on', 'an unrecorded machine')}); "
-                "pass --fresh or choose another --cache-dir")
+                f"cells were computed from ({record['test']['accuracy']:.4f}; trained on "
+                f"{record.get('trained_on', 'an unrecorded machine')}): CPU training reproduces only on the same "
+                "code path and thread count; pass --fresh or choose another --cache-dir")
         save_pruned(loaded.model, loaded.tokenizer, directory)
         if record is None:
             machine = common.machine()

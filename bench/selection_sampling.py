@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--resolution", type=int, default=32, help="B (32, as the public implementation on SST-5)")
+    p.add_argument("--output", default="selection_sampling.json", help="file name under bench/results/")
     args = p.parse_args(argv)
     pin_threads(1)
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         "comparison": comparison,
         "runs": runs,
     }
-    path = save("selection_sampling.json", payload,
+    path = save(args.output, payload,
                 command="python -m bench selection-sampling " + " ".join(argv or []),
                 protocol=f"1 torch thread; B={args.resolution}; seed {args.seed}; analyze_heads + CAHP's choice at "
                 f"degrees {list(DEGREES)}; auto = the stopping rules (defaults); full = every sentence for "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def tiny_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, obj
     save_pruned(make_classifier("bert", num_labels=5, layers=3, heads=4), make_tokenizer(), base)
     monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
     protocol = quality.Protocol(name="tiny", model="tiny", seeds=(1, 2), degrees=(2, 6), dense_epochs=1,
-                                dense_lr=1e-3, recovery_lr=1e-3)
+                                dense_lr=1e-3, recovery_lr=1e-3, dense_cpu_path="native")
     return {"data": data, "base": str(base), "cache": tmp_path / "cache", "protocol": protocol}
 
 
@@ -131,6 +132,26 @@ def test_quality_report_only_names_the_run_that_computed_the_figures(tiny_setup,
                              "avx2/fma, MKL_CBWR=AVX2))")
     # The rebuild's own thread count is not the computing run's: it is left out of a rebuilt header.
     assert "torch threads)" not in header.split("; machine ")[-1]
+
+
+def test_the_pinned_dense_model_is_trained_in_a_child_and_reproduced_from_its_record(tiny_setup, tmp_path):
+    protocol = quality.replace(tiny_setup["protocol"], dense_cpu_path="pinned")
+    cache = tmp_path / "pinned"
+    args = (tiny_setup["base"], tiny_setup["data"], cache, protocol, torch.device("cpu"), lambda _line: None)
+    _model, _tokenizer, record = quality.dense_model(*args)
+    assert record["trained_on"]["cpu_path"] == {k: v for k, v in quality.DENSE_PINS.items()
+                                                if k in common.CPU_PATH_PINS}
+    assert record["trained_on"]["torch_threads"] == 1
+    # A later session without the model files: the child retrains on the same path and matches the record.
+    shutil.rmtree(cache / "dense")
+    _model, _tokenizer, again = quality.dense_model(*args)
+    assert again == record and (cache / "dense" / "config.json").is_file()
+    # A record the retrained model does not match is refused, not mixed with the cells.
+    shutil.rmtree(cache / "dense")
+    tampered = {**record, "test": {**record["test"], "confusion": [[0]]}}
+    (cache / "dense.json").write_text(json.dumps(tampered))
+    with pytest.raises(SystemExit, match="failed"):
+        quality.dense_model(*args)
 
 
 def test_quality_refuses_a_cache_of_another_dense_recipe(tiny_setup):

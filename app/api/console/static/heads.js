@@ -3,7 +3,7 @@
 
 import { clear, formatNumber, h, s } from "./dom.js";
 import {
-  CLUSTER_COLOURS, KEPT_FILL, PRUNED_FILL, SAFETY_FILL, VIRIDIS, inkOn, nextId, responsive, tooltip, viridis,
+  CLUSTER_COLOURS, KEPT_FILL, PRUNED_FILL, SAFETY_FILL, VIRIDIS, inkOn, nextId, replaceKeepingFocus, responsive, tooltip, viridis,
 } from "./plot.js";
 
 const MODES = [
@@ -184,7 +184,9 @@ export function headMap(map) {
     });
     svg.append(grid, s("rect", { class: "cell-focus", visibility: "hidden" }));
     svg.addEventListener("focus", () => show(...(active || [0, 0])));
-    svg.addEventListener("blur", hide);
+    svg.addEventListener("blur", () => {
+      if (svg.isConnected) hide(); // a redrawn-away SVG's blur must not hide its successor's tooltip
+    });
     svg.addEventListener("keydown", (event) => {
       const [l, hd] = active || [0, 0];
       const move = { ArrowRight: [0, 1], ArrowLeft: [0, -1], ArrowDown: [1, 0], ArrowUp: [-1, 0] }[event.key];
@@ -195,10 +197,8 @@ export function headMap(map) {
       else return;
       event.preventDefault();
     });
-    const box = plot.querySelector(".tooltip");
-    clear(plot, svg, box);
     paint();
-    if (active && document.activeElement === svg) show(...active);
+    replaceKeepingFocus(plot, svg, plot.querySelector(".tooltip"));
   }
 
   const stop = responsive(plot, draw);

@@ -2,7 +2,7 @@
 // polynomial degree as a dashed line, k* ringed. Read by pointer or arrow keys; also as a table.
 
 import { clear, formatNumber, h, s } from "./dom.js";
-import { degreeRanges, nextId, responsive, ticks, tooltip } from "./plot.js";
+import { degreeRanges, nextId, replaceKeepingFocus, responsive, ticks, tooltip } from "./plot.js";
 
 /**
  * The Mean Simplified Silhouette against k, with the knee of each polynomial degree and k*.
@@ -147,7 +147,9 @@ export function mssChart(curve) {
       if (document.activeElement !== svg) unfocus();
     });
     svg.addEventListener("focus", () => focusPoint(active));
-    svg.addEventListener("blur", unfocus);
+    svg.addEventListener("blur", () => {
+      if (svg.isConnected) unfocus(); // a redrawn-away SVG's blur must not hide its successor's readout
+    });
     svg.addEventListener("keydown", (event) => {
       const step = { ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1 }[event.key];
       if (step) focusPoint(active + step);
@@ -158,8 +160,8 @@ export function mssChart(curve) {
       event.preventDefault();
     });
     // The tooltip box stays in the plot, after the SVG, so it floats over the redrawn chart.
-    clear(plot, svg, plot.querySelector(".tooltip"));
     geometry = { x, y, cursor, ring, svg };
+    replaceKeepingFocus(plot, svg, plot.querySelector(".tooltip"));
   }
 
   const stop = responsive(plot, draw);

@@ -113,6 +113,17 @@ export function tooltip(wrapper, id) {
   };
 }
 
+/**
+ * Put `svg` (and `rest`) in `plot` in place of what it holds. A redraw (a resize, a scrollbar appearing) must not
+ * take the keyboard focus away from a plot being read: when the old SVG had it, the new one gets it.
+ */
+export function replaceKeepingFocus(plot, svg, ...rest) {
+  const old = plot.querySelector("svg");
+  const hadFocus = old !== null && document.activeElement === old;
+  clear(plot, svg, ...rest);
+  if (hadFocus) svg.focus({ preventScroll: true });
+}
+
 let uid = 0;
 
 /** A page-unique id prefix for a plot's elements (tooltips, gradients). */

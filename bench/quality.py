@@ -255,7 +255,7 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
         _train_dense_in_pinned_child(base, data_dir, cache, protocol)
         record, missing = _read_json(record_file), False
     if missing:
-        loaded = load_classifier(base, num_labels=5)
+        loaded = load_classifier(base, num_labels=5, seed=protocol.dense_seed)
         train, test = load_data(data_dir, loaded.tokenizer, protocol)
         say(f"dense fine-tuning: {protocol.dense_epochs:g} epochs at lr {protocol.dense_lr:g} on {len(train)} rows"
             + ("" if record is None else " (the model is not in the cache: retrained to resume its cells)"))

@@ -69,6 +69,7 @@ def load_classifier(
     cache_dir: str | None = None,
     token: str | None = None,
     device: torch.device | str | None = None,
+    seed: int = 0,
 ) -> LoadedClassifier:
     """Load a sequence classifier and its tokenizer from a directory or the Hugging Face hub.
 
@@ -80,6 +81,9 @@ def load_classifier(
         is re-created (and ``classifier_trained`` is False)
     cache_dir, token : passed to the hub client
     device : where to put the model; CPU when None
+    seed : seeds the initialisation of a re-created classification head (and of any weight the checkpoint
+        lacks), so that a run fine-tuning a base model is reproducible from its seed; torch's global
+        random state is left as it was
 
     Raises
     ------
@@ -96,7 +100,7 @@ def load_classifier(
     ref = os.fspath(ref)
     try:
         return _load_classifier(ref, revision=revision, num_labels=num_labels, cache_dir=cache_dir, token=token,
-                                device=device)
+                                device=device, seed=seed)
     except (CahpError, MemoryError, torch.cuda.OutOfMemoryError):
         raise
     except Exception as exc:
@@ -113,6 +117,7 @@ def _load_classifier(
     cache_dir: str | None,
     token: str | None,
     device: torch.device | str | None,
+    seed: int,
 ) -> LoadedClassifier:
     hub = {"revision": revision, "cache_dir": cache_dir, "token": token}
     config_file = _config_file(ref, **hub)
@@ -137,7 +142,12 @@ def _load_classifier(
             check_weight_files(local)
         else:
             _check_hub_weight_index(ref, hub)
-        model, trained = _from_pretrained(where, ref, adapter, num_labels, hub)
+        # Weights missing from the checkpoint (a new head) are drawn from torch's global generator, whose
+        # start-up seed is random: without a seed of its own, the same base model and run seed gave another
+        # fine-tuned model each time.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model, trained = _from_pretrained(where, ref, adapter, num_labels, hub)
 
     if device is not None:
         model.to(device)

@@ -101,7 +101,7 @@ def load(
         splits = load_splits(dataset_ref, options, revision=None, cache_dir=cache_dir, token=hub_token)
         run.say(f"loading model {model_name}" + (f" at revision {revision}" if revision else ""))
         loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
-                                 cache_dir=cache_dir, token=hub_token, device=device)
+                                 cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed)
         loaded.model.to(device).eval()
         held_out = validation = None
         train = splits.train

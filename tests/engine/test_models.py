@@ -74,6 +74,26 @@ def test_num_labels_that_differ_recreate_the_head(tmp_path: Path) -> None:
     assert _logits(other.model).shape == (2, 5)
 
 
+def test_a_recreated_head_is_drawn_from_the_seed_and_leaves_the_global_generator_alone(tmp_path: Path) -> None:
+    # torch's start-up seed is random, so an unseeded head made every run on a base model another model.
+    _save(make_classifier("bert", num_labels=3), tmp_path)
+    state = torch.random.get_rng_state()
+
+    def head(seed: int) -> torch.Tensor:
+        loaded = load_classifier(str(tmp_path), num_labels=5, seed=seed)
+        assert not loaded.classifier_trained
+        return loaded.model.classifier.weight.detach().clone()
+
+    first, again, other = head(7), head(7), head(8)
+    torch.testing.assert_close(first, again, atol=0, rtol=0)
+    assert not torch.equal(first, other)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    # The encoder's weights come from the checkpoint whatever the seed.
+    a = load_classifier(str(tmp_path), num_labels=5, seed=7).model.bert.encoder.layer[0].attention.self.query.weight
+    b = load_classifier(str(tmp_path), num_labels=5, seed=8).model.bert.encoder.layer[0].attention.self.query.weight
+    assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("bad", [0, 1, 2.0, True, "3"])
 def test_num_labels_must_be_an_integer_of_at_least_two(bad: object, tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="`num_labels` must be an integer >= 2"):

@@ -267,3 +267,17 @@ def test_a_budget_nobody_meets_fails_and_still_writes_the_report(tmp_path, model
     assert {p.name for p in out.iterdir()} == {"report.json", "mss_curve.json", "mss_curve.png", "head_map.json",
                                                "head_map.png", "layer_retention.png", "budget.png"}
     assert (out / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_on_a_base_model_whose_head_is_recreated_is_reproducible_from_its_seed(tmp_path):
+    # The saved model has 2 labels and the data 3, so the head is new: it must come from the run's seed.
+    model = tmp_path / "base"
+    make_classifier("bert", layers=2, heads=4, num_labels=2, seed=2).save_pretrained(model)
+    make_tokenizer().save_pretrained(model)
+    data = _write_dataset(tmp_path / "data", {"train": (90, 0), "test": (45, 1)})
+    config = PruningConfig(**{**FAST, "dense_epochs": 1, "recovery_loss": "ce"})
+    runs = [run_pruning(str(model), str(data), tmp_path / f"out{i}", config) for i in range(2)]
+    dense = [r.metrics.dense.to_dict() for r in runs]
+    pruned = [r.metrics.pruned.to_dict() for r in runs]
+    assert dense[0] == dense[1] and pruned[0] == pruned[1]
+    assert runs[0].selection.kept == runs[1].selection.kept

@@ -159,8 +159,8 @@ export function mssChart(curve) {
       else return;
       event.preventDefault();
     });
-    // The tooltip box stays in the plot, after the SVG, so it floats over the redrawn chart.
     geometry = { x, y, cursor, ring, svg };
+    // The tooltip box stays in the plot, after the SVG, so it floats over the redrawn chart.
     replaceKeepingFocus(plot, svg, plot.querySelector(".tooltip"));
   }
 

@@ -31,6 +31,17 @@ fi
 started=$(date +%s)
 echo "[gpu-check] $(date -u +%FT%TZ) device=$device scale=$scale python=$python"
 "$python" - <<PY
+import importlib
+# A bare accelerator image may lack the engine's own dependencies: name them all before any time is spent.
+missing = []
+for name in ("torch", "transformers", "kmedoids", "kneed", "sklearn", "onnx", "onnxruntime", "pytest"):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        missing.append(name)
+if missing:
+    raise SystemExit("[gpu-check] missing packages: " + ", ".join(missing)
+                     + "; install the project (pip install -e .[dev]) or carry a virtual environment with them")
 import torch
 print("[gpu-check] torch", torch.__version__, "cuda available:", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
@@ -39,11 +50,15 @@ if "$device" == "cuda" and not torch.cuda.is_available():
 PY
 
 # 1. The engine's device tests (fused attention with empty layers, bf16/fp16 recovery, selection).
+# A failing test is reported at the end; the figures below are still worth having.
+tests_rc=0
 CAHP_TEST_DEVICE=$device timeout 180 "$python" -m pytest -q -p no:cacheprovider tests/engine/test_on_device.py \
-  2>&1 | tee "$out_dir/gpu_check_tests.txt"
+  2>&1 | tee "$out_dir/gpu_check_tests.txt" || tests_rc=$?
 
 # 2. Stage timings, the BERT-base-shaped run, all-MiniLM-L6-v2 + SST-5.
+bench_rc=0
 timeout $(( 480 - ($(date +%s) - started) )) "$python" -m bench gpu-check --device "$device" --scale "$scale" \
-  --out "$out_dir/gpu_check.json"
+  --out "$out_dir/gpu_check.json" || bench_rc=$?
 
-echo "[gpu-check] done in $(( $(date +%s) - started )) s"
+echo "[gpu-check] done in $(( $(date +%s) - started )) s; device tests exit $tests_rc, benchmark exit $bench_rc"
+exit $(( tests_rc != 0 ? tests_rc : bench_rc ))

@@ -62,9 +62,9 @@ class PruningConfig:
         paper: 0.25) turns the rule off and is used exactly.
     signature_samples : int, float, "all" or "auto", default "auto"
         Training samples profiled for signatures. ``"auto"``: a seeded stratified stream that stops
-        once the selection computed from it is stable, with a floor per class and every row as the
-        cap (:mod:`cahp_engine.convergence`). A count, a fraction in (0, 1] (``1.0`` is every row) or
-        ``"all"`` turns the rule off and is used exactly.
+        once the class differences of the signatures are mostly signal (noise share <= 0.2), with a
+        floor per class and every row as the cap (:mod:`cahp_engine.convergence`). A count, a
+        fraction in (0, 1] (``1.0`` is every row) or ``"all"`` turns the rule off and is used exactly.
     strategy : {"cahp", "salience", "random"}
         ``cahp`` is the paper's method; the others are baselines that keep the same number of heads
         (``heads_to_keep`` if given, otherwise the count CAHP would keep).

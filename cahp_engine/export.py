@@ -1,8 +1,8 @@
 """ONNX export of a (pruned) classifier, checked against PyTorch, and its dynamic int8 variant.
 
 An exported directory has the layout Optimum's exporter writes
-(``optimum-cli export onnx --task text-classification``), so onnxruntime, Optimum's ``ORTModel``,
-Triton's onnxruntime backend and KServe load it as they load any Hugging Face export::
+(``optimum-cli export onnx --task text-classification``): onnxruntime loads it (tested), and it is the
+layout Optimum's ``ORTModel``, Triton's onnxruntime backend and KServe read (not tested against them)::
 
     onnx/
     ├── model.onnx            the graph with its weights (model.onnx.data beside it above 2 GiB)

@@ -202,7 +202,7 @@ class SamplingRecord(JsonRecord):
     ``mode`` is ``auto`` (a stopping rule decided) or ``fixed`` (an explicit amount, used exactly).
     ``stopped`` is ``converged`` (the rule was met), ``cap`` (every row was read before it was) or
     ``requested`` (a fixed amount). ``checkpoints`` are the sample counts at which the rule looked and
-    ``measures`` its measure at each of them (None at the first, which has nothing to compare with).
+    ``measures`` its measure (the noise share) at each of them.
     """
 
     mode: str

@@ -195,7 +195,7 @@ def _run(
     if config.dense_finetune == "never" and not loaded.classifier_trained:
         warnings.append("the model's classifier head is untrained and dense fine-tuning is off; "
                         "selection will profile an untrained classifier")
-    dense = steps.dense_finetune(run, model=model, train=inputs.train, classifier_trained=loaded.classifier_trained)
+    dense = steps.dense_finetune(run, model=model, inputs=inputs, classifier_trained=loaded.classifier_trained)
     dense_metrics = steps.evaluate_dense(run, model=model, evaluation=inputs.evaluation)
     result = steps.select(run, model=model, train=inputs.rows)
     warnings.extend(result.warnings)

@@ -123,17 +123,21 @@ def load(
 
 
 def dense_finetune(
-    run: RunContext, *, model: nn.Module, train: EncodedDataset, classifier_trained: bool
+    run: RunContext, *, model: nn.Module, inputs: Inputs, classifier_trained: bool
 ) -> DenseFinetuneRecord:
-    """Fine-tune the dense model in place first, when ``config.dense_finetune`` asks for it."""
+    """Fine-tune the dense model in place first, when ``config.dense_finetune`` asks for it.
+
+    Only a run that fine-tunes tokenises the whole training split here; otherwise selection, which
+    comes next, reads just the rows it samples.
+    """
     config = run.config
     ran, reason = _dense_decision(config.dense_finetune, classifier_trained)
     training = None
     if ran:
         with run.monitor.stage("dense_finetune"):
             run.say(f"dense fine-tuning ({reason}): {config.dense_epochs} epochs at lr {config.dense_lr}")
-            training = train_model(run, model=model, train=train, epochs=config.dense_epochs, lr=config.dense_lr,
-                                   stage="dense_finetune")
+            training = train_model(run, model=model, train=inputs.train, epochs=config.dense_epochs,
+                                   lr=config.dense_lr, stage="dense_finetune")
     return DenseFinetuneRecord(mode=config.dense_finetune, ran=ran, reason=reason, training=training)
 
 

@@ -32,6 +32,9 @@ __all__ = ["TrainingResult", "finetune"]
 
 def _check_recipe(epochs: float, lr: float, batch_size: int, warmup_ratio: float, weight_decay: float,
                   max_grad_norm: float) -> None:
+    # The library call checks only what would make training meaningless (a negative epoch count, a zero
+    # learning rate...). `PruningConfig`, the boundary of commands and jobs, adds upper bounds (lr <= 1,
+    # epochs <= 1000, batch_size <= 4096) that catch typos there; a caller of `finetune` may go further.
     check("epochs", epochs, Interval("real", 0, None, closed="left"))
     check("lr", lr, Interval("real", 0, None, closed="neither"))
     check("batch_size", batch_size, Interval("integer", 1, None, closed="left"))

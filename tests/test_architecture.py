@@ -25,7 +25,8 @@ SERVICE_LIBS = {"fastapi", "starlette", "uvicorn", "celery", "kombu", "sqlalchem
 #: floor -> (its source directory, top-level names it must never import)
 RULES: dict[str, tuple[str, set[str]]] = {
     "cahp_engine": ("cahp_engine", {"app", "worker", "bench", *SERVICE_LIBS}),
-    "app.core": ("app/core", {"app.api", "app.cli", "worker", "bench", "fastapi", "starlette", "uvicorn", "celery"}),
+    "app.core": ("app/core", {"app.api", "app.cli", "worker", "bench", "fastapi", "starlette", "uvicorn", "celery",
+                              "kombu"}),
     "app.api": ("app/api", {"app.cli", "worker", "bench"}),
     "worker": ("worker", {"app.api", "app.cli", "bench", "fastapi", "starlette", "uvicorn"}),
     "app.cli": ("app/cli", {"bench"}),

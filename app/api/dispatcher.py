@@ -29,6 +29,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks.webhooks import Webhook as Signer
 
+from app.client import retry_after_s
 from app.core import repository
 from app.core.db import transaction, utcnow
 from app.core.errors import OutboundUrlRefusedError
@@ -70,8 +71,8 @@ def backoff_s(attempts: int, settings: Settings, *, retry_after: float | None = 
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after", "").strip()
-    return float(value) if value.isdigit() else None
+    # Seconds or an HTTP date, read as the command-line client reads it.
+    return retry_after_s(response.headers.get("retry-after"))
 
 
 def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings: Settings) -> Attempt:

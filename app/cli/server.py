@@ -304,8 +304,8 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
         key = _with_session(lambda session: revoke_api_key(session=session, name_or_id=args.key))
     except (InvalidRequestError, NotFoundError) as exc:
         return fail(str(exc))
-    print(f"cahp: key {key.id} ({key.name}) revoked at {_when(key.revoked_at)}; requests with it now get 401",
-          file=sys.stderr)
+    print(f"cahp: key {key.id} ({key.name}) revoked at {_when(key.revoked_at)}; requests with it get 401 "
+          "within CAHP_KEY_CACHE_S (1 s by default)", file=sys.stderr)
     return 0
 
 

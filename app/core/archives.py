@@ -101,25 +101,70 @@ def _safe_name(name: str, archive: str) -> str:
     return normal
 
 
-def check_archive(archive: Path, *, max_bytes: int, max_members: int) -> None:
-    """Check every member of ``archive`` without unpacking it (InvalidUploadError if one is unsafe)."""
+def check_archive(archive: Path, *, max_bytes: int, max_members: int, shown: str | None = None) -> None:
+    """Check every member of ``archive`` without unpacking it (InvalidUploadError if one is unsafe).
+
+    Everything the unpacker would refuse is refused here, at upload, so that a caller hears of it at
+    once rather than from a failed job: unsafe members, the limits, and a layout that cannot be
+    written (a file named twice, or a name used both as a file and a directory). ``shown`` is the
+    name the caller knows the archive by, used in the messages (default: the file's own name).
+    """
+    name = shown or archive.name
+    layout = _Layout(name)
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:
-                _zip_members(zf, archive.name, max_bytes=max_bytes, max_members=max_members)
+                for info in _zip_members(zf, name, max_bytes=max_bytes, max_members=max_members):
+                    layout.add(_safe_name(info.filename, name), is_dir=info.is_dir())
         elif tarfile.is_tarfile(archive):
             with tarfile.open(archive, "r:*") as tar:
-                for _ in _tar_members(tar, archive.name, max_bytes=max_bytes, max_members=max_members):
-                    pass
+                for path, member in _tar_members(tar, name, max_bytes=max_bytes, max_members=max_members):
+                    layout.add(path, is_dir=member.isdir())
         else:
-            raise InvalidUploadError(f"{archive.name} is not a tar or zip archive; pack the files with tar or zip")
+            raise InvalidUploadError(f"{name} is not a tar or zip archive; pack the files with tar or zip")
     except OSError as exc:
-        full = storage_error(exc, f"reading {archive.name}")
+        full = storage_error(exc, f"reading {name}")
         if full is not None:
             raise full from exc
-        raise InvalidUploadError(f"{archive.name} is truncated or corrupt ({type(exc).__name__})") from exc
+        raise InvalidUploadError(f"{name} is truncated or corrupt ({type(exc).__name__})") from exc
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        raise InvalidUploadError(f"{archive.name} is truncated or corrupt ({type(exc).__name__})") from exc
+        raise InvalidUploadError(f"{name} is truncated or corrupt ({type(exc).__name__})") from exc
+
+
+class _Layout:
+    """The files and directories an archive would create, to refuse one the unpacker could not write."""
+
+    def __init__(self, archive: str) -> None:
+        self.archive = archive
+        self.files: set[str] = set()
+        self.dirs: set[str] = set()
+
+    def _clash(self, relative: str) -> InvalidUploadError:
+        return InvalidUploadError(f"{self.archive} holds {relative!r} both as a file and a directory")
+
+    def add(self, relative: str, *, is_dir: bool) -> None:
+        if relative == ".":
+            if not is_dir:
+                raise InvalidUploadError(f"{self.archive} has a file member without a name")
+            return
+        parent = posixpath.dirname(relative)
+        while parent and parent not in self.dirs:
+            if parent in self.files:
+                raise self._clash(parent)
+            self.dirs.add(parent)
+            parent = posixpath.dirname(parent)
+        if parent in self.files:
+            raise self._clash(parent)
+        if is_dir:
+            if relative in self.files:
+                raise self._clash(relative)
+            self.dirs.add(relative)
+        elif relative in self.dirs:
+            raise self._clash(relative)
+        elif relative in self.files:
+            raise InvalidUploadError(f"{self.archive} holds {relative!r} twice; keep one")
+        else:
+            self.files.add(relative)
 
 
 def _tar_members(
@@ -202,6 +247,8 @@ class _Writer:
         try:
             fd = os.open(target, flags, 0o644)
         except FileExistsError as exc:
+            if os.path.isdir(target):
+                raise InvalidUploadError(f"{self.archive} holds {relative!r} both as a file and a directory") from exc
             raise InvalidUploadError(f"{self.archive} holds {relative!r} twice; keep one") from exc
         except (IsADirectoryError, NotADirectoryError) as exc:
             raise InvalidUploadError(f"{self.archive} holds {relative!r} both as a file and a directory") from exc

@@ -62,6 +62,34 @@ def test_a_member_twice_or_as_file_and_directory_is_refused(tmp_path: Path) -> N
         unpack(both, tmp_path / "out2", **LIMITS)
 
 
+@pytest.mark.parametrize(
+    ("members", "message"),
+    [
+        ([("file", "a.csv", b"1"), ("file", "./a.csv", b"2")], "'a.csv' twice"),
+        ([("file", "a", b"1"), ("file", "a/b.csv", b"2")], "'a' both as a file"),
+        ([("file", "m/x/b.csv", b"1"), ("file", "m/x", b"2")], "'m/x' both as a file"),
+        ([("file", "m/x", b"1"), ("dir", "m/x", b"")], "'m/x' both as a file"),
+    ],
+    ids=["twice", "file-then-directory", "directory-then-file", "file-then-directory-entry"],
+)
+def test_the_upload_check_refuses_what_the_unpacker_could_not_write(
+    tmp_path: Path, members: list, message: str
+) -> None:
+    archive = _tar(tmp_path / "spool-1234.tar.gz", members)
+    with pytest.raises(InvalidUploadError, match=message) as refused:
+        check_archive(archive, **LIMITS, shown="dataset.tar.gz")
+    assert str(refused.value).startswith("dataset.tar.gz ") and "spool-1234" not in str(refused.value)
+    with pytest.raises(InvalidUploadError, match=message):
+        unpack(archive, tmp_path / "out", **LIMITS)
+
+
+def test_the_upload_check_accepts_directory_entries_in_any_order(tmp_path: Path) -> None:
+    archive = _tar(tmp_path / "m.tar.gz", [("file", "model/sub/a.json", b"{}"), ("dir", "model/sub", b""),
+                                            ("dir", "model", b""), ("dir", "./", b""), ("dir", "model/", b"")])
+    check_archive(archive, **LIMITS)
+    assert (unpack(archive, tmp_path / "out", **LIMITS) / "sub" / "a.json").read_bytes() == b"{}"
+
+
 def test_flat_archives_unpack_in_place_and_zip_works_too(tmp_path: Path) -> None:
     with zipfile.ZipFile(tmp_path / "d.zip", "w") as zf:
         zf.writestr("train.csv", "text,label\n")

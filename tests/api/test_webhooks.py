@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from app.api.dispatcher import dispatch_once
+from app.api.dispatcher import _retry_after, backoff_s, dispatch_once
 from app.core.db import make_session_factory
 from app.core.models import JobStatus
 from app.core.settings import Settings
@@ -173,3 +173,18 @@ def test_no_listener_no_event(client: TestClient, auth: dict[str, str], engine: 
     client.post(f"/v1/jobs/{job_id}/cancel", headers=auth)
     assert client.get(f"/v1/jobs/{job_id}/deliveries", headers=auth).json()["data"] == []
     assert client.get("/v1/jobs/nope/deliveries", headers=auth).status_code == 404
+
+
+def test_a_receivers_retry_after_is_read_as_seconds_or_as_a_date(settings: Settings) -> None:
+    import datetime as dt
+    from email.utils import format_datetime
+
+    in_two_minutes = format_datetime(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=120), usegmt=True)
+    assert 100 < (_retry_after(httpx.Response(503, headers={"retry-after": in_two_minutes})) or 0) <= 120
+    assert _retry_after(httpx.Response(429, headers={"retry-after": "30"})) == 30
+    assert _retry_after(httpx.Response(503, headers={"retry-after": "soon"})) is None
+    assert _retry_after(httpx.Response(503)) is None
+    # The next try waits at least what the receiver asked (less 10 % jitter), however early in the
+    # back-off, and never longer than the cap.
+    assert 99 <= backoff_s(1, Settings(), retry_after=110) <= 121
+    assert backoff_s(1, settings, retry_after=110) <= settings.webhook_retry_max_s * 1.1

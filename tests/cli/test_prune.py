@@ -243,7 +243,9 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
-@pytest.mark.parametrize("family", ["deberta-v2", "modernbert", "camembert"])
+@pytest.mark.parametrize(
+    "family", ["deberta-v2", "modernbert", "camembert", "data2vec-text", "roberta-prelayernorm", "xlm-roberta-xl"]
+)
 def test_prune_runs_end_to_end_on_the_newer_encoder_layouts(tmp_path, family):
     model = write_model(tmp_path / "model", family=family, layers=3, heads=4, num_labels=3)
     data = write_dataset(tmp_path / "data")

@@ -63,6 +63,13 @@ def test_embedded_service_runs_a_job_from_the_command_line(
             tar.extractall(tmp_path / "checkpoint", filter="data")
         assert load_pruned(tmp_path / "checkpoint" / "model") is not None
 
+        # The console is served by the same process: the page, and a script it loads, as an installed
+        # `cahp serve` ships them (README: `bin/dev serve`, then open /ui).
+        page = httpx.get(f"{url}/ui", follow_redirects=True, timeout=10)
+        assert page.status_code == 200 and str(page.url) == f"{url}/ui/" and "<script" in page.text
+        script = httpx.get(f"{url}/ui/static/app.js", timeout=10)
+        assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+
         # A dataset without the label column: the job fails, and `cahp wait` says why and exits 1.
         bad = tmp_path / "inputs" / "bad"
         for split, n in (("train", 30), ("test", 10)):

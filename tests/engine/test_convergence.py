@@ -209,3 +209,27 @@ def test_a_lazy_split_tokenises_only_the_rows_selection_reads(model):
     eager = analyze_heads(model, encode(tokenizer, texts, max_length=32), config)
     np.testing.assert_array_equal(eager.curve.mss, analysis.curve.mss)
     np.testing.assert_array_equal(eager.salience, analysis.salience)
+
+
+@pytest.mark.parametrize(("dense_finetune", "whole_split_before_selection"), [("never", False), ("always", True)])
+def test_a_run_tokenises_the_whole_split_before_selection_only_to_fine_tune(
+    tmp_path, monkeypatch, dense_finetune, whole_split_before_selection
+):
+    from cahp_engine import steps
+    from cahp_engine.run import run_pruning
+    from tests.engine.golden.make_golden import write_inputs
+
+    model, data = write_inputs(tmp_path)
+    seen: list[bool] = []
+    select = steps.select
+
+    def watching_select(run, *, model, train):
+        seen.append("encoded" in vars(train))  # the cached whole-split tokenisation, if anything asked for it
+        return select(run, model=model, train=train)
+
+    monkeypatch.setattr(steps, "select", watching_select)
+    config = PruningConfig(epochs=0, dense_finetune=dense_finetune, dense_epochs=0.1, batch_size=16, max_length=32,
+                           seed=3, device="cpu", export="none", recovery_loss="ce", stability_shards=0,
+                           latency_warmup=0, latency_repeats=1)
+    run_pruning(str(model), str(data), tmp_path / "out", config)
+    assert seen == [whole_split_before_selection]

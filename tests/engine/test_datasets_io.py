@@ -517,3 +517,31 @@ def test_configurations_are_named_and_checked(repository: Path, csv_dir: Path, t
         load_splits(csv_dir, DatasetOptions(config="mnli"))
     with pytest.raises(DatasetError, match=r"`config` must be a dataset configuration name"):
         DatasetOptions(config="../mnli")
+
+
+def test_a_hub_id_carries_its_configuration_to_the_hub_reader(
+    repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hub is not reachable here: its id is answered from the local copy of the same repository, so
+    # that what is checked is what cahp asks of `datasets` for a hub id (the configuration by name).
+    datasets = pytest.importorskip("datasets")
+    hub_id, asked = "cahp-tests/glue-like", []
+    load, names = datasets.load_dataset, datasets.get_dataset_config_names
+
+    def from_the_local_copy(ref, *args, **kwargs):
+        assert ref == hub_id
+        asked.append(kwargs.get("name"))
+        return load(str(repository), *args, **{k: v for k, v in kwargs.items() if k not in ("revision", "token")})
+
+    monkeypatch.setattr(datasets, "load_dataset", from_the_local_copy)
+    monkeypatch.setattr(datasets, "get_dataset_config_names", lambda ref, **_: names(str(repository)))
+    monkeypatch.chdir(tmp_path)  # no local folder of the hub id's name answers instead
+    options = DatasetOptions(config="mnli", text_column="premise", text_pair_column="hypothesis")
+    splits = load_splits(hub_id, options, cache_dir=str(tmp_path / "cache"))
+    assert asked == ["mnli"] and splits.format == "hub" and splits.eval_split == "validation_matched"
+    assert splits.train.text_pairs is not None and len(splits.train) == 12
+    with pytest.raises(DatasetError, match=r"several configurations \(mnli, sst2\).*--dataset-config"):
+        load_splits(hub_id, DatasetOptions(text_column="sentence"), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(DatasetError, match=r"no configuration 'qqp'; its configurations are mnli, sst2"):
+        load_splits(hub_id, DatasetOptions(config="qqp"), cache_dir=str(tmp_path / "cache"))
+    assert asked == ["mnli"]  # refused before anything was fetched

@@ -44,6 +44,19 @@ def test_sign_in_then_read_a_finished_jobs_k_star_accuracy_and_mss_curve(served:
     expect(summary.locator("[data-field=accuracy]")).to_contain_text(f"{100 * result['pruned_accuracy']:.1f}%")
     expect(summary.locator("[data-field=heads]")).to_contain_text(f"{result['heads_kept']} of {result['heads_total']}")
     expect(summary.locator("[data-field=speedup]")).to_contain_text(f"×{result['speedup']:.2f} at batch 32")
+    report = _artifact_json(served, job_id, "report.json")
+    dense, pruned = report["metrics"]["dense"], report["metrics"]["pruned"]
+    expect(summary.locator("[data-field=accuracy]")).to_contain_text(
+        f"{100 * dense['accuracy']:.1f}% → {100 * pruned['accuracy']:.1f}%")
+    expect(summary.locator("[data-field=macro_f1]")).to_have_text(
+        re.compile(re.escape(f"{dense['macro_f1']:.3f} → {pruned['macro_f1']:.3f}")))
+    share = 1 - report["parameters"]["pruned"]["total"] / report["parameters"]["dense"]["total"]
+    expect(summary.locator("[data-field=parameters]")).to_contain_text(f"(−{100 * share:.1f}%)")
+    # Layer retention: one bar per layer, read by its label.
+    grid = _artifact_json(served, job_id, "head_map.json")
+    expect(page.locator("figure.retention svg")).to_have_attribute("aria-label", "; ".join(
+        f"layer {layer}: {len(grid['kept'].get(str(layer), []))} of {grid['num_heads']}"
+        for layer in range(grid["num_layers"])))
     expect(page.locator("[data-field=labels]")).to_have_count(0)  # a job without labels shows no empty row
     # The knee of every degree is marked and k* is ringed; hovering k* reads its k and MSS.
     chart = page.locator("figure.mss")
@@ -248,7 +261,8 @@ def test_with_no_auth_the_console_opens_without_signing_in(watched: Watched, tmp
     with console(tmp_path, no_auth=True) as live:
         model, data = tiny_inputs(live.local_root)
         job_id = live.submit({"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"},
-                              "labels": {"branch": "main"}})
+                              "labels": {"branch": "main"},
+                              "params": {"epochs": 1, "dense_finetune": "never", "max_length": 32, "export": "none"}})
         page = watched.page
         page.goto(live.url + "/ui")
         expect(page.get_by_text("local mode, no key")).to_be_visible()
@@ -256,3 +270,11 @@ def test_with_no_auth_the_console_opens_without_signing_in(watched: Watched, tmp
         expect(page.locator(f"tr[data-job-id='{job_id}'] td[data-label=Labels]")).to_have_text("branch=main")
         expect(page.get_by_role("heading", name="Sign in")).to_have_count(0)
         watched.shot("no-auth")
+        # The list follows the jobs without a reload: a newer job comes in on top, and the first one's
+        # row turns succeeded once the worker has run it.
+        newer = live.submit({"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"}})
+        expect(page.locator("tbody tr").first).to_have_attribute("data-job-id", newer)
+        expect(page.locator("tbody tr").nth(1)).to_have_attribute("data-job-id", job_id)
+        assert execute_job(job_id=job_id, context=live.worker()) is Outcome.succeeded
+        expect(page.locator(f"tr[data-job-id='{job_id}']")).to_contain_text("succeeded", timeout=15_000)
+        watched.shot("no-auth-live")

@@ -93,7 +93,8 @@ def store_upload(
         if size == 0:
             raise InvalidUploadError(f"{display} is empty")
         if kind == "archive":
-            check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members)
+            check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members,
+                          shown=display[:100])
         key = f"uploads/{upload_id}{suffix}"
         upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
                         media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +99,14 @@ def test_fp32_export_without_data_checks_on_generated_ids(tmp_path: Path, capsys
     assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
     card = ModelCard.load(out / "README.md")
     assert card.data.cahp["heads_kept"] == 3 and "## Speed" not in card.text
+    # The README's five lines serve it on a machine without torch and without cahp.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    recipe = next(block for block in _code_blocks(readme) if "ort.InferenceSession" in block)
+    blocked = "import sys\nfor name in ('torch', 'cahp_engine', 'app'):\n    sys.modules[name] = None\n"
+    served = subprocess.run([sys.executable, "-c", blocked + recipe + "\nprint(logits.shape)"], cwd=out.parent,
+                            capture_output=True, text=True, timeout=120)
+    assert served.returncode == 0, served.stderr[-2000:]
+    assert served.stdout.strip() == "(1, 3)"
 
 
 def test_parity_failure_exits_1_with_its_code_and_writes_nothing(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -12,6 +12,7 @@ BENCHMARKS = {
     "speed": "bench.speed",
     "quality": "bench.quality",
     "quality-causes": "bench.quality_causes",
+    "distill-study": "bench.distill_study",
     "load": "bench.load",
     "onnx-speed": "bench.onnx_speed",
     "convergence-study": "bench.convergence_study",

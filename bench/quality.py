@@ -55,7 +55,7 @@ from cahp_engine.selection import Selection
 from cahp_engine.stability import selection_stability
 from cahp_engine.strategies import choose
 from cahp_engine.surgery import prune_heads
-from cahp_engine.training import finetune
+from cahp_engine.training import AuxiliaryLoss, finetune
 
 STRATEGIES = ("cahp", "salience", "random")
 LABELS = {"cahp": "CAHP", "salience": "Salience top-k", "random": "Random"}
@@ -356,8 +356,9 @@ def teacher_for(dense: nn.Module, train: EncodedDataset, cache: Path, protocol: 
 
 def run_cell(dense: nn.Module, train: EncodedDataset, test: EncodedDataset, heads: list[list[int]],
              protocol: Protocol, seed: int, device: torch.device, loss: str = "ce",
-             teacher: TeacherLogits | None = None) -> dict[str, Any]:
-    """Prune a copy of the dense model to ``heads``, score it, recover it (with ``loss``), score it again."""
+             teacher: TeacherLogits | None = None, auxiliary_loss: AuxiliaryLoss | None = None) -> dict[str, Any]:
+    """Prune a copy of the dense model to ``heads``, score it, recover it (with ``loss``, plus
+    ``auxiliary_loss`` when given: ``python -m bench distill-study``), score it again."""
     start = time.perf_counter()
     pruned = copy.deepcopy(dense)
     kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
@@ -370,7 +371,8 @@ def run_cell(dense: nn.Module, train: EncodedDataset, test: EncodedDataset, head
     recovery = finetune(pruned, train, epochs=protocol.recovery_epochs, lr=protocol.recovery_lr,
                         batch_size=protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
                         seed=seed, device=device, teacher=teacher if loss == "distill" else None,
-                        alpha=protocol.distill_alpha, temperature=protocol.distill_temperature)
+                        alpha=protocol.distill_alpha, temperature=protocol.distill_temperature,
+                        auxiliary_loss=auxiliary_loss)
     after = evaluate(pruned, test, batch_size=protocol.batch_size, device=device)
     return {"loss": loss, "accuracy": after.accuracy, "macro_f1": after.macro_f1, "recall": list(after.recall),
             "accuracy_before_recovery": before,

@@ -87,6 +87,7 @@ def finetune(
     teacher: TeacherLogits | None = None,
     alpha: float = 0.5,
     temperature: float = 4.0,
+    auxiliary_loss: AuxiliaryLoss | None = None,
 ) -> TrainingResult:
     """Fine-tune every parameter of ``model`` on ``data`` with AdamW and a linear warm-up/decay.
 
@@ -117,6 +118,10 @@ def finetune(
         A teacher's logits for every row of ``data``: the loss becomes
         :func:`~cahp_engine.distill.distillation_loss` with ``alpha`` and ``temperature``
         (otherwise plain cross-entropy, and those two are ignored).
+    auxiliary_loss : callable (outputs, batch) -> scalar tensor, optional
+        A term added to every batch's loss, given the model's outputs (with ``hidden_states``: the
+        forward pass then returns them) and the batch on ``device``. For experiments such as matching
+        a teacher's hidden states (``python -m bench distill-study``); runs and jobs do not use it.
 
     Returns
     -------
@@ -173,7 +178,7 @@ def finetune(
             result = _loop(model, data, dev, precision, total, batch_size, lr=lr,
                            warmup_ratio=warmup_ratio, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                            seed=seed, progress=progress, should_cancel=should_cancel,
-                           loss_fn=_loss_fn(teacher, alpha, temperature, dev))
+                           loss_fn=_loss_fn(teacher, alpha, temperature, dev), auxiliary_loss=auxiliary_loss)
             return _described(result, teacher, alpha, temperature)
     finally:
         model.eval()
@@ -184,6 +189,8 @@ def finetune(
 
 #: ``loss_fn(logits, labels, row_indices) -> loss`` of one batch.
 LossFn = Callable[[torch.Tensor, torch.Tensor, np.ndarray], torch.Tensor]
+#: ``auxiliary_loss(outputs, batch) -> loss`` added to a batch's loss (see :func:`finetune`).
+AuxiliaryLoss = Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
 
 
 def _loss_fn(teacher: TeacherLogits | None, alpha: float, temperature: float, dev: torch.device) -> LossFn:
@@ -206,7 +213,8 @@ def _described(result: TrainingResult, teacher: TeacherLogits | None, alpha: flo
 def _loop(model: nn.Module, data: EncodedDataset, dev: torch.device, precision: str, total: int,
           batch_size: int, *, lr: float, warmup_ratio: float, weight_decay: float, max_grad_norm: float,
           seed: int, progress: Callable[[int, int], None] | None,
-          should_cancel: Callable[[], bool] | None, loss_fn: LossFn) -> TrainingResult:
+          should_cancel: Callable[[], bool] | None, loss_fn: LossFn,
+          auxiliary_loss: AuxiliaryLoss | None = None) -> TrainingResult:
     optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(warmup_ratio * total), total)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
@@ -230,8 +238,13 @@ def _loop(model: nn.Module, data: EncodedDataset, dev: torch.device, precision: 
             if should_cancel is not None and should_cancel():
                 raise JobCancelledError(f"fine-tuning was cancelled after {step} of {total} steps")
             with autocast():
-                logits = model(**model_inputs(model, batch)).logits
-            loss = loss_fn(logits, batch["labels"], rows)
+                if auxiliary_loss is None:
+                    outputs = model(**model_inputs(model, batch))
+                else:
+                    outputs = model(**model_inputs(model, batch), output_hidden_states=True)
+            loss = loss_fn(outputs.logits, batch["labels"], rows)
+            if auxiliary_loss is not None:
+                loss = loss + auxiliary_loss(outputs, batch)
             value = float(loss.detach())  # one sync per step, needed for the NaN check anyway
             if not math.isfinite(value):
                 raise PipelineError(

@@ -302,3 +302,62 @@ def test_cause_variants_keep_cahps_head_count(tiny_setup):
     per_layer = payload["heads_per_layer"]["seed=1/degree=6"]
     assert sum(per_layer["cahp"]) == cahp["heads_kept"] and len(per_layer["cluster_salience"]) == 3
     assert "Heads kept per layer at degree 6" in table
+
+
+def test_distill_study_recovers_cahps_heads_with_other_losses_beside_the_grid(tiny_setup):
+    from bench import distill_study
+
+    assert distill_study.parse_variant("distill_a0.9_t4") == {"alpha": 0.9, "temperature": 4.0}
+    assert distill_study.parse_variant("hidden_b1") == {"beta": 1.0}
+    with pytest.raises(ValueError, match="unknown variant 'hidden'"):
+        distill_study.parse_variant("hidden")
+    with pytest.raises(ValueError, match="alpha must be in"):
+        distill_study.parse_variant("distill_a2_t4")
+    protocol = quality.replace(tiny_setup["protocol"], seeds=(1,), degrees=(2,), losses=("ce", "distill"))
+    _run({**tiny_setup, "protocol": protocol})
+    variants = ("distill_a0.9_t2", "hidden_b1")
+    payload = distill_study.run(protocol, variants, base=tiny_setup["base"], cache=tiny_setup["cache"],
+                                data_dir=tiny_setup["data"], compute=True, say=lambda _line: None)
+    assert [c["variant"] for c in payload["cells"]] == list(variants)
+    assert {c["loss"] for c in payload["reference_cells"]} == {"ce", "distill"}
+    cahp = payload["reference_cells"][0]
+    for cell in payload["cells"]:
+        assert cell["heads_kept"] == cahp["heads_kept"] and 0.0 <= cell["accuracy"] <= 1.0
+    # The hidden-state term changes the training: its losses are not the default distillation's.
+    default = next(c for c in payload["reference_cells"] if c["loss"] == "distill")
+    hidden = payload["cells"][1]
+    assert hidden["recovery"]["loss_per_epoch"] != default["recovery"]["loss_per_epoch"]
+    table = distill_study.markdown({**payload, "date": "d", "command": "c"})
+    assert "| Distillation, alpha 0.9, T 2 |" in table and "| Cross-entropy (the paper's) |" in table
+    assert "| Distillation (alpha 0.5, T 4) + hidden states x 1 |" in table
+    # A rerun finds every cell and computes nothing.
+    again = distill_study.run(protocol, variants, base=tiny_setup["base"], cache=tiny_setup["cache"],
+                              data_dir=tiny_setup["data"], compute=True,
+                              say=lambda line: pytest.fail(f"recomputed: {line}"))
+    assert again["cells"] == payload["cells"]
+
+
+def test_the_hidden_state_term_is_zero_against_itself_and_masks_padding():
+    from bench.distill_study import hidden_state_loss
+    from cahp_engine.data import LabelledTexts, collate, encode
+
+    texts, labels = make_texts(8, num_classes=3, seed=4)
+    data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
+    batch = collate(data, torch.arange(8).numpy())
+    dense, other = make_classifier("bert", seed=0).eval(), make_classifier("bert", seed=1).eval()
+    assert bool((batch["attention_mask"] == 0).any())  # rows of several lengths: some padding
+    term = hidden_state_loss(dense, beta=2.0)
+    with torch.no_grad():
+        same = dense(**batch_inputs(batch), output_hidden_states=True)
+        moved = other(**batch_inputs(batch), output_hidden_states=True)
+        assert float(term(same, batch)) == 0.0 and float(term(moved, batch)) > 0.0
+        # beta scales it; what sits on padded positions does not count.
+        half = hidden_state_loss(dense, beta=1.0)
+        assert float(term(moved, batch)) == pytest.approx(2 * float(half(moved, batch)))
+        padded = type(moved)(logits=moved.logits, hidden_states=tuple(
+            h + 100.0 * (1 - batch["attention_mask"].unsqueeze(-1)) for h in moved.hidden_states))
+        assert float(term(padded, batch)) == pytest.approx(float(term(moved, batch)))
+
+
+def batch_inputs(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k != "labels"}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from cahp_engine.data import LabelledTexts, encode
+from cahp_engine._torch import model_inputs
+from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import ConfigError, DatasetError, JobCancelledError, PipelineError
 from cahp_engine.evaluation import evaluate
 from cahp_engine.training import _param_groups, finetune
@@ -150,3 +151,22 @@ def test_invalid_recipe_and_label_mismatch(train):
     two_labels = make_classifier("bert", seed=0, num_labels=2)
     with pytest.raises(DatasetError, match="2 outputs"):
         finetune(two_labels, train, epochs=1, **RECIPE)
+
+
+def test_an_auxiliary_loss_sees_the_hidden_states_and_is_added_to_each_step(train):
+    seen: list[int] = []
+
+    def pull_to_zero(outputs, batch):
+        seen.append(len(outputs.hidden_states))  # embeddings + one per layer
+        assert batch["input_ids"].shape[0] == outputs.logits.shape[0]
+        return 10.0 * outputs.hidden_states[-1].pow(2).mean()
+
+    plain, pulled = make_classifier("bert", seed=0), make_classifier("bert", seed=0)
+    base = finetune(plain, train, epochs=1, **RECIPE)
+    result = finetune(pulled, train, epochs=1, **RECIPE, auxiliary_loss=pull_to_zero)
+    assert seen == [plain.config.num_hidden_layers + 1] * result.steps == [3] * 15
+    assert result.loss_per_epoch[0] > base.loss_per_epoch[0]  # the term is in the loss...
+    inputs = model_inputs(plain, collate(train, np.arange(16)))
+    with torch.no_grad():  # ...and in the gradients: the last layer's states were pulled towards zero
+        last = [m(**inputs, output_hidden_states=True).hidden_states[-1].pow(2).mean() for m in (plain, pulled)]
+    assert last[1] < last[0]

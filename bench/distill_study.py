@@ -19,21 +19,16 @@ Run: ``python -m bench distill-study [--seeds 42,43] [--degrees 2] [--variants .
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import statistics
-import time
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from bench import common, quality
-from bench.sst5_selection import minilm_path
+from bench import grid_study, quality
 from cahp_engine._torch import model_inputs
 from cahp_engine.run import resolve_device
 from cahp_engine.training import AuxiliaryLoss
@@ -156,38 +151,15 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench distill-study")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seeds", default="42,43")
-    p.add_argument("--degrees", default="2")
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--data", type=Path, default=common.SST5)
-    p.add_argument("--cache-dir", type=Path, default=common.RESULTS / "cache" / "quality_sst5")
-    p.add_argument("--report-only", action="store_true")
-    args = p.parse_args(argv)
-    common.pin_threads(args.threads)
-    variants = tuple(v for v in args.variants.split(",") if v)
+def _check(variants: tuple[str, ...]) -> None:
     try:
         for name in variants:
             parse_variant(name)
     except ValueError as exc:
         raise SystemExit(f"--variants: {exc}") from None
-    protocol = replace(quality.Protocol(), name="quality_sst5_paper", recovery_epochs=3.0,
-                       seeds=tuple(int(v) for v in args.seeds.split(",") if v),
-                       degrees=tuple(int(v) for v in args.degrees.split(",") if v))
 
-    def say(line: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    start = time.perf_counter()
-    payload = run(protocol, variants, base=minilm_path(), cache=args.cache_dir, data_dir=args.data,
-                  compute=not args.report_only, say=say)
-    cmd = ("python -m bench distill-study " + " ".join(argv or [])).strip()
-    payload["wall_s_this_invocation"] = time.perf_counter() - start
-    payload["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
-    path = common.save("distill_study.json", payload, command=cmd,
-                       protocol="CAHP's heads of the quality benchmark, recovered with other distillation losses")
-    doc = json.loads(path.read_text())
-    (common.RESULTS / "distill_study.md").write_text(markdown(doc))
-    print(markdown(doc))
+def main(argv: list[str] | None = None) -> None:
+    grid_study.main(argv, name="distill-study", seeds="42,43", degrees="2", variants=VARIANTS, check=_check,
+                    run=run, markdown=markdown,
+                    protocol_text="CAHP's heads of the quality benchmark, recovered with other distillation losses")

@@ -24,19 +24,14 @@ Run: ``python -m bench quality-causes [--seeds 42,43,44] [--degrees 6] [--varian
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench import common, quality
-from bench.sst5_selection import minilm_path
+from bench import grid_study, quality
 from cahp_engine.analysis import HeadAnalysis, analyze_heads
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.run import resolve_device
@@ -226,35 +221,12 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench quality-causes")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seeds", default="42,43,44")
-    p.add_argument("--degrees", default="6")
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--data", type=Path, default=common.SST5)
-    p.add_argument("--cache-dir", type=Path, default=common.RESULTS / "cache" / "quality_sst5")
-    p.add_argument("--report-only", action="store_true")
-    args = p.parse_args(argv)
-    common.pin_threads(args.threads)
-    variants = tuple(v for v in args.variants.split(",") if v)
+def _check(variants: tuple[str, ...]) -> None:
     if set(variants) - set(VARIANTS):
-        raise SystemExit(f"--variants takes {', '.join(VARIANTS)}, got {args.variants!r}")
-    protocol = replace(quality.Protocol(), name="quality_sst5_paper", recovery_epochs=3.0,
-                       seeds=tuple(int(v) for v in args.seeds.split(",") if v),
-                       degrees=tuple(int(v) for v in args.degrees.split(",") if v))
+        raise SystemExit(f"--variants takes {', '.join(VARIANTS)}, got {','.join(variants)!r}")
 
-    def say(line: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    start = time.perf_counter()
-    payload = run(protocol, variants, base=minilm_path(), cache=args.cache_dir, data_dir=args.data,
-                  compute=not args.report_only, say=say)
-    cmd = ("python -m bench quality-causes " + " ".join(argv or [])).strip()
-    payload["wall_s_this_invocation"] = time.perf_counter() - start
-    payload["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
-    path = common.save("quality_causes.json", payload, command=cmd,
-                       protocol="one cause at a time against CAHP's defaults; quality benchmark cache and recovery")
-    doc = json.loads(path.read_text())
-    (common.RESULTS / "quality_causes.md").write_text(markdown(doc))
-    print(markdown(doc))
+def main(argv: list[str] | None = None) -> None:
+    grid_study.main(argv, name="quality-causes", seeds="42,43,44", degrees="6", variants=VARIANTS, check=_check,
+                    run=run, markdown=markdown,
+                    protocol_text="one cause at a time against CAHP's defaults; quality benchmark cache and recovery")

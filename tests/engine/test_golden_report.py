@@ -64,16 +64,19 @@ VOLATILE = tuple(re.compile(p) for p in (
 #: Values that the processor's arithmetic reaches: pinned paths leave float32 sums in another order on
 #: some processors (an Intel Xeon with AMX and AVX512-FP16 against the AMD EPYC that wrote the files:
 #: raw salience 7e-10 apart), and t-SNE turns that into another layout of the same clusters. Their
-#: keys and lengths are compared everywhere; their values within the tolerance given (None: not at all).
-PROCESSOR: tuple[tuple[re.Pattern[str], float | None], ...] = tuple((re.compile(p), tol) for p, tol in (
-    (r"^(head_map\.json|selections\.json\[\d+\])\.salience(_raw)?\[", 1e-6),  # absolute, [0, 1] scale
-    (r"^report\.json\.(recovery|dense_finetune\.training)\.loss_per_epoch\[", 1e-6),  # relative
-    (r"^mss_curve\.json\.mss\[", 1e-2),  # absolute; the knees themselves are compared exactly
+#: keys and lengths are compared everywhere; their values within the (relative, absolute) tolerance
+#: given, or not at all (None).
+PROCESSOR: tuple[tuple[re.Pattern[str], tuple[float, float] | None], ...] = tuple((re.compile(p), tol) for p, tol in (
+    (r"^(head_map\.json|selections\.json\[\d+\])\.salience(_raw)?\[", (0.0, 1e-6)),  # on the [0, 1] scale
+    (r"^report\.json\.(recovery|dense_finetune\.training)\.loss_per_epoch\[", (1e-6, 0.0)),
+    (r"^mss_curve\.json\.mss\[", (0.0, 1e-2)),  # the knees themselves are compared exactly
     (r"^head_map\.json\.graph_space\[", None),
     (r"^head_map\.json\.kept_frequency\[", None),
     (r"^report\.json\.selection\.stability\.(mean_jaccard|min_jaccard|jaccard_to_selection|k_stars|"
      r"heads_kept|kept_frequency)", None),
 ))
+#: Every other float: the run is deterministic on one machine.
+FLOAT_TOLERANCE = (1e-9, 1e-12)
 
 
 def _differences(golden: Any, fresh: Any, where: str) -> list[str]:
@@ -90,18 +93,15 @@ def _differences(golden: Any, fresh: Any, where: str) -> list[str]:
         return [d for i, (a, b) in pairs for d in _differences(a, b, f"{where}[{i}]")]
     if type(golden) is not type(fresh):
         return [f"{where}: {golden!r} ({type(golden).__name__}) became {fresh!r} ({type(fresh).__name__})"]
-    tolerance = next(((p, tol) for p, tol in PROCESSOR if p.match(where)), None)
-    if tolerance is not None:
-        pattern, tol = tolerance
-        if tol is None or golden == fresh:
-            return []
-        relative = "loss_per_epoch" in pattern.pattern
-        close = math.isclose(golden, fresh, rel_tol=tol if relative else 0, abs_tol=0 if relative else tol)
-        return [] if close else [f"{where}: {golden!r} became {fresh!r}"]
-    if isinstance(golden, float):
-        close = math.isclose(golden, fresh, rel_tol=1e-9, abs_tol=1e-12)
-        return [] if close else [f"{where}: {golden!r} became {fresh!r}"]
-    return [] if golden == fresh else [f"{where}: {golden!r} became {fresh!r}"]
+    matched = [tol for pattern, tol in PROCESSOR if pattern.match(where)]
+    if matched and matched[0] is None:
+        return []
+    tolerance = matched[0] if matched else FLOAT_TOLERANCE if isinstance(golden, float) else None
+    if tolerance is None:
+        return [] if golden == fresh else [f"{where}: {golden!r} became {fresh!r}"]
+    relative, absolute = tolerance
+    close = math.isclose(golden, fresh, rel_tol=relative, abs_tol=absolute)
+    return [] if close else [f"{where}: {golden!r} became {fresh!r}"]
 
 
 @pytest.fixture(scope="module")

@@ -1,46 +1,17 @@
 """CAHP: Complementary Attention Head Pruning for Transformer encoder classifiers.
 
-The most used names are importable from the package; they load their modules on first use so that
-``import cahp_engine`` stays cheap.
+The engine is a set of rooms, one per part of a run, each publishing its names from its
+``__init__``: :mod:`cahp_engine.data` (datasets, tokenisation), :mod:`cahp_engine.models` (family
+adapters, loading, surgery, checkpoints), :mod:`cahp_engine.selection` (CAHP's analysis and the
+strategies), :mod:`cahp_engine.recovery` (fine-tuning, distillation, evaluation),
+:mod:`cahp_engine.export` (ONNX, int8, model cards) and :mod:`cahp_engine.run` (a whole run, the
+budget, the report). :mod:`cahp_engine.config`, :mod:`cahp_engine.errors`, :mod:`cahp_engine.results`
+and :mod:`cahp_engine.progress` are the vocabulary they share. docs/architecture.md draws them.
+
+The names a user starts with are re-exported here (declared in ``__init__.pyi``); like every room,
+the package loads a name's module on first use, so ``import cahp_engine`` stays cheap.
 """
 
-from __future__ import annotations
+import lazy_loader
 
-import importlib
-from typing import Any
-
-__all__ = [
-    "PruningConfig",
-    "load_pruned",
-    "save_pruned",
-    "prune_heads",
-    "select_heads",
-    "analyze_heads",
-    "choose",
-    "run_pruning",
-    "RunReport",
-    "load_classifier",
-    "load_splits",
-    "export_onnx",
-]
-
-_LOCATIONS = {
-    "PruningConfig": "cahp_engine.config",
-    "load_pruned": "cahp_engine.checkpoint",
-    "save_pruned": "cahp_engine.checkpoint",
-    "prune_heads": "cahp_engine.surgery",
-    "select_heads": "cahp_engine.pipeline",
-    "analyze_heads": "cahp_engine.analysis",
-    "choose": "cahp_engine.strategies",
-    "run_pruning": "cahp_engine.run",
-    "RunReport": "cahp_engine.report",
-    "load_classifier": "cahp_engine.models",
-    "load_splits": "cahp_engine.datasets_io",
-    "export_onnx": "cahp_engine.export",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LOCATIONS:
-        return getattr(importlib.import_module(_LOCATIONS[name]), name)
-    raise AttributeError(f"module 'cahp_engine' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

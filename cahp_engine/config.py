@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cahp_engine._validation import Interval, Options, check, is_int, is_real, parse_device
 from cahp_engine.errors import ConfigError
-from cahp_engine.strategies import STRATEGIES
+from cahp_engine.selection import STRATEGIES
 
 if TYPE_CHECKING:
     Strategy = str
 else:
-    #: The registered strategy names (:data:`cahp_engine.strategies.REGISTRY`), as a type: the job
+    #: The registered strategy names (:data:`cahp_engine.selection.REGISTRY`), as a type: the job
     #: API's generated schema lists them.
     Strategy = Literal[STRATEGIES]
 DenseFinetune = Literal["auto", "always", "never"]
 #: ``signature_samples``: a count, a fraction of the training split (1.0 is every row), ``"all"``, or
-#: ``"auto"`` (the stopping rule of :mod:`cahp_engine.convergence` decides).
+#: ``"auto"`` (the stopping rule of :mod:`cahp_engine.selection._convergence` decides).
 SampleAmount = int | float | Literal["auto", "all"]
 #: ``calibration_fraction``: a fraction of the training split, or ``"auto"`` (the stopping rule decides).
 CalibrationAmount = float | Literal["auto"]
@@ -58,12 +58,12 @@ class PruningConfig:
     calibration_fraction : float or "auto", default "auto"
         Share of the training split, drawn with ``seed``, over which head salience is averaged.
         ``"auto"``: the calibration pass stops once the salience ranking is stable
-        (:mod:`cahp_engine.convergence`), at the latest after every row. A number in (0, 1] (the
+        (:mod:`cahp_engine.selection._convergence`), at the latest after every row. A number in (0, 1] (the
         paper: 0.25) turns the rule off and is used exactly.
     signature_samples : int, float, "all" or "auto", default "auto"
         Training samples profiled for signatures. ``"auto"``: a seeded stratified stream that stops
         once the class differences of the signatures are mostly signal (noise share <= 0.2), with a
-        floor per class and every row as the cap (:mod:`cahp_engine.convergence`). A count, a
+        floor per class and every row as the cap (:mod:`cahp_engine.selection._convergence`). A count, a
         fraction in (0, 1] (``1.0`` is every row) or ``"all"`` turns the rule off and is used exactly.
     strategy : {"cahp", "salience", "random"}
         ``cahp`` is the paper's method; the others are baselines that keep the same number of heads
@@ -93,7 +93,7 @@ class PruningConfig:
         Recipe of that dense fine-tuning; the other values are shared with recovery.
     recovery_loss : {"ce", "distill"}, default "distill"
         ``distill``: the dense model the run started from (after dense fine-tuning when that ran)
-        teaches the pruned one (:mod:`cahp_engine.distill`); its logits over the training split are
+        teaches the pruned one (:mod:`cahp_engine.recovery._distillation`); its logits over the training split are
         computed once. ``ce``: cross-entropy with the labels alone (the paper's recovery).
     distill_alpha : float in [0, 1], default 0.5
         Weight of the labels' cross-entropy in the distillation loss (1 is plain cross-entropy).
@@ -102,7 +102,7 @@ class PruningConfig:
     max_accuracy_drop : float or None
         An accuracy budget in points (0-100): try candidate head counts from the smallest and keep
         the smallest whose validation score after recovery is within this many points of the dense
-        model's (:mod:`cahp_engine.budget`). None (the default): one run at the knee.
+        model's (:mod:`cahp_engine.run._budget`). None (the default): one run at the knee.
     budget_metric : {"accuracy", "macro_f1"}, default "accuracy"
         The validation score the budget compares.
     budget_screen_epochs : float, default 1.0

@@ -50,7 +50,7 @@ class ModelLoadError(InvalidInputError):
 
 
 class UnsupportedModelError(InvalidInputError):
-    """The model's family has no adapter in :mod:`cahp_engine.adapters`."""
+    """The model's family has no adapter in :mod:`cahp_engine.models._adapters`."""
 
     code = "unsupported_model"
 
@@ -70,7 +70,7 @@ class PipelineError(CahpError):
 class ExportParityError(PipelineError):
     """onnxruntime's logits differ from the PyTorch model's by more than the parity threshold.
 
-    ``parity`` is the :class:`~cahp_engine.export.Parity` record that failed.
+    ``parity`` is the :class:`~cahp_engine.export._onnx.Parity` record that failed.
     """
 
     code = "export_parity_failed"
@@ -83,7 +83,7 @@ class ExportParityError(PipelineError):
 class AccuracyBudgetError(CahpError):
     """No candidate head count kept the validation score within ``max_accuracy_drop`` of the dense model's.
 
-    ``budget`` is the :class:`~cahp_engine.report.BudgetRecord` of the search (every candidate tried);
+    ``budget`` is the :class:`~cahp_engine.run._report.BudgetRecord` of the search (every candidate tried);
     the run still writes its report and plots (the one exception to "a failed run leaves nothing").
     """
 

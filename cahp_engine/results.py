@@ -1,8 +1,8 @@
 """Small frozen records of what a stage measured, JSON-ready both ways; importable without torch or numpy.
 
 :class:`ClassificationMetrics`, :class:`ParameterCounts` and :class:`Latency` /
-:class:`SpeedComparison` come from :mod:`cahp_engine.evaluation`, :class:`TrainingResult` from
-:mod:`cahp_engine.training`, and all of them go into the run report (:mod:`cahp_engine.report`).
+:class:`SpeedComparison` come from :mod:`cahp_engine.recovery._evaluation`, :class:`TrainingResult` from
+:mod:`cahp_engine.recovery._training`, and all of them go into the run report (:mod:`cahp_engine.run._report`).
 Each has ``to_dict()`` (plain JSON types: lists for tuples, string keys) and ``from_dict()``, its
 inverse, both derived from the field types by :class:`JsonRecord`.
 """
@@ -177,7 +177,7 @@ class TrainingResult(JsonRecord):
     seconds_per_epoch: tuple[float, ...]
     device: str
     precision: str
-    #: ``ce`` (cross-entropy with the labels) or ``distill`` (see :mod:`cahp_engine.distill`).
+    #: ``ce`` (cross-entropy with the labels) or ``distill`` (see :mod:`cahp_engine.recovery._distillation`).
     loss: str = "ce"
     #: The distillation loss's weight of the labels and its temperature (None for ``ce``).
     alpha: float | None = None

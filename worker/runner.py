@@ -31,9 +31,9 @@ from app.core.params import dataset_options, run_config
 from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
-from cahp_engine.checkpoint import check_weight_files
 from cahp_engine.errors import AccuracyBudgetError, CahpError, JobCancelledError, PipelineError
-from cahp_engine.report import RunReport
+from cahp_engine.models import check_weight_files
+from cahp_engine.run import RunReport
 from worker.artifacts import store_artifacts
 from worker.lease import LeaseKeeper
 from worker.redaction import job_redactor

@@ -17,8 +17,8 @@ from app.core.labels import MAX_LABELS, check_labels
 from app.core.models import JobStatus
 from app.core.params import SERVICE_ONLY_PARAMS
 from cahp_engine.config import PruningConfig
-from cahp_engine.dataset_options import DatasetOptions
-from cahp_engine.report import RunSummary
+from cahp_engine.data import DatasetOptions
+from cahp_engine.run import RunSummary
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from typing import Any
 from app.cli.dataset_flags import add_dataset_flags
 from app.cli.exit_codes import ExitCode, fail
 from app.cli.output import print_json
-from cahp_engine.dataset_options import DATASET_OPTION_FIELDS
+from cahp_engine.data import DATASET_OPTION_FIELDS
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: How long a client command keeps trying an unreachable or busy server (``--timeout``).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cahp_engine.dataset_options import DATASET_OPTION_FIELDS, DatasetOptions
+from cahp_engine.data import DATASET_OPTION_FIELDS, DatasetOptions
 
 _HELP = {
     "text_pair_column": "second text of sentence-pair tasks (e.g. MNLI's hypothesis)",

@@ -17,7 +17,7 @@ from app.cli.dataset_flags import add_dataset_flags, dataset_options_from_args
 from app.cli.exit_codes import ExitCode
 from cahp_engine.errors import CahpError, InvalidInputError
 
-#: The formats ``--format`` accepts (kept equal to ``cahp_engine.export_checkpoint.EXPORT_FORMATS`` by a test).
+#: The formats ``--format`` accepts (kept equal to ``cahp_engine.export._from_checkpoint.EXPORT_FORMATS`` by a test).
 EXPORT_FORMATS = ("onnx", "onnx-int8")
 
 
@@ -50,7 +50,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def export_command(args: argparse.Namespace) -> int:
     """Run ``cahp export``; returns the exit code (as ``cahp prune``'s)."""
-    from cahp_engine.export_checkpoint import export_checkpoint
+    from cahp_engine.export import export_checkpoint
 
     try:
         options = dataset_options_from_args(args)

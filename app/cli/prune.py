@@ -24,13 +24,13 @@ from cahp_engine.config import (
     RECOVERY_LOSSES,
     PruningConfig,
 )
-from cahp_engine.dataset_options import DatasetOptions
+from cahp_engine.data import DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError, CahpError, InvalidInputError, JobCancelledError
 from cahp_engine.progress import STAGE_SPAN
-from cahp_engine.strategies import STRATEGIES
+from cahp_engine.selection import STRATEGIES
 
 if TYPE_CHECKING:
-    from cahp_engine.report import RunReport
+    from cahp_engine.run import RunReport
 
 def _default(name: str) -> Any:
     """The default of a :class:`PruningConfig` field."""

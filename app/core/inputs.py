@@ -30,7 +30,7 @@ from app.core.sources import (
 )
 from app.core.sources.upload import find_upload
 from app.core.storage import ArtifactStore
-from cahp_engine.dataset_options import check_split_name
+from cahp_engine.data import check_split_name
 from cahp_engine.errors import UnsupportedModelError
 
 DEFAULT_EVAL_SPLIT = "test"

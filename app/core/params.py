@@ -4,7 +4,7 @@ A job's settings are :class:`~cahp_engine.config.PruningConfig`'s fields except
 :data:`SERVICE_ONLY_PARAMS`: where a job runs (``device``) is the worker's setting
 (``CAHP_DEVICE``), not the client's. The API stores the validated settings without it
 (:func:`stored_params`); the worker adds its own (:func:`run_config`). Dataset options are
-:class:`~cahp_engine.dataset_options.DatasetOptions`' fields, read from the job's ``dataset`` record.
+:class:`~cahp_engine.data.DatasetOptions`' fields, read from the job's ``dataset`` record.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.dataset_options import DATASET_OPTION_FIELDS, DatasetOptions
+from cahp_engine.data import DATASET_OPTION_FIELDS, DatasetOptions
 
 #: PruningConfig fields a client may not set.
 SERVICE_ONLY_PARAMS = frozenset({"device"})

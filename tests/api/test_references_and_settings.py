@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from app.core.errors import InvalidReferenceError
 from app.core.settings import Settings, is_loopback
 from app.core.sources import parse_reference, resolve_local, shape_of_name
-from cahp_engine.datasets_io import FILE_SUFFIXES
+from cahp_engine.data import FILE_SUFFIXES
 
 
 @pytest.mark.parametrize(

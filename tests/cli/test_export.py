@@ -15,11 +15,10 @@ import pytest
 from huggingface_hub import ModelCard
 from onnx import numpy_helper
 
-import cahp_engine.export as export_module
 from app.cli import main
 from app.cli.export import EXPORT_FORMATS, export_command
-from cahp_engine.checkpoint import save_pruned
-from cahp_engine.surgery import prune_heads
+from cahp_engine.export import _onnx as export_module
+from cahp_engine.models import prune_heads, save_pruned
 from tests.cli.test_prune import write_dataset
 from tests.tiny_models import make_classifier, make_tokenizer
 
@@ -146,7 +145,7 @@ def test_bad_input_exits_2_before_exporting(tmp_path: Path, data: Path, capsys) 
 
 def test_the_cahp_command_has_export() -> None:
     from app.cli import build_parser
-    from cahp_engine import export_checkpoint
+    from cahp_engine.export import _from_checkpoint as export_checkpoint
 
     args = build_parser().parse_args(["export", "pruned", "-o", "out", "--format", "onnx-int8"])
     assert args.func is export_command and args.format == "onnx-int8" and args.data is None

@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from cahp_engine.checkpoint import load_pruned
-from cahp_engine.evaluation import count_parameters
+from cahp_engine.models import load_pruned
+from cahp_engine.recovery import count_parameters
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

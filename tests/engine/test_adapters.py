@@ -2,8 +2,8 @@ import pytest
 import torch
 import transformers as tf
 
-from cahp_engine.adapters import SUPPORTED_FAMILIES, gate_heads, get_adapter, heads_per_layer
 from cahp_engine.errors import UnsupportedModelError
+from cahp_engine.models import SUPPORTED_FAMILIES, gate_heads, get_adapter, heads_per_layer
 from tests.tiny_models import FAMILIES, make_classifier
 
 

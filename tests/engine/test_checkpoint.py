@@ -9,10 +9,8 @@ import pytest
 import torch
 import transformers as tf
 
-from cahp_engine.adapters import heads_per_layer
-from cahp_engine.checkpoint import load_pruned, save_pruned
 from cahp_engine.errors import ModelLoadError, UnsupportedModelError
-from cahp_engine.surgery import prune_heads
+from cahp_engine.models import heads_per_layer, load_pruned, prune_heads, save_pruned
 from tests.tiny_models import FAMILIES, make_classifier, make_tokenizer
 
 KEPT = {0: [2], 1: [], 2: [0, 1, 3]}

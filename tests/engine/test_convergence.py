@@ -4,15 +4,21 @@ import numpy as np
 import pytest
 import torch
 
-from cahp_engine.analysis import analyze_heads
 from cahp_engine.config import PruningConfig
-from cahp_engine.convergence import class_difference_noise, salience_noise
-from cahp_engine.data import LabelledTexts, encode, iterate_batches, length_grouped_batches
-from cahp_engine.lazy_data import LazyEncodedDataset
-from cahp_engine.pipeline import select_heads
-from cahp_engine.sampling import checkpoint_sizes, resolve_amount, stratified_order
-from cahp_engine.signatures import SignatureProfiler, Signatures, merge_moments
-from cahp_engine.stability import jaccard
+from cahp_engine.data import LabelledTexts, LazyEncodedDataset, encode, iterate_batches, length_grouped_batches
+from cahp_engine.selection import (
+    SignatureProfiler,
+    Signatures,
+    analyze_heads,
+    checkpoint_sizes,
+    class_difference_noise,
+    jaccard,
+    merge_moments,
+    resolve_amount,
+    salience_noise,
+    select_heads,
+    stratified_order,
+)
 from tests.tiny_models import WORDS, make_classifier, make_tokenizer
 
 
@@ -215,7 +221,7 @@ def test_a_lazy_split_tokenises_only_the_rows_selection_reads(model):
 def test_a_run_tokenises_the_whole_split_before_selection_only_to_fine_tune(
     tmp_path, monkeypatch, dense_finetune, whole_split_before_selection
 ):
-    from cahp_engine import steps
+    from cahp_engine.run import _steps as steps
     from cahp_engine.run import run_pruning
     from tests.engine.golden.make_golden import write_inputs
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cahp_engine.datasets_io import DatasetOptions, DatasetSplits, load_splits
+from cahp_engine.data import DatasetOptions, DatasetSplits, load_splits
 from cahp_engine.errors import DatasetError, InvalidInputError
 
 # tests/engine/<this file> -> parents[2] is the repository, parents[3] the folder that holds shared/.

@@ -11,19 +11,11 @@ import torch
 from sklearn.metrics import accuracy_score, f1_score
 from transformers.pytorch_utils import prune_linear_layer
 
-from cahp_engine.adapters import get_adapter
+from cahp_engine._torch import model_inputs
 from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import InvalidInputError
-from cahp_engine.evaluation import (
-    compare_speed,
-    count_parameters,
-    evaluate,
-    measure_latency,
-    model_inputs,
-    random_inputs,
-)
-from cahp_engine.surgery import prune_heads
-from cahp_engine.training import finetune
+from cahp_engine.models import get_adapter, prune_heads
+from cahp_engine.recovery import compare_speed, count_parameters, evaluate, finetune, measure_latency, random_inputs
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 ATTENTION_NAMES = {

@@ -16,17 +16,20 @@ from transformers import AutoTokenizer
 
 from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import ConfigError, ExportParityError, PipelineError
-from cahp_engine.evaluation import evaluate
 from cahp_engine.export import (
     OPSET,
     check_parity,
+    compare_runtimes,
+    evaluate_onnx,
     export_onnx,
     generated_rows,
     onnx_input_names,
+    onnx_session,
+    quantize_int8,
+    run_logits,
 )
-from cahp_engine.onnx_runtime import compare_runtimes, evaluate_onnx, onnx_session, run_logits
-from cahp_engine.quantize import quantize_int8
-from cahp_engine.surgery import prune_heads
+from cahp_engine.models import prune_heads
+from cahp_engine.recovery import evaluate
 from tests.tiny_models import FAMILIES, make_classifier, make_config, make_texts, make_tokenizer
 
 # Uneven heads per layer, and layer 1 without any.

@@ -1,6 +1,6 @@
 import numpy as np
 
-from cahp_engine.knee import chord_knee, find_knee, knees_by_degree
+from cahp_engine.selection import chord_knee, find_knee, knees_by_degree
 
 
 def saturating_curve(ks, knee_at):

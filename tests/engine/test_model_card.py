@@ -8,7 +8,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from cahp_engine.errors import InvalidInputError
-from cahp_engine.model_card import ModelCardInputs, SpeedFigure, build_model_card, write_model_card
+from cahp_engine.export import ModelCardInputs, SpeedFigure, build_model_card, write_model_card
 
 FULL = ModelCardInputs(
     family="bert",

@@ -10,11 +10,8 @@ import pytest
 import torch
 import transformers as tf
 
-from cahp_engine.adapters import heads_per_layer
-from cahp_engine.checkpoint import save_pruned
 from cahp_engine.errors import InvalidInputError, ModelLoadError, UnsupportedModelError
-from cahp_engine.models import LoadedClassifier, load_classifier
-from cahp_engine.surgery import prune_heads
+from cahp_engine.models import LoadedClassifier, heads_per_layer, load_classifier, prune_heads, save_pruned
 from tests.tiny_models import FAMILIES, make_classifier, make_config, make_tokenizer
 
 

@@ -16,14 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from cahp_engine import training
-from cahp_engine.adapters import gate_heads
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode, iterate_batches, length_grouped_batches
-from cahp_engine.pipeline import select_heads
-from cahp_engine.salience import gradient_salience
-from cahp_engine.signatures import extract_signatures
-from cahp_engine.surgery import prune_heads
+from cahp_engine.models import gate_heads, prune_heads
+from cahp_engine.recovery import _training as training
+from cahp_engine.selection import extract_signatures, gradient_salience, select_heads
 from tests.engine.test_surgery import KEPT, _batch, _gates, _model
 from tests.tiny_models import WORDS, make_classifier, make_tokenizer
 

@@ -11,7 +11,7 @@ import pytest
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError, JobCancelledError
-from cahp_engine.pipeline import select_heads
+from cahp_engine.selection import select_heads
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ SCRIPT = textwrap.dedent(
     torch.set_num_threads(int(sys.argv[1]))
     from cahp_engine.config import PruningConfig
     from cahp_engine.data import LabelledTexts, encode
-    from cahp_engine.pipeline import select_heads
+    from cahp_engine.selection._select_heads import select_heads
     from tests.tiny_models import make_classifier, make_texts, make_tokenizer
     texts, labels = make_texts(700, num_classes=3, seed=4)  # past the first checkpoints of both rules
     data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cahp_engine.errors import InvalidInputError
-from cahp_engine.plots import plot_head_map, plot_layer_retention, plot_mss_curve
+from cahp_engine.run import plot_head_map, plot_layer_retention, plot_mss_curve
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 110

@@ -16,17 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cahp_engine import steps
-from cahp_engine.budget import carve
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode
-from cahp_engine.distill import distillation_loss, teacher_logits
 from cahp_engine.errors import AccuracyBudgetError, ConfigError
-from cahp_engine.evaluation import classification_metrics
-from cahp_engine.report import RunReport
+from cahp_engine.recovery import classification_metrics, distillation_loss, finetune, teacher_logits
 from cahp_engine.results import ClassificationMetrics
-from cahp_engine.run import run_pruning
-from cahp_engine.training import finetune
+from cahp_engine.run import RunReport, carve, run_pruning
+from cahp_engine.run import _steps as steps
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 RECIPE = {"lr": 5e-4, "batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0, "seed": 3}

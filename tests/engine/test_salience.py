@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from cahp_engine.adapters import gate_heads, get_adapter
 from cahp_engine.data import LabelledTexts, collate, encode, iterate_batches, length_grouped_batches
-from cahp_engine.salience import gradient_salience, minmax
+from cahp_engine.models import gate_heads, get_adapter
+from cahp_engine.selection import gradient_salience, minmax
 from tests.tiny_models import FAMILIES, make_classifier, make_texts, make_tokenizer
 
 

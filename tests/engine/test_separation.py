@@ -4,8 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from cahp_engine.separation import bhattacharyya_normal, jeffries_matusita, separation_features
-from cahp_engine.signatures import Signatures
+from cahp_engine.selection import Signatures, bhattacharyya_normal, jeffries_matusita, separation_features
 
 
 def test_identical_distributions_have_zero_distance():

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from cahp_engine.adapters import eager_attention
 from cahp_engine.data import LabelledTexts, collate, encode, iterate_batches, length_grouped_batches
 from cahp_engine.errors import PipelineError
-from cahp_engine.signatures import ClassMoments, crop_and_resize, default_resolution, extract_signatures
+from cahp_engine.models import eager_attention
+from cahp_engine.selection import ClassMoments, crop_and_resize, default_resolution, extract_signatures
 from tests.tiny_models import LAYOUTS, make_classifier, make_texts, make_tokenizer
 
 

@@ -9,15 +9,22 @@ import numpy as np
 import pytest
 import torch
 
-from cahp_engine import strategies
-from cahp_engine.analysis import analyze_heads
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.errors import ConfigError, PipelineError
-from cahp_engine.pipeline import select_heads
-from cahp_engine.salience import gradient_salience, minmax
-from cahp_engine.selection import Selection, select_top_salience
-from cahp_engine.strategies import REGISTRY, STRATEGIES, choose, get_strategy
+from cahp_engine.selection import (
+    REGISTRY,
+    STRATEGIES,
+    Selection,
+    analyze_heads,
+    choose,
+    get_strategy,
+    gradient_salience,
+    minmax,
+    select_heads,
+    select_top_salience,
+)
+from cahp_engine.selection import _strategies as strategies
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 CONFIG = PruningConfig(resolution=6, seed=5)

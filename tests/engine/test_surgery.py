@@ -8,9 +8,16 @@ import pytest
 import torch
 import transformers as tf
 
-from cahp_engine.adapters import eager_attention, gate_heads, get_adapter, heads_per_layer
 from cahp_engine.errors import InvalidInputError, ModelLoadError, PipelineError
-from cahp_engine.surgery import current_kept_heads, prune_heads, pruning_record
+from cahp_engine.models import (
+    current_kept_heads,
+    eager_attention,
+    gate_heads,
+    get_adapter,
+    heads_per_layer,
+    prune_heads,
+    pruning_record,
+)
 from tests.tiny_models import FAMILIES, LAYOUTS, make_classifier, make_tokenizer
 
 LAYERS, HEADS, HEAD_DIM = 3, 4, 8

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy.spatial.distance import cdist
 
-from cahp_engine.sweep import cluster, mean_simplified_silhouette, mss_sweep
+from cahp_engine.selection import cluster, mean_simplified_silhouette, mss_sweep
 
 
 def brute_force_mss(points, medoids):

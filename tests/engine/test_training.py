@@ -11,8 +11,8 @@ import torch
 from cahp_engine._torch import model_inputs
 from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import ConfigError, DatasetError, JobCancelledError, PipelineError
-from cahp_engine.evaluation import evaluate
-from cahp_engine.training import _param_groups, finetune
+from cahp_engine.recovery import evaluate, finetune
+from cahp_engine.recovery._training import _param_groups
 from tests.tiny_models import FAMILIES, make_classifier, make_texts, make_tokenizer
 
 RECIPE = {"lr": 1e-3, "batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cahp_engine._validation import Interval, Options, check, parse_device
-from cahp_engine.dataset_options import DATASET_OPTION_FIELDS, DatasetOptions
+from cahp_engine.data import DATASET_OPTION_FIELDS, DatasetOptions
 from cahp_engine.errors import ConfigError
 
 

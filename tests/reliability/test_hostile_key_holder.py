@@ -33,9 +33,8 @@ from app.core.errors import InvalidUploadError
 from app.core.models import Job
 from app.core.settings import Settings
 from app.core.storage import open_store
-from cahp_engine.checkpoint import check_weight_files
 from cahp_engine.errors import ModelLoadError
-from cahp_engine.models import load_classifier
+from cahp_engine.models import check_weight_files, load_classifier
 from tests.api.helpers import (
     job_body,
     migrated_engine,

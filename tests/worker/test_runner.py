@@ -20,7 +20,7 @@ from app.core.db import transaction
 from app.core.models import Job
 from app.core.settings import Settings
 from app.core.storage import open_store
-from cahp_engine.checkpoint import load_pruned
+from cahp_engine.models import load_pruned
 from cahp_engine.run import ARTIFACT_FILES, run_pruning
 from tests.api.helpers import job_body, write_split, write_tiny_dataset
 from worker.runner import Outcome, WorkerContext, execute_job
@@ -306,7 +306,7 @@ def test_an_onnx_graph_that_does_not_reproduce_the_model_fails_the_job_with_its_
     import onnx
     from onnx import numpy_helper
 
-    from cahp_engine import export as export_module
+    from cahp_engine.export import _onnx as export_module
 
     real_export = export_module._export_graph
 

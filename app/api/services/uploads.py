@@ -27,7 +27,7 @@ from app.core.errors import InvalidUploadError, PayloadTooLargeError, Unavailabl
 from app.core.models import Upload
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
-from cahp_engine.dataset_options import FILE_SUFFIXES as DATA_SUFFIXES
+from cahp_engine.data import FILE_SUFFIXES as DATA_SUFFIXES
 
 MEDIA_TYPES = {".csv": "text/csv", ".jsonl": "application/jsonl", ".parquet": "application/vnd.apache.parquet",
                ".zip": "application/zip", ".tar": "application/x-tar", ".tar.gz": "application/gzip",

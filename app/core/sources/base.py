@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 from app.core.archives import archive_suffix
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
-from cahp_engine.dataset_options import FILE_SUFFIXES as DATA_SUFFIXES
+from cahp_engine.data import FILE_SUFFIXES as DATA_SUFFIXES
 
 Role = Literal["model", "dataset"]
 #: What a reference holds: a hub id, a directory, an archive to unpack, or one dataset split file.

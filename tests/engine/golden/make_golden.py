@@ -100,7 +100,7 @@ def write_inputs(root: Path) -> tuple[Path, Path]:
 def _selections() -> list[dict[str, Any]]:
     from cahp_engine.config import PruningConfig
     from cahp_engine.data import LabelledTexts, encode
-    from cahp_engine.pipeline import select_heads
+    from cahp_engine.selection import select_heads
     from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
     texts, labels = make_texts(90, num_classes=3, seed=3)

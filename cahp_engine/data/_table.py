@@ -1,0 +1,48 @@
+"""What every dataset source hands to :func:`cahp_engine.data.load_splits`: split names and
+a reader returning one split's wanted columns as plain lists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cahp_engine.data._options import DatasetOptions
+
+#: At most this many names in one message.
+SHOWN = 20
+
+
+@dataclass(frozen=True)
+class Table:
+    """The wanted columns of one split as plain lists.
+
+    ``names`` lists every column the split has (for messages); ``values`` holds only the wanted ones
+    that exist. ``lines[i]`` is the file line where data row ``i`` starts, when the format has lines.
+    """
+
+    where: str
+    names: tuple[str, ...]
+    values: dict[str, list[Any]]
+    rows: int
+    lines: list[int] | None = None
+    declared_labels: tuple[str, ...] | None = None
+
+    def row(self, i: int) -> str:
+        return f"line {self.lines[i]}" if self.lines is not None else f"row {i + 1}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A dataset's split names and a reader for one split's wanted columns."""
+
+    splits: tuple[str, ...]
+    read: Callable[[str, DatasetOptions], Table]
+
+
+def listed(names: Sequence[str]) -> str:
+    """``'a', 'b'`` for a message, the first :data:`SHOWN` names and a count of the others."""
+    if not names:
+        return "(none)"
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return ", ".join(repr(n) for n in names[:SHOWN]) + more

@@ -1,0 +1,15 @@
+"""The classifier a run prunes: family adapters, loading, physical head removal and pruned checkpoints.
+
+Reading order: ``_adapters`` (where each family keeps its heads) -> ``_loading`` (``load_classifier``)
+-> ``_surgery`` (``prune_heads``) -> ``_checkpoint`` (``save_pruned`` / ``load_pruned``)."""
+
+from ._adapters import SUPPORTED_FAMILIES, eager_attention, gate_heads, get_adapter, heads_per_layer
+from ._checkpoint import check_weight_files, load_pruned, save_pruned
+from ._loading import load_classifier, LoadedClassifier
+from ._surgery import current_kept_heads, prune_heads, pruning_record
+
+__all__ = [
+    "SUPPORTED_FAMILIES", "check_weight_files", "current_kept_heads", "eager_attention", "gate_heads", "get_adapter",
+    "heads_per_layer", "load_classifier", "load_pruned", "LoadedClassifier", "prune_heads", "pruning_record",
+    "save_pruned",
+]

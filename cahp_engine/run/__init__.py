@@ -1,0 +1,12 @@
+"""A whole pruning run: the steps in order, the accuracy budget, the typed report, plots and artifacts.
+
+Reading order: ``_run`` (``run_pruning``) -> ``_steps`` (load, dense fine-tune, select, prune, recover,
+evaluate) -> ``_budget`` (an accuracy budget instead of a knee) -> ``_deploy`` (ONNX, int8, cards)
+-> ``_artifacts`` and ``_plots`` (the files) -> ``_report`` (``RunReport``, what ``report.json`` holds).
+
+The public names are declared in ``__init__.pyi`` and loaded on first use (SPEC 1 lazy loading), so
+importing one name does not import the whole room."""
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -1,0 +1,381 @@
+"""The typed record of one pruning run: what ``run_pruning`` returns and ``report.json`` holds.
+
+:class:`RunReport` is a frozen dataclass of small parts; ``to_dict()`` gives exactly the content of
+``report.json`` (the keys and their order are documented in ``docs/artifacts.md``) and
+``RunReport.from_dict`` reads it back. The job service builds its result schema from
+:class:`RunSummary`, and the command line prints its summary from the parts, so no caller reads the
+report by key. Importable without torch or numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.export import ExportRecord
+from cahp_engine.results import (
+    ClassificationMetrics,
+    JsonRecord,
+    ParameterCounts,
+    SamplingRecord,
+    SpeedComparison,
+    StabilityRecord,
+    TrainingResult,
+)
+
+#: ``format_version`` of the reports this engine writes.
+REPORT_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunSummary(JsonRecord):
+    """The headline figures of a run.
+
+    Attributes
+    ----------
+    k_star : int
+        Number of clusters used: the knee, or ``heads_to_keep``.
+    heads_total : int
+        Attention heads of the dense model, L * H.
+    heads_kept : int
+        Heads left after pruning (representatives plus layer-safety heads for CAHP).
+    retention : float
+        ``heads_kept / heads_total``.
+    dense_accuracy : float
+        Accuracy of the dense model on the evaluation split (after dense fine-tuning, if it ran).
+    pruned_accuracy : float
+        Accuracy of the pruned model after recovery fine-tuning.
+    speedup : float or None
+        Dense p50 latency over pruned p50 latency at batch size 32 (else the first batch size timed).
+    onnx_max_abs_diff : float or None
+        The ONNX export's parity: the largest absolute logit difference from PyTorch (None without
+        an export).
+    onnx_speedup : float or None
+        Dense PyTorch p50 over pruned onnxruntime p50, CPU, batch 32: the speed a deployer serving
+        the ONNX model sees, against the model they started from.
+    int8_accuracy, int8_speedup : float or None
+        Accuracy of ``onnx-int8/`` on the evaluation split, and its speed-up as ``onnx_speedup``
+        (None without ``quantize="int8"``).
+    """
+
+    k_star: int
+    heads_total: int
+    heads_kept: int
+    retention: float
+    dense_accuracy: float
+    pruned_accuracy: float
+    speedup: float | None
+    onnx_max_abs_diff: float | None = None
+    onnx_speedup: float | None = None
+    int8_accuracy: float | None = None
+    int8_speedup: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo(JsonRecord):
+    """The dense model.
+
+    Attributes
+    ----------
+    ref : str
+        How the run names the model (a path, a hub id or a job's URI).
+    revision : str or None
+        Hub revision.
+    family : str
+        Adapter family, e.g. ``bert``.
+    layers, heads_per_layer : int
+        L and H.
+    classifier_trained : bool
+        Whether the checkpoint carried a trained classification head for the dataset's labels.
+    """
+
+    ref: str
+    revision: str | None
+    family: str
+    layers: int
+    heads_per_layer: int
+    classifier_trained: bool
+
+
+@dataclass(frozen=True)
+class DatasetInfo(JsonRecord):
+    """The dataset and the part of it that was used.
+
+    Attributes
+    ----------
+    ref : str
+        How the run names the dataset.
+    source : str
+        The resolved directory or hub id when the run was named by its location, else ``ref``.
+    format : {"files", "save_to_disk", "hub"}
+    splits_found : tuple of str
+    train_split : str
+    eval_split : str or None
+        The split evaluated on.
+    text_column, text_pair_column, label_column : str (pair: or None)
+    config : str or None
+        The dataset configuration read (``mnli`` of ``glue``), when it has several.
+    label_names : tuple of str
+        ``label_names[i]`` names class ``i``.
+    train_rows, eval_rows : int
+    """
+
+    ref: str
+    source: str
+    format: str
+    splits_found: tuple[str, ...]
+    train_split: str
+    eval_split: str | None
+    text_column: str
+    text_pair_column: str | None
+    label_column: str
+    config: str | None
+    label_names: tuple[str, ...]
+    train_rows: int
+    eval_rows: int
+
+
+@dataclass(frozen=True)
+class Environment(JsonRecord):
+    """Where the run ran.
+
+    Attributes
+    ----------
+    python, platform : str
+    cpu_count : int or None
+    torch_threads : int
+    cuda : str or None
+        Name of CUDA device 0, when there is one.
+    versions : dict of str to str or None
+        Installed versions of the libraries that decide the results (None: not installed).
+    """
+
+    python: str
+    platform: str
+    cpu_count: int | None
+    torch_threads: int
+    cuda: str | None
+    versions: dict[str, str | None]
+
+
+@dataclass(frozen=True)
+class DenseFinetuneRecord(JsonRecord):
+    """Whether the dense model was fine-tuned before selection, and why.
+
+    Attributes
+    ----------
+    mode : {"auto", "always", "never"}
+    ran : bool
+    reason : str
+    training : TrainingResult or None
+        The fine-tuning record, when it ran.
+    """
+
+    mode: str
+    ran: bool
+    reason: str
+    training: TrainingResult | None
+
+
+@dataclass(frozen=True)
+class SelectionRecord(JsonRecord):
+    """What head selection chose.
+
+    Attributes
+    ----------
+    strategy : str
+    k_star : int
+    poly_degree : int
+    knee_found : bool or None
+        False when Kneedle found no knee at ``poly_degree``; None when ``heads_to_keep`` fixed k*.
+    knees_by_degree : dict of int to int
+    heads_total, heads_kept : int
+    retention : float
+    kept : dict of int to tuple of int
+        Original indices of the kept heads, per layer (every layer present).
+    layer_safety_added : tuple of (layer, head)
+    resolution : int
+    signature_samples, calibration_samples : int
+    perplexity : float
+        The t-SNE perplexity used (``config.perplexity``, or its default for N heads).
+    signature_sampling, calibration_sampling : SamplingRecord or None
+        How many samples each pass read, and why it stopped there.
+    stability : StabilityRecord or None
+        The same choice from the statistics of every shard but one; None when
+        ``stability_shards`` is 0 or the shards were too thin.
+    """
+
+    strategy: str
+    k_star: int
+    poly_degree: int
+    knee_found: bool | None
+    knees_by_degree: dict[int, int]
+    heads_total: int
+    heads_kept: int
+    retention: float
+    kept: dict[int, tuple[int, ...]]
+    layer_safety_added: tuple[tuple[int, int], ...]
+    resolution: int
+    signature_samples: int
+    calibration_samples: int
+    perplexity: float
+    signature_sampling: SamplingRecord | None
+    calibration_sampling: SamplingRecord | None
+    stability: StabilityRecord | None
+
+
+@dataclass(frozen=True)
+class RunMetrics(JsonRecord):
+    """Scores on the evaluation split: dense, pruned before recovery, pruned after recovery."""
+
+    dense: ClassificationMetrics
+    pruned_before_recovery: ClassificationMetrics
+    pruned: ClassificationMetrics
+
+
+@dataclass(frozen=True)
+class RunParameters(JsonRecord):
+    """Parameter counts of the dense and the pruned model."""
+
+    dense: ParameterCounts
+    pruned: ParameterCounts
+
+
+@dataclass(frozen=True)
+class CheckpointRecord(JsonRecord):
+    """The saved pruned model: ``path`` (relative to the output directory), ``format``, and the largest
+    absolute logit difference between the model in memory and the checkpoint reloaded."""
+
+    path: str
+    format: str
+    max_abs_logit_diff_after_reload: float
+
+
+@dataclass(frozen=True)
+class BudgetCandidate(JsonRecord):
+    """One head count the accuracy budget tried, scored on the validation split.
+
+    ``k`` clusters keep ``heads_kept`` heads; ``*_before`` is the pruned model before recovery,
+    ``*_after`` after ``screen_epochs`` of recovery; ``within_budget`` compares ``after`` on the
+    budget's metric with the threshold; ``seconds`` is the candidate's pruning, recovery and scoring.
+    ``accuracy_final`` / ``macro_f1_final`` are the chosen candidate's scores after the full recovery
+    (None for the others, and when the screening already was the full recovery).
+    """
+
+    k: int
+    heads_kept: int
+    accuracy_before: float
+    macro_f1_before: float
+    accuracy_after: float
+    macro_f1_after: float
+    screen_epochs: float
+    within_budget: bool
+    seconds: float
+    accuracy_final: float | None = None
+    macro_f1_final: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetRecord(JsonRecord):
+    """The accuracy-budget search (:mod:`cahp_engine.run._budget`).
+
+    Attributes
+    ----------
+    max_accuracy_drop : float
+        P, in points.
+    metric : str
+        ``accuracy`` or ``macro_f1``.
+    split : str
+        The validation split's name, or ``train`` when it was carved from the training split.
+    carved : bool
+        True when ``validation_rows`` rows (a seeded stratified 10 %) were carved from the training
+        split and left out of selection and of every fine-tuning.
+    validation_rows : int
+    dense_validation : float
+        The dense model's score on that split, in the budget's metric.
+    threshold : float
+        ``dense_validation - P / 100``: a candidate must reach it.
+    candidates : tuple of BudgetCandidate
+        In the order tried (fewest heads first); the search stops at the first within the budget.
+    chosen : int or None
+        ``heads_kept`` of the candidate returned (None when none met the budget).
+    search_seconds : float
+        Every candidate's pruning, screening recovery and scoring.
+    final_recovery_seconds : float
+        The chosen candidate's full recovery (0 when the screening was the full recovery).
+    cost_vs_single_run : float or None
+        ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is the recovery of one
+        candidate with ``epochs`` (measured, or estimated from the screening time per epoch): what
+        the budget cost against a run at the knee.
+    """
+
+    max_accuracy_drop: float
+    metric: str
+    split: str
+    carved: bool
+    validation_rows: int
+    dense_validation: float
+    threshold: float
+    candidates: tuple[BudgetCandidate, ...]
+    chosen: int | None
+    search_seconds: float
+    final_recovery_seconds: float
+    cost_vs_single_run: float | None
+
+
+@dataclass(frozen=True)
+class RunReport(JsonRecord):
+    """Everything one pruning run did and measured; ``to_dict()`` is ``report.json``.
+
+    Attributes
+    ----------
+    format_version : int
+    created_at : str
+        ISO 8601 time, UTC, to the second.
+    summary : RunSummary
+    model : ModelInfo
+    dataset : DatasetInfo
+    config : PruningConfig
+    seed : int
+    device : str
+        The device the run computed on (``auto`` resolved).
+    environment : Environment
+    dense_finetune : DenseFinetuneRecord
+    selection : SelectionRecord
+    metrics : RunMetrics
+    parameters : RunParameters
+    speed : SpeedComparison
+    recovery : TrainingResult
+    checkpoint : CheckpointRecord
+    export : ExportRecord
+        The ONNX and int8 directories, their checks and their onnxruntime timing.
+    timings_s : dict of str to float
+        Wall seconds per stage, in the order the stages first ran.
+    warnings : tuple of str
+    wall_time_s : float
+        The whole run.
+    budget : BudgetRecord or None
+        The accuracy-budget search, when ``config.max_accuracy_drop`` was set.
+    """
+
+    format_version: int
+    created_at: str
+    summary: RunSummary
+    model: ModelInfo
+    dataset: DatasetInfo
+    config: PruningConfig
+    seed: int
+    device: str
+    environment: Environment
+    dense_finetune: DenseFinetuneRecord
+    selection: SelectionRecord
+    metrics: RunMetrics
+    parameters: RunParameters
+    speed: SpeedComparison
+    recovery: TrainingResult
+    checkpoint: CheckpointRecord
+    export: ExportRecord
+    timings_s: dict[str, float]
+    warnings: tuple[str, ...]
+    wall_time_s: float
+    budget: BudgetRecord | None = None

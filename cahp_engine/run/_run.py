@@ -1,0 +1,360 @@
+"""A whole pruning run: load, (dense fine-tune), select, prune, recover, evaluate, write artifacts.
+
+This is what ``cahp prune`` and the job service's worker call. Everything goes to a temporary
+sibling directory that is renamed to ``output_dir`` only when the run succeeded, so an interrupted
+or failed run never leaves something that looks like a result. The steps are in
+:mod:`cahp_engine.run._steps`, the files in :mod:`cahp_engine.run._artifacts`, the report in
+:mod:`cahp_engine.run._report`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cahp_engine._output_dir import prepare_output_dir, staged_output
+from cahp_engine._torch import resolve_device
+from cahp_engine.config import PruningConfig
+from cahp_engine.data import DatasetOptions
+from cahp_engine.errors import AccuracyBudgetError
+from cahp_engine.progress import STAGE_SPAN, Monitor
+from cahp_engine.recovery import TeacherLogits, count_parameters
+from cahp_engine.results import ClassificationMetrics, TrainingResult
+from cahp_engine.run import _steps as steps
+from cahp_engine.run._artifacts import (
+    write_artifacts,
+    write_budget_plot,
+    write_curve,
+    write_head_map,
+    write_json,
+)
+from cahp_engine.run._deploy import INT8_PRUNED, ONNX_PRUNED, export_for_deployment, write_cards
+from cahp_engine.run._report import (
+    REPORT_FORMAT_VERSION,
+    BudgetRecord,
+    DatasetInfo,
+    DenseFinetuneRecord,
+    Environment,
+    ModelInfo,
+    RunMetrics,
+    RunParameters,
+    RunReport,
+    RunSummary,
+    SelectionRecord,
+)
+from cahp_engine.selection import SelectionResult
+
+_VERSIONED = ("torch", "transformers", "scikit-learn", "kmedoids", "kneed", "numpy", "safetensors", "cahp")
+
+
+def run_pruning(
+    model_ref: str,
+    dataset_ref: str,
+    output_dir: Path | str,
+    config: PruningConfig,
+    *,
+    dataset_options: DatasetOptions | None = None,
+    revision: str | None = None,
+    hub_token: str | None = None,
+    cache_dir: str | None = None,
+    overwrite: bool = False,
+    model_name: str | None = None,
+    dataset_name: str | None = None,
+    progress: Callable[[str, float], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> RunReport:
+    """Prune ``model_ref`` on ``dataset_ref`` and write the artifacts to ``output_dir``.
+
+    Parameters
+    ----------
+    model_ref : str
+        A local model directory or a hub id.
+    dataset_ref : str
+        A local dataset directory or a hub dataset id (see :func:`~cahp_engine.data.load_splits`).
+    output_dir : path
+        Must not exist or be empty (unless ``overwrite``). Receives ``model/`` and :data:`ARTIFACT_FILES`.
+    config : PruningConfig
+    dataset_options : DatasetOptions, optional
+    revision, hub_token, cache_dir : optional
+        Hub access for model and dataset.
+    overwrite : bool
+        Replace a non-empty ``output_dir`` (only once the run has succeeded).
+    model_name, dataset_name : str, optional
+        How the report and the log name the model and the dataset (default: ``model_ref`` and
+        ``dataset_ref``). The job service passes the job's URIs, so no worker path reaches a caller.
+    progress : callable(stage, overall_fraction), optional
+        ``overall_fraction`` places the stage's own progress in its :data:`STAGE_SPAN`.
+    should_cancel : callable() -> bool, optional
+        Polled between steps; True raises :class:`~cahp_engine.errors.JobCancelledError`.
+    log : callable(str), optional
+        Receives human-readable lines about what the run is doing.
+
+    Returns
+    -------
+    RunReport
+        What ``report.json`` holds (``report.to_dict()``); ``report.summary`` has the headline figures.
+    """
+    started = time.perf_counter()
+    out = Path(output_dir).expanduser().resolve()
+    prepare_output_dir(out, overwrite=overwrite)
+    say = log or (lambda _line: None)
+
+    def overall(stage: str, fraction: float) -> None:
+        if progress is not None:
+            lo, hi = STAGE_SPAN.get(stage, (0.0, 1.0))
+            progress(stage, lo + (hi - lo) * fraction)
+
+    run = steps.RunContext(config=config, device=resolve_device(config.device),
+                           monitor=Monitor(overall, should_cancel), say=say, overall=overall,
+                           should_cancel=should_cancel)
+    with staged_output(out, publish_on=(AccuracyBudgetError,)) as work:
+        # A missed accuracy budget is the one documented exception to "a failed run leaves nothing":
+        # the candidates' report and plots say why no head count met it (report.json has "status": "failed").
+        report = _run(run, work=work, model_ref=model_ref, dataset_ref=dataset_ref,
+                      options=dataset_options or DatasetOptions(), revision=revision, hub_token=hub_token,
+                      cache_dir=cache_dir, model_name=model_name or model_ref,
+                      dataset_name=dataset_name or dataset_ref)
+        report = dataclasses.replace(report, wall_time_s=time.perf_counter() - started)
+        write_cards(work, report)
+        write_json(work / "report.json", report.to_dict())
+    overall("artifacts", 1.0)
+    say(f"done: artifacts in {out}")
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recovered:
+    """What the plain path or the budget search hands on: the selection it pruned to and the recovered model."""
+
+    result: SelectionResult
+    pruned: nn.Module
+    before: ClassificationMetrics
+    recovery: TrainingResult
+    parameters: RunParameters
+    budget: BudgetRecord | None = None
+
+
+def _run(
+    run: steps.RunContext,
+    *,
+    work: Path,
+    model_ref: str,
+    dataset_ref: str,
+    options: DatasetOptions,
+    revision: str | None,
+    hub_token: str | None,
+    cache_dir: str | None,
+    model_name: str,
+    dataset_name: str,
+) -> RunReport:
+    """The steps in order; the report without its wall time, which the caller adds."""
+    config = run.config
+    inputs = steps.load(run, model_ref=model_ref, dataset_ref=dataset_ref, options=options, revision=revision,
+                        hub_token=hub_token, cache_dir=cache_dir, model_name=model_name, dataset_name=dataset_name)
+    loaded, model = inputs.loaded, inputs.loaded.model
+    warnings: list[str] = []
+    if config.dense_finetune == "never" and not loaded.classifier_trained:
+        warnings.append("the model's classifier head is untrained and dense fine-tuning is off; "
+                        "selection will profile an untrained classifier")
+    dense = steps.dense_finetune(run, model=model, inputs=inputs, classifier_trained=loaded.classifier_trained)
+    dense_metrics = steps.evaluate_dense(run, model=model, evaluation=inputs.evaluation)
+    result = steps.select(run, model=model, train=inputs.rows)
+    warnings.extend(result.warnings)
+    teacher = steps.teacher(run, model=model, train=inputs.train)
+    if config.max_accuracy_drop is None:
+        pruned, parameters = steps.prune(run, model=model, selection=result.selection)
+        before = steps.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
+        recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher)
+        done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters)
+    else:
+        try:
+            done = _within_budget(run, inputs=inputs, model=model, result=result, teacher=teacher)
+        except AccuracyBudgetError as exc:
+            _write_failure(work, run, exc, result=result, inputs=inputs, options=options, dense=dense,
+                           dense_metrics=dense_metrics, warnings=warnings, model_name=model_name,
+                           dataset_name=dataset_name, dataset_ref=dataset_ref, revision=revision)
+            raise
+    result, pruned = done.result, done.pruned
+    after, speed = steps.evaluate_recovered(run, dense=model, pruned=pruned, evaluation=inputs.evaluation)
+    warnings.extend(steps.recall_warnings(dense_metrics, after, tuple(inputs.splits.label_names)))
+    if done.budget is not None:
+        warnings.extend(_budget_warnings(done.budget))
+    export = export_for_deployment(run, work=work, dense=model, pruned=pruned, tokenizer=loaded.tokenizer,
+                                   evaluation=inputs.evaluation, seq_len=speed.seq_len)
+    with run.monitor.stage("artifacts"):
+        checkpoint = write_artifacts(work, pruned=pruned, tokenizer=loaded.tokenizer, result=result, config=config,
+                                     evaluation=inputs.evaluation, device=run.device)
+        if done.budget is not None:
+            write_budget_plot(work, done.budget, int(result.selection.kept_mask.size))
+
+    sel = result.selection
+    return RunReport(
+        format_version=REPORT_FORMAT_VERSION,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        summary=RunSummary(
+            k_star=result.k_star, heads_total=int(sel.kept_mask.size), heads_kept=sel.num_kept,
+            retention=sel.retention, dense_accuracy=dense_metrics.accuracy, pruned_accuracy=after.accuracy,
+            speedup=speed.speedup_at(32),
+            onnx_max_abs_diff=export.onnx.parity.max_abs_diff if export.onnx and export.onnx.parity else None,
+            onnx_speedup=export.speedup_at(ONNX_PRUNED),
+            int8_accuracy=(export.onnx_int8.accuracy.accuracy
+                           if export.onnx_int8 is not None and export.onnx_int8.accuracy is not None else None),
+            int8_speedup=export.speedup_at(INT8_PRUNED),
+        ),
+        model=_model_info(inputs, model_name, revision),
+        dataset=_dataset_info(inputs, options, dataset_name, dataset_ref),
+        config=config,
+        seed=config.seed,
+        device=str(run.device),
+        environment=_environment(),
+        dense_finetune=dense,
+        selection=_selection_record(result, config),
+        metrics=RunMetrics(dense=dense_metrics, pruned_before_recovery=done.before, pruned=after),
+        parameters=done.parameters,
+        speed=speed,
+        recovery=done.recovery,
+        checkpoint=checkpoint,
+        export=export,
+        timings_s=dict(run.monitor.timings),
+        warnings=tuple(warnings),
+        wall_time_s=0.0,
+        budget=done.budget,
+    )
+
+
+def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, model: nn.Module, result: SelectionResult,
+                   teacher: TeacherLogits | None) -> _Recovered:
+    """The accuracy budget's search, then the chosen candidate as the run's selection (docs/method.md).
+
+    Raises :class:`AccuracyBudgetError` when no candidate is within the budget.
+    """
+    assert inputs.validation is not None  # steps.load carves or finds one whenever a budget is set
+    dense_validation = steps.evaluate_validation(run, model=model, validation=inputs.validation)
+    outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
+                                  dense_validation=dense_validation)
+    chosen = outcome.candidate
+    assert result.analysis is not None
+    result = dataclasses.replace(result, selection=chosen.selection, k_star=chosen.k, knee=None,
+                                 clustering=result.analysis.partition(chosen.k))
+    # Only now is the evaluation split read: the search itself never touched it.
+    fresh, _ = steps.prune(run, model=model, selection=chosen.selection)
+    before = steps.evaluate_pruned(run, model=fresh, evaluation=inputs.evaluation)
+    del fresh
+    pruned = outcome.model
+    return _Recovered(result=result, pruned=pruned, before=before, recovery=outcome.recovery,
+                      parameters=RunParameters(dense=count_parameters(model), pruned=count_parameters(pruned)),
+                      budget=outcome.record)
+
+
+def _budget_warnings(budget: BudgetRecord) -> list[str]:
+    """A chosen candidate that met the budget after screening but not after the full recovery."""
+    final = budget.candidates[-1]
+    final_score = final.accuracy_final if budget.metric == "accuracy" else final.macro_f1_final
+    if final_score is None or final_score >= budget.threshold:
+        return []
+    return [f"the chosen {final.heads_kept} heads met the budget after the screening recovery but "
+            f"ended at validation {budget.metric} {final_score:.4f} after the full recovery, below "
+            f"the threshold {budget.threshold:.4f}"]
+
+
+def _model_info(inputs: steps.Inputs, model_name: str, revision: str | None) -> ModelInfo:
+    loaded = inputs.loaded
+    return ModelInfo(ref=model_name, revision=revision, family=loaded.family, layers=loaded.num_layers,
+                     heads_per_layer=loaded.num_heads, classifier_trained=loaded.classifier_trained)
+
+
+def _dataset_info(inputs: steps.Inputs, options: DatasetOptions, dataset_name: str, dataset_ref: str) -> DatasetInfo:
+    splits = inputs.splits
+    return DatasetInfo(
+        ref=dataset_name,
+        # The resolved directory or hub id; under another name (a job's URI) it would be a worker path.
+        source=splits.source if dataset_name == dataset_ref else dataset_name,
+        format=splits.format, splits_found=tuple(splits.splits_found), train_split=options.train_split,
+        eval_split=splits.eval_split, text_column=options.text_column,
+        text_pair_column=options.text_pair_column, label_column=options.label_column, config=options.config,
+        label_names=tuple(splits.label_names), train_rows=len(inputs.rows), eval_rows=len(inputs.evaluation),
+    )
+
+
+def _write_failure(
+    work: Path, run: steps.RunContext, exc: AccuracyBudgetError, *, result: SelectionResult, inputs: steps.Inputs,
+    options: DatasetOptions, dense: DenseFinetuneRecord, dense_metrics: ClassificationMetrics, warnings: list[str],
+    model_name: str, dataset_name: str, dataset_ref: str, revision: str | None,
+) -> None:
+    """What a run that missed its accuracy budget leaves: the curve, the head map of the knee's
+    choice, and a report with ``"status": "failed"``, the error and every candidate tried."""
+    config = run.config
+    write_curve(work, result, config)
+    write_head_map(work, result)
+    budget = exc.budget if isinstance(exc.budget, BudgetRecord) else None
+    if budget is not None:
+        write_budget_plot(work, budget, int(result.selection.kept_mask.size))
+    write_json(work / "report.json", {
+        "format_version": REPORT_FORMAT_VERSION,
+        "status": "failed",
+        "error": {"code": exc.code, "message": str(exc)},
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": _model_info(inputs, model_name, revision).to_dict(),
+        "dataset": _dataset_info(inputs, options, dataset_name, dataset_ref).to_dict(),
+        "config": config.to_dict(),
+        "seed": config.seed,
+        "device": str(run.device),
+        "environment": _environment().to_dict(),
+        "dense_finetune": dense.to_dict(),
+        "selection": _selection_record(result, config).to_dict(),
+        "metrics": {"dense": dense_metrics.to_dict()},
+        "budget": None if budget is None else budget.to_dict(),
+        "timings_s": dict(run.monitor.timings),
+        "warnings": list(warnings),
+    })
+
+
+def _selection_record(result: SelectionResult, config: PruningConfig) -> SelectionRecord:
+    sel = result.selection
+    return SelectionRecord(
+        strategy=sel.strategy,
+        k_star=result.k_star,
+        poly_degree=config.poly_degree,
+        knee_found=result.knee.found if result.knee else None,
+        knees_by_degree={d: k.k for d, k in sorted(result.knees.items())},
+        heads_total=int(sel.kept_mask.size),
+        heads_kept=sel.num_kept,
+        retention=sel.retention,
+        kept={layer: tuple(heads) for layer, heads in sel.kept.items()},
+        layer_safety_added=tuple(sel.layer_safety_added),
+        resolution=result.resolution,
+        signature_samples=result.signature_samples,
+        calibration_samples=result.calibration_samples,
+        perplexity=result.perplexity,
+        signature_sampling=result.signature_sampling,
+        calibration_sampling=result.calibration_sampling,
+        stability=result.stability,
+    )
+
+
+def _environment() -> Environment:
+    versions: dict[str, str | None] = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return Environment(
+        python=sys.version.split()[0],
+        platform=platform.platform(),
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        versions=versions,
+    )

@@ -1,0 +1,312 @@
+"""The steps of a pruning run, in order: load, dense fine-tune, select, prune, recover, evaluate.
+
+Each step takes the run's shared :class:`RunContext` and keyword arguments, runs inside its stage of
+the run's :class:`~cahp_engine.progress.Monitor` and returns a small typed result; writing the
+artifacts is :mod:`cahp_engine.run._artifacts`, and :func:`cahp_engine.run.run_pruning` chains them.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import nn
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.data import (
+    DatasetOptions,
+    DatasetSplits,
+    EncodedDataset,
+    LazyEncodedDataset,
+    TrainRows,
+    encode,
+    load_splits,
+)
+from cahp_engine.models import LoadedClassifier, load_classifier, prune_heads
+from cahp_engine.progress import CancelFn, Monitor
+from cahp_engine.recovery import TeacherLogits, compare_speed, count_parameters, evaluate, finetune, teacher_logits
+from cahp_engine.results import ClassificationMetrics, SpeedComparison, TrainingResult
+from cahp_engine.run._budget import BudgetOutcome, ValidationData, candidates, search, validation_data
+from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
+from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every step of one run shares.
+
+    Attributes
+    ----------
+    config : PruningConfig
+    device : torch.device
+        Where the run computes (``config.device`` resolved).
+    monitor : Monitor
+        Stage timings, progress within a stage, cancellation.
+    say : callable(str)
+        Receives human-readable lines about what the run is doing.
+    overall : callable(stage, fraction)
+        Progress of a stage that reports it in steps (fine-tuning), mapped to the whole run.
+    should_cancel : callable() -> bool, optional
+    """
+
+    config: PruningConfig
+    device: torch.device
+    monitor: Monitor
+    say: Callable[[str], None]
+    overall: Callable[[str, float], None]
+    should_cancel: CancelFn | None = None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The loaded model and the splits.
+
+    ``rows`` is the training split tokenised on demand: selection reads only the rows it samples.
+    ``train`` tokenises every row the first time a step asks for it (fine-tuning). With an accuracy
+    budget, ``validation`` is the split it scores on and ``held_out`` says where it came from; rows
+    carved from the training split are then not in ``rows``.
+    """
+
+    loaded: LoadedClassifier
+    splits: DatasetSplits
+    rows: LazyEncodedDataset
+    evaluation: EncodedDataset
+    validation: EncodedDataset | None = None
+    held_out: ValidationData | None = None
+
+    @cached_property
+    def train(self) -> EncodedDataset:
+        return self.rows.encoded
+
+
+def load(
+    run: RunContext,
+    *,
+    model_ref: str,
+    dataset_ref: str,
+    options: DatasetOptions,
+    revision: str | None,
+    hub_token: str | None,
+    cache_dir: str | None,
+    model_name: str,
+    dataset_name: str,
+) -> Inputs:
+    """Read the splits, load the classifier onto the run's device, tokenise, check the inputs."""
+    config, device = run.config, run.device
+    with run.monitor.stage("load"):
+        run.say(f"reading dataset {dataset_name}")
+        splits = load_splits(dataset_ref, options, revision=None, cache_dir=cache_dir, token=hub_token)
+        run.say(f"loading model {model_name}" + (f" at revision {revision}" if revision else ""))
+        loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
+                                 cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed)
+        loaded.model.to(device).eval()
+        held_out = validation = None
+        train = splits.train
+        if config.max_accuracy_drop is not None:
+            held_out = validation_data(splits, dataset_ref, options, seed=config.seed, cache_dir=cache_dir,
+                                       token=hub_token)
+            train = held_out.train
+            validation = encode(loaded.tokenizer, held_out.validation, max_length=config.max_length)
+            run.say(f"accuracy budget: validating on {len(validation)} rows "
+                    + (f"carved from split {held_out.split!r} (left out of selection and training)"
+                       if held_out.carved else f"of split {held_out.split!r}"))
+        rows = LazyEncodedDataset(loaded.tokenizer, train, max_length=config.max_length)
+        evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
+        validate_inputs(loaded.model, rows, config)
+        run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
+                f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
+    return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,
+                  held_out=held_out)
+
+
+def dense_finetune(
+    run: RunContext, *, model: nn.Module, inputs: Inputs, classifier_trained: bool
+) -> DenseFinetuneRecord:
+    """Fine-tune the dense model in place first, when ``config.dense_finetune`` asks for it.
+
+    Only a run that fine-tunes tokenises the whole training split here; otherwise selection, which
+    comes next, reads just the rows it samples.
+    """
+    config = run.config
+    ran, reason = _dense_decision(config.dense_finetune, classifier_trained)
+    training = None
+    if ran:
+        with run.monitor.stage("dense_finetune"):
+            run.say(f"dense fine-tuning ({reason}): {config.dense_epochs} epochs at lr {config.dense_lr}")
+            training = train_model(run, model=model, train=inputs.train, epochs=config.dense_epochs,
+                                   lr=config.dense_lr, stage="dense_finetune")
+    return DenseFinetuneRecord(mode=config.dense_finetune, ran=ran, reason=reason, training=training)
+
+
+def evaluate_dense(run: RunContext, *, model: nn.Module, evaluation: EncodedDataset) -> ClassificationMetrics:
+    """Score the dense model on the evaluation split."""
+    with run.monitor.stage("dense_evaluation"):
+        metrics = evaluate(model, evaluation, batch_size=run.config.batch_size, device=run.device)
+        run.say(f"dense accuracy {metrics.accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
+    return metrics
+
+
+def select(run: RunContext, *, model: nn.Module, train: TrainRows) -> SelectionResult:
+    """Head selection (:func:`~cahp_engine.selection.select_heads`); its stage timings join the run's."""
+    run.say("selecting heads")
+    result = select_heads(model, train, run.config, progress=run.monitor.report, should_cancel=run.should_cancel)
+    run.monitor.timings.update(result.timings)
+    sel = result.selection
+    run.say(f"k* = {result.k_star}; keeping {sel.num_kept} of {sel.kept_mask.size} heads ({sel.retention:.1%})")
+    for what, record in (("signature", result.signature_sampling), ("calibration", result.calibration_sampling)):
+        if record is not None:
+            run.say(f"{what} samples: {record.samples} of {record.available} ({record.reason})")
+    if result.stability is not None:
+        run.say(f"stability: mean Jaccard {result.stability.mean_jaccard:.2f} over {result.stability.shards} "
+                "leave-one-shard-out selections")
+    return result
+
+
+def prune(run: RunContext, *, model: nn.Module, selection: Selection) -> tuple[nn.Module, RunParameters]:
+    """A pruned copy of ``model`` keeping ``selection``, and the parameter counts of both."""
+    with run.monitor.stage("surgery"):
+        dense_params = count_parameters(model)
+        pruned = copy.deepcopy(model)
+        prune_heads(pruned, selection.kept)
+        pruned.eval()
+        pruned_params = count_parameters(pruned)
+    return pruned, RunParameters(dense=dense_params, pruned=pruned_params)
+
+
+def evaluate_pruned(run: RunContext, *, model: nn.Module, evaluation: EncodedDataset) -> ClassificationMetrics:
+    """Score the pruned model before recovery."""
+    with run.monitor.stage("evaluation"):
+        metrics = evaluate(model, evaluation, batch_size=run.config.batch_size, device=run.device)
+    run.say(f"pruned accuracy before recovery {metrics.accuracy:.4f}")
+    return metrics
+
+
+def teacher(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> TeacherLogits | None:
+    """The dense model's logits over the training split, once, when recovery distils (else None)."""
+    if run.config.recovery_loss != "distill":
+        return None
+    with run.monitor.stage("teacher"):
+        logits = teacher_logits(model, train, batch_size=run.config.batch_size, device=run.device)
+    run.say(f"teacher logits over {len(train)} training rows in {logits.record.seconds:.1f} s")
+    return logits
+
+
+def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher: TeacherLogits | None = None,
+            epochs: float | None = None, stage: str = "recovery") -> TrainingResult:
+    """Recovery fine-tuning of the pruned model, in place: ``config.epochs`` unless ``epochs`` is given.
+
+    With ``teacher`` the loss is the distillation loss (``distill_alpha``, ``distill_temperature``).
+    """
+    config = run.config
+    epochs = config.epochs if epochs is None else epochs
+    with run.monitor.stage(stage):
+        how = (f"distillation (alpha {config.distill_alpha:g}, T {config.distill_temperature:g})"
+               if teacher is not None else "cross-entropy")
+        run.say(f"recovery fine-tuning: {epochs:g} epochs at lr {config.lr}, {how}")
+        return train_model(run, model=model, train=train, epochs=epochs, lr=config.lr, stage=stage,
+                           teacher=teacher)
+
+
+def evaluate_recovered(
+    run: RunContext, *, dense: nn.Module, pruned: nn.Module, evaluation: EncodedDataset
+) -> tuple[ClassificationMetrics, SpeedComparison]:
+    """Score the recovered model, and time it against the dense one.
+
+    The latency is measured at sequence length ``min(64, max(8, p95 of the evaluation lengths))``.
+    """
+    config = run.config
+    with run.monitor.stage("evaluation"):
+        metrics = evaluate(pruned, evaluation, batch_size=config.batch_size, device=run.device)
+        run.say(f"pruned accuracy after recovery {metrics.accuracy:.4f}")
+        seq_len = int(min(64, max(8, np.percentile(evaluation.lengths, 95))))
+        speed = compare_speed(dense, pruned, batch_sizes=(1, 32), seq_len=seq_len, device=run.device,
+                              warmup=config.latency_warmup, repeats=config.latency_repeats, seed=config.seed)
+    return metrics, speed
+
+
+def train_model(
+    run: RunContext, *, model: nn.Module, train: EncodedDataset, epochs: float, lr: float, stage: str,
+    teacher: TeacherLogits | None = None,
+) -> TrainingResult:
+    """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs and rate."""
+    config = run.config
+    return finetune(
+        model, train, epochs=epochs, lr=lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, device=run.device,
+        progress=lambda step, total: run.overall(stage, step / max(total, 1)), should_cancel=run.should_cancel,
+        teacher=teacher, alpha=config.distill_alpha, temperature=config.distill_temperature,
+    )
+
+
+def _dense_decision(mode: str, classifier_trained: bool) -> tuple[bool, str]:
+    if mode == "always":
+        return True, "requested (--dense-finetune always)"
+    if mode == "never":
+        return False, "turned off (--dense-finetune never)"
+    if classifier_trained:
+        return False, "the model has a trained classification head for these labels"
+    return True, "the model has no trained classification head for the dataset's labels"
+
+
+def evaluate_validation(run: RunContext, *, model: nn.Module, validation: EncodedDataset) -> ClassificationMetrics:
+    """Score the dense model on the accuracy budget's validation split."""
+    with run.monitor.stage("dense_evaluation"):
+        metrics = evaluate(model, validation, batch_size=run.config.batch_size, device=run.device)
+    run.say(f"dense validation accuracy {metrics.accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
+    return metrics
+
+
+def budget_search(
+    run: RunContext, *, inputs: Inputs, model: nn.Module, result: SelectionResult, teacher: TeacherLogits | None,
+    dense_validation: ClassificationMetrics,
+) -> BudgetOutcome:
+    """The accuracy budget's search (:func:`cahp_engine.run._budget.search`) over ``result``'s analysis.
+
+    Reads the validation split and the training rows only, never the evaluation split.
+    """
+    config = run.config
+    assert inputs.validation is not None and inputs.held_out is not None and result.analysis is not None
+    validation = inputs.validation
+    options = candidates(result.analysis, config.strategy, seed=config.seed)
+    assert config.max_accuracy_drop is not None
+
+    def prune_copy(selection: Selection) -> nn.Module:
+        pruned = copy.deepcopy(model)
+        prune_heads(pruned, selection.kept)
+        return pruned.eval()
+
+    def score(candidate: nn.Module) -> ClassificationMetrics:
+        return evaluate(candidate, validation, batch_size=config.batch_size, device=run.device)
+
+    def train(candidate: nn.Module, epochs: float) -> TrainingResult:
+        stage = "recovery" if epochs >= config.epochs else "budget"
+        return recover(run, model=candidate, train=inputs.train, teacher=teacher, epochs=epochs, stage=stage)
+
+    return search(options, max_drop=config.max_accuracy_drop, metric=config.budget_metric,
+                  dense_validation=dense_validation, validation=inputs.held_out,
+                  screen_epochs=config.budget_screen_epochs, epochs=config.epochs, prune=prune_copy, recover=train,
+                  score=score, say=run.say)
+
+
+def recall_warnings(dense: ClassificationMetrics, pruned: ClassificationMetrics,
+                    label_names: tuple[str, ...]) -> list[str]:
+    """A warning for each class whose recall fell to zero or by more than 20 points from the dense model's."""
+    out: list[str] = []
+    for i, (was, now) in enumerate(zip(dense.recall, pruned.recall, strict=False)):
+        if was is None or now is None:
+            continue
+        name = label_names[i] if i < len(label_names) else str(i)
+        if now == 0.0 and was > 0.0:
+            out.append(f"class {name!r} is lost: its recall fell from {was:.1%} to 0 after pruning and recovery")
+        elif was - now > RECALL_DROP_WARNING + 1e-9:  # 20 points exactly is not more than 20
+            out.append(f"class {name!r}: recall fell from {was:.1%} to {now:.1%} after pruning and recovery "
+                       f"(more than {RECALL_DROP_WARNING:.0%})")
+    return out
+
+
+#: A class's recall may fall by this much (a share) before the run warns.
+RECALL_DROP_WARNING = 0.20

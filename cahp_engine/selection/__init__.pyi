@@ -1,0 +1,38 @@
+"""Choosing the heads to keep: CAHP's analysis of a model and the strategies that choose from it.
+
+Reading order of one selection (``select_heads`` in ``_select_heads``): ``_sampling`` (sample order,
+shards) -> ``_signatures`` (per-class attention statistics) -> ``_convergence`` (when to stop reading)
+-> ``_separation`` (Jeffries-Matusita features) -> ``_graph_space`` (t-SNE) -> ``_sweep`` (FasterPAM
+and MSS for every k) -> ``_knee`` (k*) -> ``_head_structure`` (those four stages in one call)
+-> ``_salience`` (head importance) -> ``_analysis`` (``analyze_heads``) -> ``_strategies`` (``choose``,
+by the names in ``_registry``) -> ``_choice`` (the ``Selection`` rules) -> ``_stability``."""
+
+from ._analysis import analyze_heads, HeadAnalysis, validate_inputs
+from ._choice import select_random, select_representatives, select_top_salience, Selection
+from ._convergence import class_difference_noise, salience_noise
+from ._graph_space import default_perplexity, embed_heads
+from ._head_structure import head_structure
+from ._knee import chord_knee, find_knee, knees_by_degree
+from ._registry import REGISTRY, STRATEGIES
+from ._salience import gradient_salience, minmax
+from ._sampling import checkpoint_sizes, resolve_amount, stratified_order
+from ._select_heads import select_heads, SelectionResult
+from ._separation import bhattacharyya_normal, jeffries_matusita, separation_features
+from ._signatures import (
+    ClassMoments, crop_and_resize, default_resolution, extract_signatures, merge_moments, ShardedSignatures,
+    SignatureProfiler, Signatures,
+)
+from ._stability import jaccard, selection_stability
+from ._strategies import choose, get_strategy
+from ._sweep import cluster, mean_simplified_silhouette, mss_sweep
+
+__all__ = [
+    "REGISTRY", "STRATEGIES", "analyze_heads", "bhattacharyya_normal", "checkpoint_sizes", "choose", "chord_knee",
+    "class_difference_noise", "ClassMoments", "cluster", "crop_and_resize", "default_perplexity",
+    "default_resolution", "embed_heads", "extract_signatures", "find_knee", "get_strategy", "gradient_salience",
+    "head_structure", "HeadAnalysis", "jaccard", "jeffries_matusita", "knees_by_degree",
+    "mean_simplified_silhouette", "merge_moments", "minmax", "mss_sweep", "resolve_amount", "salience_noise",
+    "select_heads", "select_random", "select_representatives", "select_top_salience", "Selection",
+    "selection_stability", "SelectionResult", "separation_features", "ShardedSignatures", "SignatureProfiler",
+    "Signatures", "stratified_order", "validate_inputs",
+]

@@ -1,0 +1,292 @@
+"""Sampling with a stopping rule: the signature and calibration passes read training samples in a
+seeded stratified order and stop once what they estimate is mostly signal, not sampling noise.
+
+Both passes read the rows of a :class:`~cahp_engine.selection._sampling.SampleOrder` in chunks. With an explicit
+amount they read exactly that many rows. With ``"auto"`` they look at a ladder of checkpoints (the
+first once every class has its floor of samples, then x :data:`GROWTH` each time, the last at every
+row: the cap) and stop at the first checkpoint where the noise share of what they measure is small:
+
+* **signatures**: :func:`class_difference_noise`, the share of the measured squared class-mean
+  differences (summed over heads, class pairs and pixels, each in units of the pooled variance, as
+  Eq. 1 weighs them) that sampling noise alone would produce; stop at <= :data:`SIGNATURE_NOISE`.
+  Classes that the attention maps do not tell apart keep it near 1, so the pass reads every row;
+* **calibration**: :func:`salience_noise`, the share of the between-head variance of the mean
+  salience that is sampling noise (one minus its reliability), from the batch-to-batch spread of each
+  head's score; stop at <= :data:`SALIENCE_NOISE`.
+
+``docs/method.md`` gives the measurements behind the thresholds.
+
+References
+----------
+Issue 16 (sampling with a convergence rule); the squared-difference bias E[(m1 - m2)^2] = (mu1 - mu2)^2
++ s1^2/n1 + s2^2/n2 of two sample means; the reliability coefficient of a mean over repeated measures.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from cahp_engine.data import TrainRows, iterate_batches, length_grouped_batches, take_rows
+from cahp_engine.errors import PipelineError
+from cahp_engine.progress import Monitor
+from cahp_engine.results import SamplingRecord
+from cahp_engine.selection._salience import HeadImportance
+from cahp_engine.selection._sampling import SampleOrder, checkpoint_sizes, class_floor_size
+from cahp_engine.selection._signatures import ShardedSignatures, SignatureProfiler, Signatures
+
+#: Each checkpoint reads this many times the samples of the one before.
+GROWTH = 1.5
+#: Signatures: no stop before every class has this many samples (or all of its rows), nor before
+#: :data:`SIGNATURE_FIRST` samples in all.
+SIGNATURE_CLASS_FLOOR = 32
+SIGNATURE_FIRST = 512
+#: Calibration: the same for the salience pass.
+CALIBRATION_CLASS_FLOOR = 16
+CALIBRATION_FIRST = 256
+#: Stop the signature pass when at most this share of the measured class differences is noise
+#: (signal-to-noise ratio >= 4).
+SIGNATURE_NOISE = 0.2
+#: Stop the calibration pass when at most this share of the salience differences between heads is
+#: noise (reliability >= 0.9).
+SALIENCE_NOISE = 0.1
+#: Rows read (and tokenised) at a time, at most.
+CHUNK_ROWS = 2048
+
+
+def plan(order: SampleOrder, labels: np.ndarray, amount: int | None, *, floor: int, first: int) -> list[int]:
+    """The sample counts at which a pass looks: ``[amount]`` when fixed, else the checkpoint ladder."""
+    n = len(order)
+    if amount is not None:
+        return [amount]
+    start = max(first, class_floor_size(labels, order, floor))
+    return checkpoint_sizes(n, first=start, growth=GROWTH)
+
+
+def class_difference_noise(signatures: Signatures, *, var_floor: float) -> float:
+    """Share of the measured squared class-mean differences that sampling noise accounts for.
+
+    Parameters
+    ----------
+    signatures : Signatures
+        Means and (population) variances of shape (C, N, B * B) and the counts n_c.
+    var_floor : float
+        Floor on the unbiased variances, as before Eq. 1.
+
+    Returns
+    -------
+    float
+        ``sum v / sum d^2`` over heads, class pairs (i, j) and pixels, where ``d^2 = (m_i - m_j)^2
+        / (s_i + s_j)`` is the measured squared difference in units of the pooled variance and
+        ``v = (s_i / n_i + s_j / n_j) / (s_i + s_j)`` its expected value when the classes do not
+        differ. About 1 for classes the maps do not tell apart; it falls as 1 / n when they differ.
+        1.0 when a class has fewer than two samples.
+
+    References
+    ----------
+    Paper Eq. 1 (the mean term of the Bhattacharyya distance weighs differences by the pooled
+    variance); E[(m_i - m_j)^2] = (mu_i - mu_j)^2 + s_i / n_i + s_j / n_j.
+    """
+    n = signatures.counts.astype(np.float64)
+    if (n < 2).any():
+        return 1.0
+    unbiased = np.maximum(signatures.var * (n / (n - 1)).reshape(-1, 1, 1), var_floor)
+    noise = 0.0
+    measured = 0.0
+    for i, j in itertools.combinations(range(n.size), 2):
+        pooled = unbiased[i] + unbiased[j]
+        noise += float(((unbiased[i] / n[i] + unbiased[j] / n[j]) / pooled).sum())
+        measured += float(((signatures.mean[i] - signatures.mean[j]) ** 2 / pooled).sum())
+    return 1.0 if measured <= 0 else min(1.0, noise / measured)
+
+
+def salience_noise(sums: np.ndarray, squares: np.ndarray, batches: int) -> float:
+    """Share of the between-head variance of the mean salience that is sampling noise.
+
+    Parameters
+    ----------
+    sums, squares : ndarray of shape (L, H)
+        Sum over the batches of each head's per-batch score, and of its square.
+    batches : int
+        m, the number of batches.
+
+    Returns
+    -------
+    float
+        ``mean_h(s_h^2 / m) / var_h(mean_h)``: the mean squared standard error of the heads' mean
+        scores over the variance of those means across heads (one minus the reliability of the
+        ranking; the Spearman correlation of two independent calibrations is about one minus twice
+        this). 1.0 with fewer than two batches or when every head scores the same.
+    """
+    if batches < 2:
+        return 1.0
+    mean = sums / batches
+    spread = np.maximum(squares / batches - mean * mean, 0.0) * batches / (batches - 1)
+    between = float(mean.var())
+    return 1.0 if between <= 0 else min(1.0, float((spread / batches).mean()) / between)
+
+
+def _chunks(sizes: list[int]) -> Iterator[tuple[int, int, bool]]:
+    """``(start, stop, at_checkpoint)`` pieces of at most :data:`CHUNK_ROWS` rows covering every size."""
+    done = 0
+    for size in sizes:
+        while done < size:
+            stop = min(size, done + CHUNK_ROWS)
+            yield done, stop, stop == size
+            done = stop
+
+
+def _record(auto: bool, samples: int, available: int, stopped: str, checkpoints: list[int],
+            measures: list[float], what: str, threshold: float) -> SamplingRecord:
+    reasons = {
+        "requested": f"{samples} {what}, as asked",
+        "converged": f"noise share {measures[-1]:.3f} <= {threshold} after {samples} of {available} rows"
+        if measures else "",
+        "cap": f"read every row ({available}); the noise share was still "
+               f"{measures[-1]:.3f} > {threshold} at the last checkpoint" if measures
+               else f"read every row ({available}): fewer than the first checkpoint",
+    }
+    return SamplingRecord(mode="auto" if auto else "fixed", samples=samples, available=available, stopped=stopped,
+                          reason=reasons[stopped], checkpoints=tuple(checkpoints),
+                          measures=tuple(float(m) for m in measures))
+
+
+def run_signatures(
+    model: nn.Module,
+    train: TrainRows,
+    order: SampleOrder,
+    sizes: list[int],
+    *,
+    auto: bool,
+    resolution: int,
+    var_floor: float,
+    batch_size: int,
+    device: torch.device,
+    monitor: Monitor,
+) -> tuple[ShardedSignatures, SamplingRecord]:
+    """Profile the rows of ``order`` up to the first checkpoint of ``sizes`` where the class
+    differences are mostly signal (or exactly ``sizes[-1]`` rows when not ``auto``).
+
+    Returns
+    -------
+    signatures : ShardedSignatures
+        Per-shard statistics of the rows read (shard of each row from ``order``).
+    record : SamplingRecord
+    """
+    tick = monitor.counter("signatures", sizes[-1])
+    checkpoints: list[int] = []
+    measures: list[float] = []
+    stopped = "cap" if auto else "requested"
+    with SignatureProfiler(model, num_classes=train.num_classes, resolution=resolution,
+                           shards=order.shards) as profiler:
+        for start, stop, at_checkpoint in _chunks(sizes):
+            chunk = take_rows(train, order.rows[start:stop])
+            shard = order.shard[start:stop]
+            for batch_idx in length_grouped_batches(chunk.lengths, np.arange(len(chunk)), batch_size,
+                                                    longest_first=True):
+                batch = next(iterate_batches(chunk, [batch_idx], device))
+                profiler.update(batch, torch.as_tensor(shard[batch_idx], device=device))
+                tick(len(batch_idx))
+            if auto and at_checkpoint and stop < sizes[-1]:
+                noise = class_difference_noise(profiler.snapshot().merged(), var_floor=var_floor)
+                checkpoints.append(stop)
+                measures.append(noise)
+                if noise <= SIGNATURE_NOISE:
+                    stopped = "converged"
+                    break
+        signatures = profiler.snapshot()
+    record = _record(auto, signatures.samples, len(train), stopped, checkpoints, measures, "signature samples",
+                     SIGNATURE_NOISE)
+    return signatures, record
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Head importance accumulated per shard.
+
+    Attributes
+    ----------
+    sums : ndarray of shape (K, L, H), float64
+        Per shard, the sum of the importance's per-batch scores over its batches.
+    batches : ndarray of shape (K,), int64
+        Batches per shard.
+    samples : int
+        Rows read.
+    record : SamplingRecord
+    """
+
+    sums: np.ndarray
+    batches: np.ndarray
+    samples: int
+    record: SamplingRecord
+
+    def raw(self, leave_out: int | None = None) -> np.ndarray:
+        """Mean score over the batches of every shard but ``leave_out`` (all when None), shape (L, H)."""
+        keep = [k for k in range(self.sums.shape[0]) if k != leave_out and self.batches[k] > 0]
+        return self.sums[keep].sum(axis=0) / self.batches[keep].sum()
+
+
+def run_calibration(
+    model: nn.Module,
+    train: TrainRows,
+    order: SampleOrder,
+    sizes: list[int],
+    *,
+    auto: bool,
+    importance: HeadImportance,
+    shape: tuple[int, int],
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    monitor: Monitor,
+) -> Calibration:
+    """Average ``importance`` over the rows of ``order`` up to the first checkpoint of ``sizes`` where
+    the salience ranking is reliable (or exactly ``sizes[-1]`` rows when not ``auto``).
+
+    Within each chunk the rows are grouped by length into batches and the batches run in a seeded
+    random order (``seed``); batch j of the pass belongs to shard ``j mod K``. ``importance`` is
+    called on one batch at a time, so that the batch-to-batch spread of the scores is known.
+    """
+    shards = order.shards
+    sums = np.zeros((shards, *shape), dtype=np.float64)
+    squares = np.zeros(shape, dtype=np.float64)
+    counts = np.zeros(shards, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    tick = monitor.counter("salience", sizes[-1])
+    checkpoints: list[int] = []
+    measures: list[float] = []
+    stopped = "cap" if auto else "requested"
+    seen = 0
+    for start, stop, at_checkpoint in _chunks(sizes):
+        chunk = take_rows(train, order.rows[start:stop])
+        batches = length_grouped_batches(chunk.lengths, np.arange(len(chunk)), batch_size, longest_first=True)
+        for i in rng.permutation(len(batches)):
+            batch = next(iterate_batches(chunk, [batches[i]], device))
+            scores = importance(model, [batch])
+            if tuple(scores.shape) != shape:
+                raise PipelineError(
+                    f"the head importance has shape {tuple(scores.shape)}; one score per head was expected"
+                )
+            values = scores.detach().to("cpu", torch.float64).numpy()
+            shard = int(counts.sum()) % shards
+            sums[shard] += values
+            squares += values * values
+            counts[shard] += 1
+            tick(len(batches[i]))
+        seen = stop
+        if auto and at_checkpoint and stop < sizes[-1]:
+            noise = salience_noise(sums.sum(axis=0), squares, int(counts.sum()))
+            checkpoints.append(stop)
+            measures.append(noise)
+            if noise <= SALIENCE_NOISE:
+                stopped = "converged"
+                break
+    if counts.sum() == 0:
+        raise PipelineError("no calibration batches: cannot compute salience")
+    record = _record(auto, seen, len(train), stopped, checkpoints, measures, "calibration samples", SALIENCE_NOISE)
+    return Calibration(sums=sums, batches=counts, samples=seen, record=record)

@@ -1,0 +1,16 @@
+"""The names of the head-selection strategies and the module that implements each: data only.
+
+Kept apart from the strategies themselves so that :class:`~cahp_engine.config.PruningConfig`, the job
+API and ``cahp prune --strategy`` can list the choices without importing torch, numpy or the analysis.
+"""
+
+from __future__ import annotations
+
+#: Strategy name -> the module whose ``choose`` implements it.
+REGISTRY: dict[str, str] = {
+    "cahp": "cahp_engine.selection._strategies.cahp",
+    "salience": "cahp_engine.selection._strategies.salience",
+    "random": "cahp_engine.selection._strategies.random",
+}
+#: The registered names, in the registry's order (``cahp`` first).
+STRATEGIES: tuple[str, ...] = tuple(REGISTRY)

@@ -1,0 +1,165 @@
+"""Head selection from start to end: the analysis (signatures -> JM features -> graph space -> MSS
+sweep -> knee -> salience), then the configured strategy's choice.
+
+References
+----------
+Paper Algorithm 1, lines 1-11.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import nn
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.data import TrainRows
+from cahp_engine.progress import CancelFn, Monitor, ProgressFn
+from cahp_engine.results import SamplingRecord, StabilityRecord
+from cahp_engine.selection._analysis import HeadAnalysis, analyze_heads
+from cahp_engine.selection._choice import Selection
+from cahp_engine.selection._graph_space import GraphSpace
+from cahp_engine.selection._knee import Knee
+from cahp_engine.selection._stability import selection_stability
+from cahp_engine.selection._strategies import choose
+from cahp_engine.selection._sweep import Clustering, MssCurve
+
+
+@dataclass(frozen=True)
+class SelectionResult:
+    """Everything head selection decided, and why.
+
+    Attributes
+    ----------
+    selection : Selection
+        The kept heads.
+    k_star : int
+        Number of clusters used: the knee, or ``heads_to_keep``.
+    knee : Knee or None
+        The knee at ``config.poly_degree`` (None when ``heads_to_keep`` fixed the count).
+    knees : dict of int to Knee
+        The knee for each reported degree, from the same curve.
+    curve : MssCurve
+    clustering : Clustering or None
+        The partition at ``k_star`` (None for ``k_star`` = 1: one cluster).
+    graph_space : GraphSpace
+    salience_raw : ndarray of shape (L, H)
+        Mean absolute gate gradient.
+    salience : ndarray of shape (L, H)
+        ``salience_raw`` min-max normalised to [0, 1].
+    resolution : int
+    signature_samples, calibration_samples : int
+    timings : dict of str to float
+        Seconds per stage.
+    warnings : tuple of str
+    signature_sampling, calibration_sampling : SamplingRecord or None
+        How many samples each pass read and why it stopped.
+    stability : StabilityRecord or None
+        The same choice from the statistics of every shard but one (None when
+        ``stability_shards`` is 0 or the shards were too thin).
+    analysis : HeadAnalysis or None
+        What the choice was made from; the accuracy budget chooses again from it at other k.
+    """
+
+    selection: Selection
+    k_star: int
+    knee: Knee | None
+    knees: dict[int, Knee]
+    curve: MssCurve
+    clustering: Clustering | None
+    graph_space: GraphSpace
+    salience_raw: np.ndarray
+    salience: np.ndarray
+    resolution: int
+    signature_samples: int
+    calibration_samples: int
+    timings: dict[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    signature_sampling: SamplingRecord | None = None
+    calibration_sampling: SamplingRecord | None = None
+    stability: StabilityRecord | None = None
+    analysis: HeadAnalysis | None = None
+
+    @property
+    def perplexity(self) -> float:
+        """The t-SNE perplexity the graph space was computed with."""
+        return self.graph_space.perplexity
+
+
+def select_heads(
+    model: nn.Module,
+    train: TrainRows,
+    config: PruningConfig,
+    *,
+    progress: ProgressFn | None = None,
+    should_cancel: CancelFn | None = None,
+) -> SelectionResult:
+    """Run CAHP's selection (or a baseline) on a fine-tuned classifier.
+
+    :func:`~cahp_engine.selection.analyze_heads`, then k* (the knee at ``config.poly_degree``, or
+    ``heads_to_keep``), then :func:`~cahp_engine.selection.choose` with ``config.strategy``; the
+    baselines keep ``heads_to_keep`` heads, or as many as CAHP keeps at the knee.
+
+    Parameters
+    ----------
+    model : a supported, unpruned sequence classifier, on the device to compute on
+    train : EncodedDataset or LazyEncodedDataset
+        The training split; signature and calibration samples are drawn from it.
+    config : PruningConfig
+    progress : callable(stage, fraction), optional
+    should_cancel : callable() -> bool, optional
+        Polled between batches; True raises :class:`~cahp_engine.errors.JobCancelledError`.
+
+    Returns
+    -------
+    SelectionResult
+        The model's weights and mode are unchanged.
+
+    References
+    ----------
+    Paper Algorithm 1 lines 1-11; Section IV-B.1-2 for the defaults.
+    """
+    analysis = analyze_heads(model, train, config, progress=progress, should_cancel=should_cancel)
+    n_heads = int(analysis.salience.size)
+    knee = None
+    if config.heads_to_keep is None:
+        knee = analysis.knees[config.poly_degree]
+        k_star = knee.k
+    else:
+        k_star = min(config.heads_to_keep, n_heads - 1)
+    monitor = Monitor(progress, should_cancel)
+    with monitor.stage("selection"):
+        selection = choose(analysis, k_star, config.strategy, count=config.heads_to_keep, seed=config.seed)
+    stability = selection_stability(analysis, selection, strategy=config.strategy, poly_degree=config.poly_degree,
+                                    heads_to_keep=config.heads_to_keep, seed=config.seed)
+    if stability is not None:
+        # The leave-one-out choices are part of the stability measure's cost.
+        monitor.timings["stability"] = stability.seconds - analysis.timings.get("stability", 0.0)
+    return SelectionResult(
+        selection=selection,
+        k_star=k_star,
+        knee=knee,
+        knees=analysis.knees,
+        curve=analysis.curve,
+        clustering=analysis.partition(k_star),
+        graph_space=analysis.graph_space,
+        salience_raw=analysis.salience_raw,
+        salience=analysis.salience,
+        resolution=analysis.resolution,
+        signature_samples=analysis.signature_samples,
+        calibration_samples=analysis.calibration_samples,
+        timings=_merged_timings(analysis.timings, monitor.timings),
+        warnings=analysis.warnings,
+        signature_sampling=analysis.signature_sampling,
+        calibration_sampling=analysis.calibration_sampling,
+        stability=stability,
+        analysis=analysis,
+    )
+
+
+def _merged_timings(first: dict[str, float], second: dict[str, float]) -> dict[str, float]:
+    out = dict(first)
+    for name, seconds in second.items():
+        out[name] = out.get(name, 0.0) + seconds
+    return out

@@ -18,6 +18,11 @@ Each class carries a stable snake_case ``code`` that the service stores with a f
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cahp_engine.results import BudgetRecord
+
 
 class CahpError(Exception):
     """Base class of every error the engine raises on purpose."""
@@ -83,14 +88,12 @@ class ExportParityError(PipelineError):
 class AccuracyBudgetError(CahpError):
     """No candidate head count kept the validation score within ``max_accuracy_drop`` of the dense model's.
 
-    ``budget`` is the :class:`~cahp_engine.run._report.BudgetRecord` of the search (every candidate tried);
+    ``budget`` is the :class:`~cahp_engine.results.BudgetRecord` of the search (every candidate tried);
     the run still writes its report and plots (the one exception to "a failed run leaves nothing").
     """
 
     code = "accuracy_budget_not_met"
 
-    def __init__(self, message: str, budget: object = None) -> None:
+    def __init__(self, message: str, budget: BudgetRecord | None = None) -> None:
         super().__init__(message)
         self.budget = budget
-        #: What a caller stored of the run's output (the job service's artifact records).
-        self.artifacts: list[object] = []

@@ -234,3 +234,76 @@ class StabilityRecord(JsonRecord):
     heads_kept: tuple[int, ...]
     kept_frequency: tuple[tuple[float, ...], ...]
     seconds: float
+
+
+@dataclass(frozen=True)
+class BudgetCandidate(JsonRecord):
+    """One head count the accuracy budget tried, scored on the validation split.
+
+    ``k`` clusters keep ``heads_kept`` heads; ``*_before`` is the pruned model before recovery,
+    ``*_after`` after ``screen_epochs`` of recovery; ``within_budget`` compares ``after`` on the
+    budget's metric with the threshold; ``seconds`` is the candidate's pruning, recovery and scoring.
+    ``accuracy_final`` / ``macro_f1_final`` are the chosen candidate's scores after the full recovery
+    (None for the others, and when the screening already was the full recovery).
+    """
+
+    k: int
+    heads_kept: int
+    accuracy_before: float
+    macro_f1_before: float
+    accuracy_after: float
+    macro_f1_after: float
+    screen_epochs: float
+    within_budget: bool
+    seconds: float
+    accuracy_final: float | None = None
+    macro_f1_final: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetRecord(JsonRecord):
+    """The accuracy-budget search (:mod:`cahp_engine.run._budget`; kept here, beside the other measured records, so that
+    :class:`~cahp_engine.errors.AccuracyBudgetError` can carry it).
+
+    Attributes
+    ----------
+    max_accuracy_drop : float
+        P, in points.
+    metric : str
+        ``accuracy`` or ``macro_f1``.
+    split : str
+        The validation split's name, or ``train`` when it was carved from the training split.
+    carved : bool
+        True when ``validation_rows`` rows (a seeded stratified 10 %) were carved from the training
+        split and left out of selection and of every fine-tuning.
+    validation_rows : int
+    dense_validation : float
+        The dense model's score on that split, in the budget's metric.
+    threshold : float
+        ``dense_validation - P / 100``: a candidate must reach it.
+    candidates : tuple of BudgetCandidate
+        In the order tried (fewest heads first); the search stops at the first within the budget.
+    chosen : int or None
+        ``heads_kept`` of the candidate returned (None when none met the budget).
+    search_seconds : float
+        Every candidate's pruning, screening recovery and scoring.
+    final_recovery_seconds : float
+        The chosen candidate's full recovery (0 when the screening was the full recovery).
+    cost_vs_single_run : float or None
+        ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is the recovery of one
+        candidate with ``epochs`` (measured, or estimated from the screening time per epoch): what
+        the budget cost against a run at the knee.
+    """
+
+    max_accuracy_drop: float
+    metric: str
+    split: str
+    carved: bool
+    validation_rows: int
+    dense_validation: float
+    threshold: float
+    candidates: tuple[BudgetCandidate, ...]
+    chosen: int | None
+    search_seconds: float
+    final_recovery_seconds: float
+    cost_vs_single_run: float | None

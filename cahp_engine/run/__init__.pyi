@@ -7,10 +7,10 @@ evaluate) -> ``_budget`` (an accuracy budget instead of a knee) -> ``_deploy`` (
 from ._artifacts import ARTIFACT_FILES
 from ._budget import carve
 from ._plots import plot_head_map, plot_layer_retention, plot_mss_curve
-from ._report import RunReport, RunSummary
+from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, RunSummary
 from ._run import run_pruning
 
 __all__ = [
-    "ARTIFACT_FILES", "carve", "plot_head_map", "plot_layer_retention", "plot_mss_curve", "run_pruning", "RunReport",
-    "RunSummary",
+    "ARTIFACT_FILES", "carve", "FailedRunMetrics", "FailedRunReport", "plot_head_map", "plot_layer_retention",
+    "plot_mss_curve", "run_pruning", "RunError", "RunReport", "RunSummary",
 ]

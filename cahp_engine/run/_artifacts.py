@@ -18,8 +18,9 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, collate
 from cahp_engine.errors import PipelineError
 from cahp_engine.models import load_pruned, save_pruned
+from cahp_engine.results import BudgetRecord
 from cahp_engine.run._plots import plot_budget, plot_head_map, plot_layer_retention, plot_mss_curve
-from cahp_engine.run._report import BudgetRecord, CheckpointRecord
+from cahp_engine.run._report import CheckpointRecord
 from cahp_engine.selection import SelectionResult
 
 #: Files written next to ``model/``.

@@ -32,8 +32,7 @@ from torch import nn
 
 from cahp_engine.data import DatasetOptions, DatasetSplits, LabelledTexts, load_splits
 from cahp_engine.errors import AccuracyBudgetError, DatasetError
-from cahp_engine.results import ClassificationMetrics, TrainingResult
-from cahp_engine.run._report import BudgetCandidate, BudgetRecord
+from cahp_engine.results import BudgetCandidate, BudgetRecord, ClassificationMetrics, TrainingResult
 from cahp_engine.selection import HeadAnalysis, Selection, choose
 
 __all__ = ["CARVE_FRACTION", "VALIDATION_SPLITS", "BudgetOutcome", "Candidate", "ValidationData", "candidates",

@@ -10,10 +10,12 @@ report by key. Importable without torch or numpy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.export import ExportRecord
 from cahp_engine.results import (
+    BudgetRecord,
     ClassificationMetrics,
     JsonRecord,
     ParameterCounts,
@@ -252,78 +254,6 @@ class CheckpointRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
-class BudgetCandidate(JsonRecord):
-    """One head count the accuracy budget tried, scored on the validation split.
-
-    ``k`` clusters keep ``heads_kept`` heads; ``*_before`` is the pruned model before recovery,
-    ``*_after`` after ``screen_epochs`` of recovery; ``within_budget`` compares ``after`` on the
-    budget's metric with the threshold; ``seconds`` is the candidate's pruning, recovery and scoring.
-    ``accuracy_final`` / ``macro_f1_final`` are the chosen candidate's scores after the full recovery
-    (None for the others, and when the screening already was the full recovery).
-    """
-
-    k: int
-    heads_kept: int
-    accuracy_before: float
-    macro_f1_before: float
-    accuracy_after: float
-    macro_f1_after: float
-    screen_epochs: float
-    within_budget: bool
-    seconds: float
-    accuracy_final: float | None = None
-    macro_f1_final: float | None = None
-
-
-@dataclass(frozen=True)
-class BudgetRecord(JsonRecord):
-    """The accuracy-budget search (:mod:`cahp_engine.run._budget`).
-
-    Attributes
-    ----------
-    max_accuracy_drop : float
-        P, in points.
-    metric : str
-        ``accuracy`` or ``macro_f1``.
-    split : str
-        The validation split's name, or ``train`` when it was carved from the training split.
-    carved : bool
-        True when ``validation_rows`` rows (a seeded stratified 10 %) were carved from the training
-        split and left out of selection and of every fine-tuning.
-    validation_rows : int
-    dense_validation : float
-        The dense model's score on that split, in the budget's metric.
-    threshold : float
-        ``dense_validation - P / 100``: a candidate must reach it.
-    candidates : tuple of BudgetCandidate
-        In the order tried (fewest heads first); the search stops at the first within the budget.
-    chosen : int or None
-        ``heads_kept`` of the candidate returned (None when none met the budget).
-    search_seconds : float
-        Every candidate's pruning, screening recovery and scoring.
-    final_recovery_seconds : float
-        The chosen candidate's full recovery (0 when the screening was the full recovery).
-    cost_vs_single_run : float or None
-        ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is the recovery of one
-        candidate with ``epochs`` (measured, or estimated from the screening time per epoch): what
-        the budget cost against a run at the knee.
-    """
-
-    max_accuracy_drop: float
-    metric: str
-    split: str
-    carved: bool
-    validation_rows: int
-    dense_validation: float
-    threshold: float
-    candidates: tuple[BudgetCandidate, ...]
-    chosen: int | None
-    search_seconds: float
-    final_recovery_seconds: float
-    cost_vs_single_run: float | None
-
-
-@dataclass(frozen=True)
 class RunReport(JsonRecord):
     """Everything one pruning run did and measured; ``to_dict()`` is ``report.json``.
 
@@ -379,3 +309,45 @@ class RunReport(JsonRecord):
     warnings: tuple[str, ...]
     wall_time_s: float
     budget: BudgetRecord | None = None
+
+
+@dataclass(frozen=True)
+class RunError(JsonRecord):
+    """Why a run failed: the engine error's stable ``code`` and its message."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class FailedRunMetrics(JsonRecord):
+    """What a failed run measured before it stopped: the dense model on the evaluation split."""
+
+    dense: ClassificationMetrics
+
+
+@dataclass(frozen=True)
+class FailedRunReport(JsonRecord):
+    """``report.json`` of a run that missed its accuracy budget: the parts of :class:`RunReport` it reached.
+
+    The one failed run that leaves files (the curve, the knee's head map, the budget plot and this
+    report), so a caller can see every candidate the search tried and why none was kept. The fields it
+    shares with :class:`RunReport` are the same records; ``status`` is always ``"failed"``.
+    """
+
+    format_version: int
+    status: Literal["failed"]
+    error: RunError
+    created_at: str
+    model: ModelInfo
+    dataset: DatasetInfo
+    config: PruningConfig
+    seed: int
+    device: str
+    environment: Environment
+    dense_finetune: DenseFinetuneRecord
+    selection: SelectionRecord
+    metrics: FailedRunMetrics
+    budget: BudgetRecord | None
+    timings_s: dict[str, float]
+    warnings: tuple[str, ...]

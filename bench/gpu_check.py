@@ -83,10 +83,9 @@ def _synchronised(device: torch.device) -> Any:
 def stage_timings(model_dir: Path, data_dir: Path, device: torch.device) -> dict[str, Any]:
     """Selection with the default stopping rules, every stage timed with CUDA synchronisation."""
     from cahp_engine.config import PruningConfig
-    from cahp_engine.datasets_io import DatasetOptions, load_splits
-    from cahp_engine.lazy_data import LazyEncodedDataset
+    from cahp_engine.data import DatasetOptions, LazyEncodedDataset, load_splits
     from cahp_engine.models import load_classifier
-    from cahp_engine.pipeline import select_heads
+    from cahp_engine.selection import select_heads
 
     splits = load_splits(data_dir, DatasetOptions())
     loaded = load_classifier(str(model_dir), device=device)
@@ -106,7 +105,7 @@ def stage_timings(model_dir: Path, data_dir: Path, device: torch.device) -> dict
 def whole_run(model_ref: str, data_dir: Path, out: Path, device: torch.device, **config: Any) -> dict[str, Any]:
     """``run_pruning`` at degree 2 with a 3-epoch recovery; the report's headline figures."""
     from cahp_engine.config import PruningConfig
-    from cahp_engine.datasets_io import DatasetOptions
+    from cahp_engine.data import DatasetOptions
     from cahp_engine.run import run_pruning
 
     settings = {"poly_degree": 2, "epochs": 3, "device": str(device), **config}

@@ -3,12 +3,12 @@
 The dense model and a pruned copy are exported with :func:`cahp_engine.export.export_onnx` (export time
 and parity recorded), the ONNX graphs are quantized with :func:`cahp_engine.export.quantize_int8` (per
 output channel, and per tensor for comparison), and everything is timed together with
-:func:`cahp_engine.onnx_runtime.compare_runtimes` against the dense PyTorch fp32 model: the same random
+:func:`cahp_engine.export.compare_runtimes` against the dense PyTorch fp32 model: the same random
 token ids, full attention mask, timed passes interleaved so machine noise hits all candidates alike.
 
 By default the pruned copy keeps half of each layer's heads, drawn with a seeded uniform rule, and
 the classifier head is untrained (latency does not depend on either). For accuracies, pass fine-tuned
-checkpoints and the dataset: ``--dense`` (e.g. the dense model cached by ``python -m bench quality``),
+checkpoints and the dataset: ``--dense`` (e.g. the dense model cached by ``python -m studies quality``),
 ``--pruned`` (a ``cahp prune`` run's ``model/``) and ``--accuracy`` (SST-5's test split unless ``--data``).
 
 Run: ``python -m bench onnx-speed [--threads 1] [--repeats 20] [--large-repeats 5] [--seq-len 64]``
@@ -27,18 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.common import SST5, pin_threads, save
-from bench.sst5_selection import minilm_path
-from cahp_engine.adapters import heads_per_layer
-from cahp_engine.checkpoint import load_pruned
-from cahp_engine.data import EncodedDataset, encode
-from cahp_engine.datasets_io import DatasetOptions, load_splits
-from cahp_engine.evaluation import count_parameters, evaluate
-from cahp_engine.export import export_onnx
-from cahp_engine.models import load_classifier
-from cahp_engine.onnx_runtime import compare_runtimes, evaluate_onnx
-from cahp_engine.quantize import quantize_int8
-from cahp_engine.surgery import prune_heads
+from bench.common import SST5, minilm_path, pin_threads, save
+from cahp_engine.data import DatasetOptions, EncodedDataset, encode, load_splits
+from cahp_engine.export import compare_runtimes, evaluate_onnx, export_onnx, quantize_int8
+from cahp_engine.models import heads_per_layer, load_classifier, load_pruned, prune_heads
+from cahp_engine.recovery import count_parameters, evaluate
 
 #: Candidate name -> (runtime, model, precision), for the table and the figures.
 CANDIDATES = {

@@ -1,7 +1,7 @@
 """How much faster a pruned encoder runs than the dense one, next to what its removed FLOPs predict.
 
 For each model, each retention near 50%, 25% and 15% of the heads, each sequence length and each batch
-size, the dense model and its pruned copy are timed with :func:`cahp_engine.evaluation.compare_speed`
+size, the dense model and its pruned copy are timed with :func:`cahp_engine.recovery.compare_speed`
 (timed passes alternate between the two, so machine noise hits both). The speed-up measured at the
 median (p50) latency is put next to the speed-up predicted by counting the FLOPs of one forward pass.
 
@@ -24,13 +24,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from bench.common import pin_threads, save
-from bench.sst5_selection import minilm_path
+from bench.common import minilm_path, pin_threads, save
 from bench.stages import bert_shaped
-from cahp_engine.adapters import get_adapter, heads_per_layer
-from cahp_engine.evaluation import compare_speed
-from cahp_engine.models import load_classifier
-from cahp_engine.surgery import prune_heads
+from cahp_engine.models import get_adapter, heads_per_layer, load_classifier, prune_heads
+from cahp_engine.recovery import compare_speed
 
 RETENTIONS = (0.50, 0.25, 0.15)
 MODELS = ("minilm", "bert-base")

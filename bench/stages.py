@@ -28,18 +28,19 @@ import transformers as tf
 
 from bench import common
 from bench.common import PeakRss, pin_threads, save
-from cahp_engine.adapters import eager_attention
 from cahp_engine.data import EncodedDataset, draw_subset, iterate_batches, length_grouped_batches
-from cahp_engine.evaluation import evaluate
-from cahp_engine.graph_space import embed_heads
-from cahp_engine.knee import knees_by_degree
-from cahp_engine.salience import gradient_salience, minmax
-from cahp_engine.selection import select_representatives
-from cahp_engine.separation import separation_features
-from cahp_engine.signatures import extract_signatures
-from cahp_engine.surgery import prune_heads
-from cahp_engine.sweep import mss_sweep
-from cahp_engine.training import finetune
+from cahp_engine.models import eager_attention, prune_heads
+from cahp_engine.recovery import evaluate, finetune
+from cahp_engine.selection import (
+    embed_heads,
+    extract_signatures,
+    gradient_salience,
+    knees_by_degree,
+    minmax,
+    mss_sweep,
+    select_representatives,
+    separation_features,
+)
 
 SHAPES = ((6, 12), (12, 12), (24, 16))
 #: Section name -> its key in stages.json.

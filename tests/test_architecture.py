@@ -2,7 +2,7 @@
 
     cahp_engine  <-  app.core  <-  {app.api, worker}  <-  app.cli
 
-Each package may import only the floors below it, and nothing imports ``bench``. Checked twice:
+Each package may import only the floors below it, and nothing imports ``bench`` or ``studies``. Checked twice:
 by reading every import statement in the source (lazy imports inside functions included), and by
 importing every module of a floor in a fresh interpreter and looking at what got loaded. Client
 commands of ``cahp`` must not load the engine's torch code or the service's server libraries.
@@ -22,15 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVICE_LIBS = {"fastapi", "starlette", "uvicorn", "celery", "kombu", "sqlalchemy", "alembic", "redis", "boto3",
                 "botocore", "psycopg"}
 
+#: The benchmarks and the studies measure and experiment on the product; nothing in the product imports them.
+OUTSIDE = {"bench", "studies"}
+
 #: floor -> (its source directory, top-level names it must never import)
 RULES: dict[str, tuple[str, set[str]]] = {
-    "cahp_engine": ("cahp_engine", {"app", "worker", "bench", *SERVICE_LIBS}),
-    "app.core": ("app/core", {"app.api", "app.cli", "worker", "bench", "fastapi", "starlette", "uvicorn", "celery",
+    "cahp_engine": ("cahp_engine", {"app", "worker", *OUTSIDE, *SERVICE_LIBS}),
+    "app.core": ("app/core", {"app.api", "app.cli", "worker", *OUTSIDE, "fastapi", "starlette", "uvicorn", "celery",
                               "kombu"}),
-    "app.api": ("app/api", {"app.cli", "worker", "bench"}),
-    "worker": ("worker", {"app.api", "app.cli", "bench", "fastapi", "starlette", "uvicorn"}),
-    "app.cli": ("app/cli", {"bench"}),
-    "app.client": ("app/client.py", {"app.core", "app.api", "app.cli", "worker", "cahp_engine", "bench",
+    "app.api": ("app/api", {"app.cli", "worker", *OUTSIDE}),
+    "worker": ("worker", {"app.api", "app.cli", *OUTSIDE, "fastapi", "starlette", "uvicorn"}),
+    "app.cli": ("app/cli", set(OUTSIDE)),
+    "app.client": ("app/client.py", {"app.core", "app.api", "app.cli", "worker", "cahp_engine", *OUTSIDE,
                                      *SERVICE_LIBS, "torch", "transformers"}),
 }
 
@@ -70,11 +73,11 @@ def test_the_source_of_each_floor_imports_only_the_floors_below(floor: str) -> N
     assert offenders == []
 
 
-def test_nothing_imports_bench() -> None:
+def test_nothing_imports_bench_or_studies() -> None:
     offenders = [f"{path.relative_to(ROOT)}: {name}"
                  for top in ("cahp_engine", "app", "worker", "migrations")
                  for path in sorted((ROOT / top).rglob("*.py")) for name in _imports(path)
-                 if _forbidden(name, {"bench"})]
+                 if _forbidden(name, OUTSIDE)]
     assert offenders == []
 
 

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 from bench.onnx_speed import CANDIDATES, half_heads, measure
-from cahp_engine.adapters import heads_per_layer
 from cahp_engine.data import LabelledTexts, encode
-from cahp_engine.surgery import prune_heads
+from cahp_engine.models import heads_per_layer, prune_heads
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 

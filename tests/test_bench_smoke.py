@@ -1,4 +1,4 @@
-"""The benchmarks' code paths on tiny random models (the benchmarks themselves never run in tests)."""
+"""The benchmarks' and studies' code paths on tiny random models (neither ever runs for real in tests)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import common, quality, speed, stages
-from cahp_engine.adapters import heads_per_layer
-from cahp_engine.checkpoint import save_pruned
+from bench import common, speed, stages
+from cahp_engine.models import heads_per_layer, save_pruned
+from studies import quality
 from tests.tiny_models import make_classifier, make_texts, make_tokenizer
 
 
@@ -115,20 +115,20 @@ def test_quality_report_only_names_the_run_that_computed_the_figures(tiny_setup,
     payload = _run(tiny_setup)
     computing_machine = {**common.machine(), "torch_threads": 1, "vector_isa": ["avx2", "fma"],
                          "cpu_path": {"MKL_CBWR": "AVX2"}}
-    runs = quality.record_invocation(cache, protocol, {"command": "python -m bench quality --seeds 1,2",
+    runs = quality.record_invocation(cache, protocol, {"command": "python -m studies quality --seeds 1,2",
                                                        "date": "2026-11-29T10:00:00+00:00", "wall_s": 120.0,
                                                        "machine": computing_machine})
     other = quality.replace(protocol, recovery_epochs=3.0)
-    quality.record_invocation(cache, other, {"command": "python -m bench quality --paper-protocol",
+    quality.record_invocation(cache, other, {"command": "python -m studies quality --paper-protocol",
                                              "date": "2026-11-29T11:00:00+00:00", "wall_s": 60.0})
     assert quality.record_invocation(cache, protocol, None) == runs and len(runs) == 1
     doc = {**payload, "date": "2026-11-29T12:00:00+00:00", "command": runs[-1]["command"],
            "machine": common.machine(), "protocol": protocol.describe(), "computed_by": runs,
-           "report_rebuilt_by": "python -m bench quality --report-only"}
+           "report_rebuilt_by": "python -m studies quality --report-only"}
     header = quality.markdown(doc).splitlines()[2]
-    assert header.startswith("Date 2026-11-29T12:00:00+00:00; command `python -m bench quality --seeds 1,2` (this "
-                             "report rebuilt by `python -m bench quality --report-only`; computed by `python -m "
-                             "bench quality --seeds 1,2` on 2026-11-29T10:00:00+00:00 in 2 min (1 torch threads, "
+    assert header.startswith("Date 2026-11-29T12:00:00+00:00; command `python -m studies quality --seeds 1,2` (this "
+                             "report rebuilt by `python -m studies quality --report-only`; computed by `python -m "
+                             "studies quality --seeds 1,2` on 2026-11-29T10:00:00+00:00 in 2 min (1 torch threads, "
                              "avx2/fma, MKL_CBWR=AVX2))")
     # The rebuild's own thread count is not the computing run's: it is left out of a rebuilt header.
     assert "torch threads)" not in header.split("; machine ")[-1]
@@ -278,7 +278,7 @@ def test_store_cell_keeps_the_cells_another_run_wrote(tmp_path):
 def test_cause_variants_keep_cahps_head_count(tiny_setup):
     import numpy as np
 
-    from bench import quality_causes
+    from studies import quality_causes
 
     salience = np.array([[1.0, 0.9, 0.1], [0.8, 0.0, 0.2]])
     labels = np.array([0, 0, 1, 0, 2, 1])
@@ -305,7 +305,7 @@ def test_cause_variants_keep_cahps_head_count(tiny_setup):
 
 
 def test_distill_study_recovers_cahps_heads_with_other_losses_beside_the_grid(tiny_setup):
-    from bench import distill_study
+    from studies import distill_study
 
     assert distill_study.parse_variant("distill_a0.9_t4") == {"alpha": 0.9, "temperature": 4.0}
     assert distill_study.parse_variant("hidden_b1") == {"beta": 1.0}
@@ -338,8 +338,8 @@ def test_distill_study_recovers_cahps_heads_with_other_losses_beside_the_grid(ti
 
 
 def test_the_hidden_state_term_is_zero_against_itself_and_masks_padding():
-    from bench.distill_study import hidden_state_loss
     from cahp_engine.data import LabelledTexts, collate, encode
+    from studies.distill_study import hidden_state_loss
 
     texts, labels = make_texts(8, num_classes=3, seed=4)
     data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)

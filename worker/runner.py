@@ -66,6 +66,15 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+class _FailedWithArtifacts(Exception):
+    """An engine failure that still left files the worker stored (a missed accuracy budget's report and plots)."""
+
+    def __init__(self, cause: CahpError, artifacts: list[ArtifactRecord]) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.artifacts = artifacts
+
+
 @dataclass(frozen=True)
 class _Claimed:
     """A plain copy of the claimed row, so no ORM object outlives its session."""
@@ -127,15 +136,15 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         report, artifacts = _run(claimed, context, reporter, workdir, pipeline)
     except JobCancelledError as exc:
         return _finish_stopped(context, reporter, claimed, exc)
-    except (CahpError, ServiceError) as exc:
-        logger.info("job %s failed: %s: %s", job_id, exc.code, exc)
-        message = redact(str(exc))
-        reporter.log(f"failed: {exc.code}: {message}")
+    except (CahpError, ServiceError, _FailedWithArtifacts) as exc:
         # A missed accuracy budget keeps the candidates' report and plots (stored by _run).
-        stored = [a for a in getattr(exc, "artifacts", []) if isinstance(a, ArtifactRecord)]
+        error, stored = (exc.cause, exc.artifacts) if isinstance(exc, _FailedWithArtifacts) else (exc, [])
+        logger.info("job %s failed: %s: %s", job_id, error.code, error)
+        message = redact(str(error))
+        reporter.log(f"failed: {error.code}: {message}")
         if stored:
             reporter.log("stored " + ", ".join(a.name for a in stored))
-        return _finish(context, reporter, claimed, JobStatus.failed, code=exc.code, message=message,
+        return _finish(context, reporter, claimed, JobStatus.failed, code=error.code, message=message,
                        artifacts=stored)
     except Exception as exc:
         full = storage_error(exc, "running the job") if isinstance(exc, OSError) else None
@@ -199,11 +208,12 @@ def _run(
         report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter)
     except AccuracyBudgetError as exc:
         # The one failure that leaves artifacts: the report and plots of the candidates it tried.
-        if output.is_dir() and reporter.still_held():
-            files = sorted(p.name for p in output.iterdir() if p.is_file())
-            exc.artifacts = list(store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
-                                                 attempt=claimed.attempt))
-        raise
+        if not (output.is_dir() and reporter.still_held()):
+            raise
+        files = sorted(p.name for p in output.iterdir() if p.is_file())
+        stored = list(store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
+                                      attempt=claimed.attempt))
+        raise _FailedWithArtifacts(exc, stored) from exc
     if not (output / "model").is_dir():
         raise PipelineError("the run finished without writing the pruned model directory")
     if not reporter.still_held():

@@ -121,7 +121,7 @@ def finetune(
     auxiliary_loss : callable (outputs, batch) -> scalar tensor, optional
         A term added to every batch's loss, given the model's outputs (with ``hidden_states``: the
         forward pass then returns them) and the batch on ``device``. For experiments such as matching
-        a teacher's hidden states (``python -m bench distill-study``); runs and jobs do not use it.
+        a teacher's hidden states (``python -m studies distill-study``); runs and jobs do not use it.
 
     Returns
     -------

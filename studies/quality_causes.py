@@ -1,14 +1,14 @@
-"""Why CAHP's heads recover worse or better than salience top-k: one cause changed at a time (issue 12 part 5).
+"""Why CAHP's heads recover worse or better than salience top-k: one cause changed at a time.
 
-Runs on the quality benchmark's cache (the same dense all-MiniLM-L6-v2, the same recovery recipe, the
+Runs on the quality study's cache (the same dense all-MiniLM-L6-v2, the same recovery recipe, the
 same test split), so every figure here sits beside the CAHP / salience top-k / random cells of
-``python -m bench quality --paper-protocol`` for the same seed and degree. Each variant changes one
+``python -m studies quality --paper-protocol`` for the same seed and degree. Each variant changes one
 thing against CAHP with the engine's defaults:
 
-- ``cahp_old_perplexity``: the t-SNE perplexity rule before issue 12, min(30, (N - 1) / 3) (23.7 for 72
+- ``cahp_old_perplexity``: the earlier t-SNE perplexity rule, min(30, (N - 1) / 3) (23.7 for 72
   heads) instead of min(10, (N - 1) / 3). Its knee, hence its head count, may differ.
 - ``cahp_full_data``: the selection from every training row (signatures and salience) instead of the
-  stopping rules (issue 16's "accuracy unchanged within the seeds' spread").
+  stopping rules (does the accuracy after recovery stay within the seeds' spread?).
 - ``salience_in_cahp_layers``: CAHP's number of heads in each layer, filled with that layer's most
   salient heads. If it recovers like salience top-k, CAHP's layer distribution is not what costs it;
   if like CAHP, it is.
@@ -16,10 +16,18 @@ thing against CAHP with the engine's defaults:
   salience mass (D'Hondt: a cluster holding many salient heads gets several seats, one whose mass earns
   no seat gets none), the most salient members first. Tests "one representative per cluster".
 
-Every variant is recovered with cross-entropy (the paper's loss) so that it compares with the ``ce``
-cells. Finished cells go to ``causes-<recovery>.json`` in the cache at once (resumable).
+The two CAHP variants are the registry's ``cahp`` strategy (:func:`cahp_engine.selection.choose`) on an
+analysis made with another configuration. The other two are research variants written here, not
+strategies of the registry: they test a hypothesis about CAHP's rule and are not offered to users.
+Measured on SST-5 (docs/performance.md), neither earned a place: after recovery both land level with
+CAHP; before recovery ``salience_in_cahp_layers`` gives the strongest model, but cahp's deliverable is
+the recovered model, and ``cluster_salience`` collapses like salience top-k.
 
-Run: ``python -m bench quality-causes [--seeds 42,43,44] [--degrees 6] [--variants ...] [--report-only]``
+Every variant is recovered with cross-entropy (the paper's loss) so that it compares with the ``ce``
+cells. Finished cells go to ``causes-<recovery>.json`` in the grid's cache at once (resumable on the
+same checkout; the cache is not tracked by git, see ``python -m studies``).
+
+Run: ``python -m studies quality-causes [--seeds 42,43,44] [--degrees 6] [--variants ...] [--report-only]``
 """
 
 from __future__ import annotations
@@ -31,11 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from bench import grid_study, quality
-from cahp_engine.analysis import HeadAnalysis, analyze_heads
+from cahp_engine._torch import resolve_device
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
-from cahp_engine.run import resolve_device
-from cahp_engine.strategies import choose
+from cahp_engine.selection import HeadAnalysis, analyze_heads, choose
+from studies import grid_study, quality
 
 VARIANTS = ("cahp_old_perplexity", "cahp_full_data", "salience_in_cahp_layers", "cluster_salience")
 LABELS = {
@@ -58,7 +65,10 @@ def _per_layer(heads: list[list[int]], n_layers: int) -> list[int]:
 
 
 def salience_in_layers(salience: np.ndarray, per_layer: np.ndarray) -> np.ndarray:
-    """Keep ``per_layer[l]`` heads of layer l, the most salient of that layer (ties: lower index)."""
+    """Keep ``per_layer[l]`` heads of layer l, the most salient of that layer (ties: lower index).
+
+    ``salience_in_cahp_layers``: a research variant, not a registry strategy (the module docstring says why).
+    """
     mask = np.zeros(salience.shape, dtype=bool)
     for layer, count in enumerate(per_layer):
         order = np.argsort(-salience[layer], kind="stable")[: int(count)]
@@ -68,6 +78,8 @@ def salience_in_layers(salience: np.ndarray, per_layer: np.ndarray) -> np.ndarra
 
 def cluster_salience(labels: np.ndarray, salience: np.ndarray, count: int) -> np.ndarray:
     """Share ``count`` seats among the clusters by D'Hondt on their salience mass; fill each by salience.
+
+    ``cluster_salience``: a research variant, not a registry strategy (the module docstring says why).
 
     Parameters
     ----------
@@ -98,7 +110,7 @@ def cluster_salience(labels: np.ndarray, salience: np.ndarray, count: int) -> np
 
 
 def analysis_for(dense: Any, train: Any, protocol: quality.Protocol, seed: int, **overrides: Any) -> HeadAnalysis:
-    """The analysis ``python -m bench quality`` made for ``seed``, with ``overrides`` of its config."""
+    """The analysis ``python -m studies quality`` made for ``seed``, with ``overrides`` of its config."""
     degrees = tuple(sorted(set(REPORTED_DEGREES) | set(protocol.degrees)))
     config = PruningConfig(poly_degree=protocol.degrees[0], resolution=protocol.resolution, seed=seed,
                            batch_size=protocol.batch_size, reported_degrees=degrees, **overrides)
@@ -153,7 +165,7 @@ def run(protocol: quality.Protocol, variants: tuple[str, ...], *, base: str, cac
                 cahp = choose(analyses["default"], analyses["default"].knees[degree].k, "cahp", seed=seed)
                 if cached is not None and sorted(map(tuple, cached["degrees"][str(degree)]["kept"]["cahp"])) != \
                         sorted(map(tuple, _heads(cahp.kept_mask))):
-                    raise SystemExit(f"seed {seed}: the analysis here does not reproduce the quality benchmark's "
+                    raise SystemExit(f"seed {seed}: the analysis here does not reproduce the quality study's "
                                      "CAHP selection; its cells would not be comparable")
             for s, degree, name in pending:
                 if s != seed:

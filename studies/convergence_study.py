@@ -1,5 +1,5 @@
 """How fast do the selection's statistics converge on all-MiniLM-L6-v2 + SST-5? The measurements behind
-the stopping rules of ``cahp_engine/convergence.py``.
+the stopping rules of ``cahp_engine/selection/_convergence.py``.
 
 Phase ``collect`` makes one signature pass over every training sentence in the seeded stratified
 order (K = 5 shards), keeping a snapshot of the per-shard statistics at a ladder of sample counts,
@@ -7,9 +7,15 @@ and one calibration pass over every sentence, keeping each batch's absolute gate
 ``analyse`` then replays any stopping rule offline: for each snapshot the cheap stages
 (separation -> graph space -> sweep -> knees) and CAHP's choice, against the full-data selection.
 
-Run: ``python -m bench convergence-study --dense DIR [--phase collect|analyse|both]``
-(``DIR``: the dense fine-tuned model, e.g. ``bench/results/cache/quality_sst5/dense`` made by
-``python -m bench quality``). Both phases resume: finished snapshots are kept in ``--work``.
+CAHP's choice is :func:`cahp_engine.selection.select_representatives`, the rule the registry's ``cahp``
+strategy runs, called on each replayed partition directly: the study works below
+:func:`~cahp_engine.selection.analyze_heads` (signature snapshots, salience from batch prefixes) and so
+has no ``HeadAnalysis`` to hand to :func:`~cahp_engine.selection.choose`.
+
+Run: ``python -m studies convergence-study --dense DIR [--phase collect|analyse|both]``
+(``DIR``: the dense fine-tuned model, e.g. ``studies/results/cache/quality_sst5/dense`` made by
+``python -m studies quality``). Both phases resume on the same checkout: finished snapshots are kept in
+``--work`` (default studies/results/cache/convergence_study/, not tracked by git).
 """
 
 from __future__ import annotations
@@ -26,18 +32,21 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from bench.common import RESULTS, SST5, pin_threads, save
-from cahp_engine.convergence import class_difference_noise, salience_noise
-from cahp_engine.data import encode, iterate_batches, length_grouped_batches
-from cahp_engine.datasets_io import DatasetOptions, load_splits
-from cahp_engine.graph_space import default_perplexity
-from cahp_engine.lazy_data import take_rows
+from cahp_engine.data import DatasetOptions, encode, iterate_batches, length_grouped_batches, load_splits, take_rows
 from cahp_engine.models import load_classifier
-from cahp_engine.salience import gradient_salience, minmax
-from cahp_engine.sampling import stratified_order
-from cahp_engine.selection import select_representatives
-from cahp_engine.signatures import ShardedSignatures, SignatureProfiler
-from cahp_engine.structure import head_structure
+from cahp_engine.selection import (
+    ShardedSignatures,
+    SignatureProfiler,
+    class_difference_noise,
+    default_perplexity,
+    gradient_salience,
+    head_structure,
+    minmax,
+    salience_noise,
+    select_representatives,
+    stratified_order,
+)
+from studies.common import RESULTS, SST5, pin_threads, save
 
 SIZES = (128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8544)
 DEGREES = (2, 3, 4, 5, 6)
@@ -103,7 +112,7 @@ def _jac(a: np.ndarray, b: np.ndarray) -> float:
 def _features_distance(sig: Any, var_floor: float) -> np.ndarray:
     from scipy.spatial.distance import pdist
 
-    from cahp_engine.separation import separation_features
+    from cahp_engine.selection import separation_features
 
     return pdist(separation_features(sig, var_floor=var_floor).matrix)
 
@@ -197,10 +206,7 @@ def perturbation(work: Path, meta: dict[str, Any], salience: np.ndarray, ref: di
                  seed: int, var_floor: float, perplexity: float | None) -> dict[str, Any]:
     """How far the full-data selection moves when nothing about the data changes: Gaussian noise of a
     given size added to the JM features (before their rounding to 6 decimals), and other FasterPAM seeds."""
-    from cahp_engine.graph_space import embed_heads
-    from cahp_engine.knee import knees_by_degree
-    from cahp_engine.separation import separation_features
-    from cahp_engine.sweep import mss_sweep
+    from cahp_engine.selection import embed_heads, knees_by_degree, mss_sweep, separation_features
 
     features = separation_features(_load(work, meta["sizes"][-1], meta).merged(), var_floor=var_floor).matrix
     perp = perplexity or default_perplexity(features.shape[0])
@@ -228,7 +234,7 @@ def perturbation(work: Path, meta: dict[str, Any], salience: np.ndarray, ref: di
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench convergence-study")
+    p = argparse.ArgumentParser(prog="python -m studies convergence-study")
     p.add_argument("--dense", required=True, help="the dense fine-tuned all-MiniLM-L6-v2 directory")
     p.add_argument("--work", type=Path, default=RESULTS / "cache" / "convergence_study")
     p.add_argument("--phase", choices=("collect", "analyse", "both"), default="both")
@@ -243,6 +249,6 @@ def main(argv: list[str] | None = None) -> None:
         collect(args.dense, args.work, seed=args.seed, resolution=args.resolution)
     if args.phase in ("analyse", "both"):
         payload = analyse(args.work, seed=args.seed, var_floor=args.var_floor, perplexity=args.perplexity)
-        save(args.out, payload, command="python -m bench convergence-study " + " ".join(argv or []),
+        save(args.out, payload, command="python -m studies convergence-study " + " ".join(argv or []),
              protocol=f"all-MiniLM-L6-v2 fine-tuned on SST-5; B={args.resolution}; K={SHARDS} shards; stratified "
              f"order seed {args.seed}; var floor {args.var_floor}; perplexity {args.perplexity or 'default'}")

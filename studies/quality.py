@@ -6,12 +6,21 @@ from the same curve) and both baselines, which keep exactly as many heads as CAH
 seed and degree. Every pruned model gets the same recovery fine-tuning and is scored on the test
 split. Finished cells (seed, degree, strategy) go to a cache file at once, so a rerun resumes.
 
+The strategies are the engine's registered ones (:func:`cahp_engine.selection.choose`), what ``cahp
+prune --strategy`` runs; this grid compares the three of the paper's Table I.
+
+The cache (default studies/results/cache/<protocol name>/) is not tracked by git: a rerun of the same
+command on the same checkout resumes it. A grid that spans sessions on other checkouts needs its
+cache's JSON state (the dense record, the selections, the finished cells, the runs) committed on
+purpose on a study branch; the dense model's weights never are: a checkout without them retrains the
+dense model on the pinned CPU path and refuses to go on unless it matches the cached record.
+
 With ``--losses ce,distill`` every cell is recovered twice: with cross-entropy (the paper's) and with
 distillation from the dense model (the engine's default; the teacher's logits over the training split
 are computed once and cached as ``teacher-logits.npy``). Cells recovered with cross-entropy keep the
 key they always had, so caches from before distillation resume.
 
-Run: ``python -m bench quality [--threads 2] [--paper-protocol] [--smoke] [--losses ce,distill]
+Run: ``python -m studies quality [--threads 2] [--paper-protocol] [--smoke] [--losses ce,distill]
 [--report-only]``
 """
 
@@ -38,33 +47,25 @@ import torch
 import transformers as tf
 from torch import nn
 
-from bench import common
-from bench.sst5_selection import minilm_path
-from cahp_engine.adapters import heads_per_layer
-from cahp_engine.analysis import HeadAnalysis, analyze_heads
-from cahp_engine.checkpoint import save_pruned
+from cahp_engine._torch import resolve_device
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
-from cahp_engine.data import EncodedDataset, LabelledTexts, draw_subset, encode
-from cahp_engine.datasets_io import DatasetOptions, load_splits
-from cahp_engine.distill import TeacherLogits, teacher_logits
-from cahp_engine.evaluation import evaluate
-from cahp_engine.models import load_classifier
+from cahp_engine.data import DatasetOptions, EncodedDataset, LabelledTexts, draw_subset, encode, load_splits
+from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
+from cahp_engine.recovery import AuxiliaryLoss, TeacherLogits, evaluate, finetune, teacher_logits
 from cahp_engine.results import TeacherRecord
-from cahp_engine.run import resolve_device
-from cahp_engine.selection import Selection
-from cahp_engine.stability import selection_stability
-from cahp_engine.strategies import choose
-from cahp_engine.surgery import prune_heads
-from cahp_engine.training import AuxiliaryLoss, finetune
+from cahp_engine.selection import HeadAnalysis, Selection, analyze_heads, choose, selection_stability
+from studies import common
+from studies.common import minilm_path
 
+#: Names in the engine's strategy registry (``cahp_engine.selection.STRATEGIES``) that the grid compares.
 STRATEGIES = ("cahp", "salience", "random")
 LABELS = {"cahp": "CAHP", "salience": "Salience top-k", "random": "Random"}
 TOTAL_HEADS_MINILM = 72
 PUBLIC_MODEL = "all-MiniLM-L6-v2"
-#: The public CAHP implementation on the same model and data, as quoted in issue 6 (seed 42 for the
-#: accuracies; the Jaccard ranges are over its seeds).
+#: The public CAHP implementation on the same model and data, as the project's requirements quote it (seed 42
+#: for the accuracies; the Jaccard ranges are over its seeds).
 PUBLIC = {
-    "source": "public CAHP implementation, all-MiniLM-L6-v2 on SST-5 (figures quoted in issue 6)",
+    "source": "public CAHP implementation, all-MiniLM-L6-v2 on SST-5 (figures quoted in the requirements)",
     "protocol": "dense 3 epochs at lr 5e-5, B=32, seed 42; recovery 1 epoch at lr 2e-5",
     "dense_accuracy": 0.504,
     "degrees": {
@@ -203,7 +204,7 @@ def load_data(data_dir: Path, tokenizer: Any, protocol: Protocol) -> tuple[Encod
 
 #: The dense fine-tuning's CPU code path with ``dense_cpu_path="pinned"``: ATen's scalar kernels, MKL's
 #: conditional-reproducibility mode and oneDNN at SSE4.1, one thread (the golden run's pins). The model
-#: weights are not committed (90 MiB) and a new session may get another processor: a model trained on the
+#: weights are never committed (90 MiB) and a new session may get another processor: a model trained on the
 #: native path of an AVX2 machine was not reproduced on an AVX-512 one, natively or with AVX2 pins. About
 #: twice as slow as the native path, once per machine.
 DENSE_PINS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41",
@@ -218,7 +219,7 @@ def _train_dense_in_pinned_child(base: str, data_dir: Path, cache: Path, protoco
     """Train (or reproduce) the dense model in a child process whose CPU code path is pinned before torch
     loads; the pins cannot be set in a process that already has torch."""
     job = json.dumps({"base": base, "data_dir": str(data_dir), "cache": str(cache), "protocol": asdict(protocol)})
-    code = "import sys; from bench.quality import _dense_child; _dense_child(sys.argv[1])"
+    code = "import sys; from studies.quality import _dense_child; _dense_child(sys.argv[1])"
     env = {**os.environ, **DENSE_PINS}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                       os.environ.get("PYTHONPATH")]))
@@ -264,7 +265,7 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
                             seed=protocol.dense_seed, device=device)
         metrics = evaluate(loaded.model, test, batch_size=protocol.batch_size, device=device)
         if record is not None and record["test"]["confusion"] != metrics.to_dict()["confusion"]:
-            # The committed cells were scored against another dense model: mixing them would compare
+            # The cached cells were scored against another dense model: mixing them would compare
             # pruned models of two different teachers.
             raise SystemExit(
                 f"the dense model retrained here (test accuracy {metrics.accuracy:.4f}) is not the one the cached "
@@ -286,7 +287,7 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
 def selections_for_seed(dense: nn.Module, train: EncodedDataset, protocol: Protocol, seed: int) -> dict[str, Any]:
     """One head analysis at ``seed``; per degree, CAHP at that degree's knee and both baselines at its count.
 
-    The choices are :func:`cahp_engine.strategies.choose`, what ``cahp prune --strategy`` runs.
+    The choices are :func:`cahp_engine.selection.choose`, what ``cahp prune --strategy`` runs.
     """
     degrees = tuple(sorted(set(REPORTED_DEGREES) | set(protocol.degrees)))
     config = PruningConfig(poly_degree=protocol.degrees[0], resolution=protocol.resolution, seed=seed,
@@ -358,7 +359,7 @@ def run_cell(dense: nn.Module, train: EncodedDataset, test: EncodedDataset, head
              protocol: Protocol, seed: int, device: torch.device, loss: str = "ce",
              teacher: TeacherLogits | None = None, auxiliary_loss: AuxiliaryLoss | None = None) -> dict[str, Any]:
     """Prune a copy of the dense model to ``heads``, score it, recover it (with ``loss``, plus
-    ``auxiliary_loss`` when given: ``python -m bench distill-study``), score it again."""
+    ``auxiliary_loss`` when given: ``python -m studies distill-study``), score it again."""
     start = time.perf_counter()
     pruned = copy.deepcopy(dense)
     kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
@@ -686,7 +687,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench quality")
+    p = argparse.ArgumentParser(prog="python -m studies quality")
     p.add_argument("--threads", type=int, help="torch threads (default 2, 1 with --smoke); use 1 when another "
                    "job shares the 2 cores: two threads then run several times slower than one")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -697,7 +698,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", help="comma-separated (default 42,43,44)")
     p.add_argument("--degrees", help="comma-separated polynomial degrees (default 2,6)")
     p.add_argument("--data", type=Path, default=common.SST5, help="SST-5 directory (train.csv, test.csv)")
-    p.add_argument("--cache-dir", type=Path, help="default bench/results/cache/<name>")
+    p.add_argument("--cache-dir", type=Path, help="default studies/results/cache/<name> (not tracked by git)")
     p.add_argument("--fresh", action="store_true", help="delete the cache first (dense model, selections, cells)")
     p.add_argument("--report-only", action="store_true", help="write the result files from the cache; compute nothing")
     p.add_argument("--losses", default="ce",
@@ -738,7 +739,7 @@ def main(argv: list[str] | None = None) -> None:
 
     payload = run(protocol, base=base, data_dir=args.data, cache=cache, device=device,
                   compute=not args.report_only, say=say)
-    cmd = ("python -m bench quality " + " ".join(argv or [])).strip()
+    cmd = ("python -m studies quality " + " ".join(argv or [])).strip()
     this_run = {"command": cmd, "date": datetime.now(UTC).isoformat(timespec="seconds"),
                 "wall_s": payload["wall_s_this_invocation"], "machine": common.machine()}
     runs = record_invocation(cache, protocol, None if args.report_only else this_run)

@@ -1,9 +1,10 @@
-"""Which distillation recovers CAHP's heads best: alpha and T, and hidden states (issue 12 part 3).
+"""Which distillation recovers CAHP's heads best: alpha and T, and hidden states.
 
-Runs on the quality benchmark's cache (the same dense all-MiniLM-L6-v2, CAHP's kept heads of each seed
+Runs on the quality study's cache (the same dense all-MiniLM-L6-v2, CAHP's kept heads of each seed
 and degree, the same teacher logits, recovery recipe and test split), so every figure sits beside the
 grid's CAHP cells with cross-entropy and with the default distillation (alpha 0.5, T 4) of the same
-seed and degree. A variant changes the recovery loss only:
+seed and degree. The heads are the grid's CAHP selection (the engine's registered ``cahp`` strategy,
+read from the cache); no selection is made here. A variant changes the recovery loss only:
 
 - ``distill_a<alpha>_t<T>`` (e.g. ``distill_a0.9_t4``): logit distillation, loss = alpha CE + (1 - alpha)
   T² KL(teacher_T || student_T), with another alpha or temperature than the default's.
@@ -14,7 +15,7 @@ seed and degree. A variant changes the recovery loss only:
 
 Finished cells go to ``distill-study-<recovery>.json`` in the cache at once (resumable).
 
-Run: ``python -m bench distill-study [--seeds 42,43] [--degrees 2] [--variants ...] [--report-only]``
+Run: ``python -m studies distill-study [--seeds 42,43] [--degrees 2] [--variants ...] [--report-only]``
 """
 
 from __future__ import annotations
@@ -28,10 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench import grid_study, quality
-from cahp_engine._torch import model_inputs
-from cahp_engine.run import resolve_device
-from cahp_engine.training import AuxiliaryLoss
+from cahp_engine._torch import model_inputs, resolve_device
+from cahp_engine.recovery import AuxiliaryLoss
+from studies import grid_study, quality
 
 VARIANTS = ("distill_a0.9_t4", "distill_a0.5_t2", "distill_a0.5_t8", "hidden_b1")
 _LOGITS = re.compile(r"^distill_a(?P<alpha>[0-9.]+)_t(?P<t>[0-9.]+)$")
@@ -104,7 +104,7 @@ def run(protocol: quality.Protocol, variants: tuple[str, ...], *, base: str, cac
             selection = quality._read_json(cache / f"selection-seed{seed}.json")
             if selection is None or str(degree) not in selection["degrees"]:
                 raise SystemExit(f"seed {seed}, degree {degree}: no CAHP selection in {cache}; run "
-                                 f"`python -m bench quality --seeds {seed} --degrees {degree}` first")
+                                 f"`python -m studies quality --seeds {seed} --degrees {degree}` first")
             heads = selection["degrees"][str(degree)]["kept"]["cahp"]
             got = parse_variant(name)
             if "beta" in got:

@@ -1,9 +1,11 @@
-"""The command-line side shared by the studies run on the quality benchmark's cache.
+"""The command-line side shared by the studies run on the quality study's cache.
 
-``python -m bench quality-causes`` and ``python -m bench distill-study`` each recover the grid's heads
+``python -m studies quality-causes`` and ``python -m studies distill-study`` each recover the grid's heads
 with one thing changed (the heads, or the recovery loss) beside the grid's own cells: the same options
 (seeds, degrees, variants, cache, ``--report-only``), the paper's 3-epoch protocol, and a JSON plus
-markdown report under bench/results/.
+markdown report under studies/results/. Their cells go to the grid's cache (default
+studies/results/cache/quality_sst5/, not tracked by git): they resume, and compare, only where the
+grid's own cells are.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import common, quality
-from bench.sst5_selection import minilm_path
+from studies import common, quality
+from studies.common import minilm_path
 
 #: ``run(protocol, variants, *, base, cache, data_dir, compute, say) -> payload``
 StudyRun = Callable[..., dict[str, Any]]
@@ -32,7 +34,7 @@ def main(argv: list[str] | None, *, name: str, seeds: str, degrees: str, variant
     ``name`` is the command's name (``quality-causes``); ``check`` raises SystemExit for variants the
     study does not know.
     """
-    p = argparse.ArgumentParser(prog=f"python -m bench {name}")
+    p = argparse.ArgumentParser(prog=f"python -m studies {name}")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seeds", default=seeds)
     p.add_argument("--degrees", default=degrees)
@@ -57,7 +59,7 @@ def main(argv: list[str] | None, *, name: str, seeds: str, degrees: str, variant
     payload["wall_s_this_invocation"] = time.perf_counter() - start
     payload["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     stem = name.replace("-", "_")
-    path = common.save(f"{stem}.json", payload, command=f"python -m bench {name} {' '.join(argv or [])}".strip(),
+    path = common.save(f"{stem}.json", payload, command=f"python -m studies {name} {' '.join(argv or [])}".strip(),
                        protocol=protocol_text)
     text = markdown(json.loads(path.read_text()))
     (common.RESULTS / f"{stem}.md").write_text(text)

@@ -7,9 +7,12 @@ differ: an *entailment* hypothesis is mostly premise words in order, a *contradi
 its words from the premise and adds a negation, a *neutral* one is mostly new words. The selection
 then runs on all-MiniLM-L6-v2 (classifier head untrained; the cost does not depend on it) with the
 engine's defaults, through the same reader, lazy tokenisation and stopping rules as ``cahp prune``,
-once on every row and once on a 10 % subset, each in a fresh process (time and peak memory).
+once on every row and once on a 10 % subset, each in a fresh process (time and peak memory). The
+generated data and the finished runs are kept in ``--cache`` (default studies/results/cache/mnli_synth/,
+not tracked by git), so a rerun on the same checkout resumes; the ratio to SST-5 reads the selection
+benchmark's bench/results/selection_sampling.json.
 
-Run: ``python -m bench mnli-synth [--rows 400000] [--repeats 2]``
+Run: ``python -m studies mnli-synth [--rows 400000] [--repeats 2]``
 """
 
 from __future__ import annotations
@@ -27,15 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS, PeakRss, pin_threads, rss_bytes, save
+from bench.common import RESULTS as BENCH_RESULTS
+from studies.common import RESULTS, PeakRss, minilm_path, pin_threads, rss_bytes, save
 
 NEGATIONS = ("not", "never", "no", "nobody", "nothing", "none")
 LABELS = ("entailment", "neutral", "contradiction")
 
 
 def vocabulary() -> list[str]:
-    from bench.sst5_selection import minilm_path
-
     words = (Path(minilm_path()) / "vocab.txt").read_text().split("\n")
     return [w for w in words if w.isalpha() and w.isascii() and len(w) >= 3]
 
@@ -78,12 +80,10 @@ def generate(directory: Path, rows: int, *, seed: int = 0, test_rows: int = 2000
 def child(data: Path) -> dict[str, Any]:
     """Read, select with the defaults, and measure; run in a fresh process."""
     pin_threads(1)
-    from bench.sst5_selection import minilm_path
     from cahp_engine.config import PruningConfig
-    from cahp_engine.datasets_io import DatasetOptions, load_splits
-    from cahp_engine.lazy_data import LazyEncodedDataset
+    from cahp_engine.data import DatasetOptions, LazyEncodedDataset, load_splits
     from cahp_engine.models import load_classifier
-    from cahp_engine.pipeline import select_heads
+    from cahp_engine.selection import select_heads
 
     before = rss_bytes()
     start = time.perf_counter()
@@ -109,7 +109,7 @@ def child(data: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench mnli-synth")
+    p = argparse.ArgumentParser(prog="python -m studies mnli-synth")
     p.add_argument("--rows", type=int, default=400_000)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--cache", type=Path, default=RESULTS / "cache" / "mnli_synth")
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in sizes:  # interleaved, so load changes hit both sizes alike
             if len(runs.get(name, [])) >= args.repeats:
                 continue
-            proc = subprocess.run([sys.executable, "-m", "bench", "mnli-synth", "--child", str(dirs[name])],
+            proc = subprocess.run([sys.executable, "-m", "studies", "mnli-synth", "--child", str(dirs[name])],
                                   env=env, capture_output=True, text=True, timeout=3600)
             if proc.returncode != 0:
                 raise SystemExit(proc.stderr[-3000:])
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     median = {name: {key: statistics.median(r[key] for r in rs)
                      for key in ("selection_s", "load_s", "selection_peak_extra_mib", "rss_mib_after_load")}
               for name, rs in runs.items()}
-    reference = RESULTS / "selection_sampling.json"
+    reference = BENCH_RESULTS / "selection_sampling.json"
     sst5 = json.loads(reference.read_text())["auto_selection_s_median"] if reference.is_file() else None
     payload = {
         "dataset": f"synthetic MNLI-shaped pairs, {args.rows} train rows (and a {args.rows // 10}-row subset)",
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         / max(median["tenth"]["selection_peak_extra_mib"], 1e-9),
         "runs": runs,
     }
-    path = save("mnli_synth_selection.json", payload, command="python -m bench mnli-synth " + " ".join(argv or []),
+    path = save("mnli_synth_selection.json", payload, command="python -m studies mnli-synth " + " ".join(argv or []),
                 protocol="1 torch thread; engine defaults (stopping rules, B from the 70th percentile of a 10,000-row "
                 "sample); one fresh process per run, sizes interleaved; selection_s = select_heads on the lazily "
                 "tokenised split; load_s = reading the CSV and the model; medians")

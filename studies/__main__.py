@@ -1,0 +1,37 @@
+"""``python -m studies <name> [options]``: run one research experiment and save its figures under
+studies/results/.
+
+A study that runs for hours keeps what it finished in a resume cache under studies/results/cache/,
+which git does not track: rerunning the same command on the same checkout resumes it. To carry a
+study across checkouts (another session, another machine), commit its cache's JSON files on a study
+branch on purpose (``git add -f studies/results/cache/<name>/*.json``); the model weights are never
+committed, and the quality study retrains the dense model and checks it against the cached record.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+STUDIES = {
+    "quality": "studies.quality",
+    "quality-causes": "studies.quality_causes",
+    "distill-study": "studies.distill_study",
+    "convergence-study": "studies.convergence_study",
+    "mnli-synth": "studies.mnli_synth",
+}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in STUDIES:
+        print("usage: python -m studies {" + "|".join(STUDIES) + "} [options]\n"
+              "(repeatable measurements: python -m bench)", file=sys.stderr)
+        sys.exit(2)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    importlib.import_module(STUDIES[sys.argv[1]]).main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -32,7 +32,7 @@ from torch import nn
 
 from cahp_engine.analysis import HeadAnalysis
 from cahp_engine.data import LabelledTexts
-from cahp_engine.datasets_io import DatasetOptions, DatasetSplits, load_splits
+from cahp_engine.datasets_io import DEFAULT_MAX_ROWS, DatasetOptions, DatasetSplits, load_splits
 from cahp_engine.errors import AccuracyBudgetError, DatasetError
 from cahp_engine.report import BudgetCandidate, BudgetRecord
 from cahp_engine.results import ClassificationMetrics, TrainingResult
@@ -87,7 +87,7 @@ def carve(train: LabelledTexts, seed: int, fraction: float = CARVE_FRACTION) -> 
 
 def validation_data(splits: DatasetSplits, dataset_ref: str, options: DatasetOptions, *, seed: int,
                     revision: str | None = None, cache_dir: str | None = None,
-                    token: str | None = None) -> ValidationData:
+                    token: str | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> ValidationData:
     """The budget's validation split: the dataset's own when it has one, else carved from train.
 
     A split of :data:`VALIDATION_SPLITS` qualifies when it is neither the training nor the
@@ -96,7 +96,7 @@ def validation_data(splits: DatasetSplits, dataset_ref: str, options: DatasetOpt
     for name in VALIDATION_SPLITS:
         if name in splits.splits_found and name not in (options.train_split, splits.eval_split):
             read = load_splits(dataset_ref, dataclasses.replace(options, eval_split=name), revision=revision,
-                               cache_dir=cache_dir, token=token)
+                               cache_dir=cache_dir, token=token, max_rows=max_rows)
             if read.label_names != splits.label_names:
                 raise DatasetError(f"split {name!r} maps the labels as {list(read.label_names)} but the training split "
                                    f"as {list(splits.label_names)}; give both splits the same classes")

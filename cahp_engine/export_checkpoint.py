@@ -30,6 +30,7 @@ from cahp_engine.evaluation import ClassificationMetrics, count_parameters, eval
 from cahp_engine.export import PARITY_SAMPLES, export_onnx
 from cahp_engine.export_records import Int8Export, OnnxExport, Parity
 from cahp_engine.model_card import ModelCardInputs, SpeedFigure, write_model_card
+from cahp_engine.model_limits import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.models import load_classifier
 from cahp_engine.onnx_runtime import RuntimeSpeed, compare_runtimes, evaluate_onnx
 from cahp_engine.quantize import quantize_int8
@@ -89,6 +90,7 @@ def export_checkpoint(
     max_length: int = 512,
     latency_repeats: int = 20,
     latency_warmup: int = 3,
+    max_model_params: int = DEFAULT_MAX_MODEL_PARAMS,
     log: Callable[[str], None] | None = None,
 ) -> CheckpointExport:
     """Export the checkpoint directory ``checkpoint`` to ``output_dir`` in format ``fmt``.
@@ -104,6 +106,8 @@ def export_checkpoint(
     samples, seed : parity sample count and seed
     max_length : tokenizer truncation for the dataset's rows
     latency_repeats, latency_warmup : timed and untimed passes per candidate; 0 repeats skips timing
+    max_model_params : most parameters the checkpoint's architecture may have (before pruning); checked,
+        with its weights' names and shapes, before the model is allocated
 
     Raises
     ------
@@ -126,7 +130,7 @@ def export_checkpoint(
     prepare_output_dir(out, overwrite=overwrite)
 
     say(f"loading {source}")
-    loaded = load_classifier(str(source))
+    loaded = load_classifier(str(source), max_params=max_model_params)
     model, tokenizer = loaded.model, loaded.tokenizer
     rows, eval_split = _evaluation_rows(model, tokenizer, dataset, dataset_options or DatasetOptions(), max_length)
 

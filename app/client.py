@@ -68,7 +68,7 @@ def retry_after_s(value: str | None) -> float | None:
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # not "²", which isdigit() accepts and float() refuses
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from cahp_engine.errors import ConfigError
 
@@ -124,3 +124,13 @@ def parse_device(text: Any) -> str:
         if text in ("auto", "cpu", "cuda") or (prefix == "cuda" and colon and index.isdigit()):
             return text
     raise ConfigError(f"`device` must be {DEVICE_NAMES}, got {text!r}")
+
+
+def is_plain_file_name(name: Any) -> TypeGuard[str]:
+    """Whether ``name`` names a file in a directory and nothing else: no separator, not ``.`` or ``..``.
+
+    The rule for names a file lists for a loader to open beside it (a safetensors index's shards, a
+    ``save_to_disk`` split's Arrow files and split directories): joined to their directory, such a
+    name cannot lead anywhere else.
+    """
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\x00")

@@ -27,16 +27,20 @@ class Delivery:
 
 @dataclass
 class Receiver:
-    """``http://127.0.0.1:<port>/hook``: records deliveries, answers ``status`` (200 by default)."""
+    """``http://127.0.0.1:<port>/hook``: records deliveries, answers ``status`` (200 by default).
+
+    ``host`` may be another loopback address (``127.0.0.2``...), e.g. to tell two receivers apart on one port.
+    """
 
     port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
     status: int = 200
     deliveries: list[Delivery] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"http://{self.host}:{self.port}/hook"
 
     def start(self) -> Receiver:
         receiver = self
@@ -54,7 +58,7 @@ class Receiver:
                 pass
 
         ThreadingHTTPServer.allow_reuse_address = True
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from app.core.repository import ArtifactRecord
 from app.core.storage import ARTIFACT_MEDIA_TYPES as MEDIA_TYPES
 from app.core.storage import ArtifactStore, job_prefix
+from worker.redaction import redact_json_file
 
 MODEL_ARCHIVE = "model.tar.gz"
 logger = logging.getLogger(__name__)
@@ -43,9 +44,15 @@ def pack_directory(directory: Path, archive: Path) -> Path:
 
 
 def store_artifacts(
-    output_dir: Path, names: Iterable[str], *, store: ArtifactStore, job_id: str, attempt: int
+    output_dir: Path, names: Iterable[str], *, store: ArtifactStore, job_id: str, attempt: int,
+    redact: Callable[[str], str] | None = None,
 ) -> list[ArtifactRecord]:
-    """Store each directory of ``output_dir`` as ``<name>.tar.gz`` (``model/`` first) and each named file."""
+    """Store each directory of ``output_dir`` as ``<name>.tar.gz`` (``model/`` first) and each named file.
+
+    With ``redact`` (the job's :class:`worker.redaction.Redactor`), every string of each JSON file
+    (``report.json``, ``mss_curve.json``, ``head_map.json``) passes through it first, as the job's log
+    lines do: callers read those files.
+    """
     files: list[tuple[str, Path]] = []
     directories = sorted((p for p in output_dir.iterdir() if p.is_dir()), key=lambda p: (p.name != "model", p.name))
     for directory in directories:
@@ -53,6 +60,10 @@ def store_artifacts(
         name = f"{directory.name}.tar.gz"
         files.append((name, pack_directory(directory, output_dir.with_name(name))))
     files.extend((name, output_dir / name) for name in names if (output_dir / name).is_file())
+    if redact is not None:
+        for name, path in files:
+            if media_type(name) == "application/json":
+                redact_json_file(path, redact)
     records: list[ArtifactRecord] = []
     try:
         for name, path in files:

@@ -30,6 +30,7 @@ from app.core.models import JobStatus
 from app.core.params import dataset_options, run_config
 from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
+from app.core.sources.hf import check_revision
 from app.core.storage import ArtifactStore
 from cahp_engine.errors import AccuracyBudgetError, CahpError, JobCancelledError, PipelineError
 from cahp_engine.models import check_weight_files
@@ -193,6 +194,8 @@ def _run(
     # of them is used as a file name.
     config = run_config(claimed.params, device=settings.device)
     options = dataset_options(claimed.dataset)
+    if claimed.model.get("revision") is not None:
+        check_revision(claimed.model["revision"], field="model.revision")
     fetcher = InputFetcher(settings=settings, sessions=context.sessions, store=context.store,
                            owner_id=claimed.owner_id, workdir=workdir / "inputs")
     inputs = fetcher.prepare(model=claimed.model, dataset=claimed.dataset)
@@ -212,7 +215,7 @@ def _run(
             raise
         files = sorted(p.name for p in output.iterdir() if p.is_file())
         stored = list(store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
-                                      attempt=claimed.attempt))
+                                      attempt=claimed.attempt, redact=reporter.redact))
         raise _FailedWithArtifacts(exc, stored) from exc
     if not (output / "model").is_dir():
         raise PipelineError("the run finished without writing the pruned model directory")
@@ -222,7 +225,7 @@ def _run(
     # The engine writes only its artifacts into ``output`` (model/ plus ARTIFACT_FILES).
     files = sorted(p.name for p in output.iterdir() if p.is_file())
     artifacts = store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
-                                attempt=claimed.attempt)
+                                attempt=claimed.attempt, redact=reporter.redact)
     return report, artifacts
 
 
@@ -231,6 +234,8 @@ def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: A
     return pipeline(
         inputs.model_ref, inputs.dataset_ref, output, config,
         dataset_options=options,
+        max_dataset_rows=settings.max_dataset_rows,
+        max_model_params=settings.max_model_params,
         model_name=claimed.model["uri"],
         dataset_name=claimed.dataset["uri"],
         revision=claimed.model.get("revision"),

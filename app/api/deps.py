@@ -9,7 +9,7 @@ thread pool) only on a miss.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -63,21 +63,46 @@ StoreDep = Annotated[ArtifactStore, Depends(_store)]
 QueueDep = Annotated[JobQueue, Depends(_queue)]
 
 
+async def _principal(request: Request, key: str) -> Principal:
+    """The key's principal, from the key cache or else the database; AuthenticationError if it is not valid."""
+    cache: KeyCache = request.app.state.key_cache
+    found = cache.get(key)
+    if found is None:
+        found = await run_in_threadpool(_check_key, request.app.state.sessions, key)
+        cache.put(key, found)
+    return found
+
+
 async def _api_key(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     settings: Settings = request.app.state.settings
     if credentials is not None:
-        cache: KeyCache = request.app.state.key_cache
-        found = cache.get(credentials.credentials)
-        if found is None:
-            found = await run_in_threadpool(_check_key, request.app.state.sessions, credentials.credentials)
-            cache.put(credentials.credentials, found)
-        return found
+        return await _principal(request, credentials.credentials)
     if settings.no_auth:
         return Principal(id=LOCAL_PRINCIPAL_ID, name="local (no-auth)")  # its row is made at start-up
     raise AuthenticationError("send an API key as `Authorization: Bearer <key>`")
+
+
+#: Answers whether the key the request presented is still valid (see :data:`KeyCheckDep`).
+KeyCheck = Callable[[], Awaitable[bool]]
+
+
+async def _key_check(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> KeyCheck:
+    async def still_valid() -> bool:
+        if credentials is None:
+            return True  # admitted without a key: the server runs with --no-auth
+        try:
+            await _principal(request, credentials.credentials)
+        except AuthenticationError:
+            return False
+        return True
+
+    return still_valid
 
 
 def _check_key(sessions: sessionmaker[Session], key: str) -> Principal:
@@ -89,3 +114,6 @@ def _check_key(sessions: sessionmaker[Session], key: str) -> Principal:
 
 
 ApiKeyDep = Annotated[Principal, Depends(_api_key)]
+#: For a response that outlives its request (an event stream): checks the request's key again, from
+#: the key cache, so a revoked key is refused within the cache's lifetime there too.
+KeyCheckDep = Annotated[KeyCheck, Depends(_key_check)]

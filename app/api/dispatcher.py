@@ -1,19 +1,28 @@
 """The webhook dispatcher: the API's background duty that sends the outbox's deliveries.
 
-Every ``CAHP_WEBHOOK_INTERVAL_S`` it takes the deliveries that are due (:mod:`app.core.repository.events`),
-claims each with a conditional ``UPDATE`` (so several API processes never send one at once), and
-POSTs the event's stored body to the URL, signed as Standard Webhooks says (``webhook-id``,
-``webhook-timestamp``, ``webhook-signature``; the ``standardwebhooks`` package signs). A 2xx answer
-delivers it. Anything else is tried again after an exponential back-off (``CAHP_WEBHOOK_RETRY_INITIAL_S``,
+It keeps up to ``CAHP_WEBHOOK_MAX_IN_FLIGHT`` deliveries in flight, each in a thread of its pool, and
+claims due ones (:mod:`app.core.repository.events`) into free slots every ``CAHP_WEBHOOK_INTERVAL_S``
+and whenever a send ends, so a slow receiver holds one slot, never the others. No key has more than
+``CAHP_WEBHOOK_MAX_IN_FLIGHT_PER_KEY`` of them: the deliveries of a key at its cap are left out of the
+claim, so one key's slow receivers cannot take every slot. A claim is a conditional ``UPDATE`` that
+pushes the delivery's next attempt past the longest a send can take, so several API processes never
+send one at once, and one claimed by a process that died is taken again once its claim runs out.
+
+Each delivery POSTs the event's stored body, signed as Standard Webhooks says (``webhook-id``,
+``webhook-timestamp``, ``webhook-signature``; the ``standardwebhooks`` package signs), within
+``CAHP_WEBHOOK_TIMEOUT_S`` in all: connecting, sending and reading the status and headers
+(:mod:`app.api.webhook_http`). A 2xx answer delivers it. Anything else, any exception included, is an
+attempt recorded and tried again after an exponential back-off (``CAHP_WEBHOOK_RETRY_INITIAL_S``,
 doubling, at most ``CAHP_WEBHOOK_RETRY_MAX_S``, or the receiver's ``Retry-After`` when longer) until
 ``CAHP_WEBHOOK_RETRY_PERIOD_S`` after the event, when it ends ``failed``.
 
 At least once: a delivery is recorded as delivered only after the receiver answered, so a crash
 between the answer and the record sends it again, with the same ``webhook-id`` for the receiver to
-deduplicate. A delivery claimed by a process that died is taken again once its claim expires.
+deduplicate.
 
-Every attempt re-checks the URL with the outbound guard (:func:`app.core.outbound.check_webhook_url`)
-and follows no redirect, so a receiver cannot bounce the request to an address the guard refuses.
+Every attempt re-checks the URL with the outbound guard (:func:`app.core.outbound.check_webhook_url`),
+connects only to addresses the guard allows at that moment, and follows no redirect, so neither a DNS
+answer that changes nor a receiver's redirect can point the request at an address the guard refuses.
 """
 
 from __future__ import annotations
@@ -21,7 +30,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
+import threading
 import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -29,6 +41,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks.webhooks import Webhook as Signer
 
+from app.api.webhook_http import deadline, webhook_client
 from app.client import retry_after_s
 from app.core import repository
 from app.core.db import transaction, utcnow
@@ -42,10 +55,10 @@ from app.core.settings import Settings
 logger = logging.getLogger(__name__)
 
 USER_AGENT = "cahp-webhooks/1"
-#: Deliveries sent at once; one slow receiver does not hold up the others.
-CONCURRENCY = 4
-#: Deliveries taken per tick.
+#: Deliveries read per claim.
 BATCH = 50
+#: How long a claim outlives the longest send, for the record to be written.
+CLAIM_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -75,8 +88,18 @@ def _retry_after(response: httpx.Response) -> float | None:
     return retry_after_s(response.headers.get("retry-after"))
 
 
+def _no_lookup(_host: str) -> list[str]:
+    # The addresses are checked as they are connected to (app.api.webhook_http), not looked up twice.
+    return []
+
+
 def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings: Settings) -> Attempt:
-    """POST one delivery, signed; says whether it was delivered, is to be retried, or has failed."""
+    """POST one delivery, signed; says whether it was delivered, is to be retried, or has failed.
+
+    ``http`` must come from :func:`app.api.webhook_http.webhook_client`: its backend checks the
+    addresses connected to and keeps the deadline. Never raises: whatever goes wrong is the attempt's
+    error, so the retry period ends every delivery.
+    """
     started = utcnow()
     clock = time.perf_counter()
     status: int | None = None
@@ -86,7 +109,8 @@ def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings
     try:
         if secret is None:
             raise OutboundUrlRefusedError("nothing can sign it any more: its endpoint was deleted")
-        check_webhook_url(delivery.url, allowed_hosts=settings.allowed_outbound_hosts, what="the webhook URL")
+        check_webhook_url(delivery.url, allowed_hosts=settings.allowed_outbound_hosts, what="the webhook URL",
+                          resolve=_no_lookup)
         headers = {
             "content-type": "application/json",
             "user-agent": USER_AGENT,
@@ -95,8 +119,9 @@ def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings
             "webhook-signature": Signer(secret).sign(delivery.webhook_id, started, delivery.payload),
         }
         # Streamed and closed unread: a receiver's answer body is never needed, however large.
-        with http.stream("POST", delivery.url, content=delivery.payload.encode(), headers=headers,
-                         timeout=settings.webhook_timeout_s, follow_redirects=False) as response:
+        with deadline(settings.webhook_timeout_s), http.stream(
+                "POST", delivery.url, content=delivery.payload.encode(), headers=headers,
+                timeout=settings.webhook_timeout_s, follow_redirects=False) as response:
             status = response.status_code
             retry_after = _retry_after(response)
         if 200 <= status < 300:
@@ -106,6 +131,9 @@ def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings
     except OutboundUrlRefusedError as exc:
         outcome, error = "failed", str(exc)[:500]
     except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"[:500]
+    except Exception as exc:  # a URL httpx cannot encode, a bug: still an attempt, or it would wait forever
+        logger.exception("webhook %s to %s raised", delivery.webhook_id, delivery.url)
         error = f"{type(exc).__name__}: {exc}"[:500]
     next_at = None
     if outcome == "retry":
@@ -117,52 +145,95 @@ def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings
                    next_attempt_at=next_at)
 
 
-def dispatch_once(
-    *, sessions: sessionmaker[Session], settings: Settings, http: httpx.Client, pool: ThreadPoolExecutor | None = None
-) -> list[Attempt]:
-    """Send every delivery due now (at most :data:`BATCH`); returns the attempts made."""
+Claimed = tuple[DueDelivery, str | None]
+
+
+def claim_due(*, sessions: sessionmaker[Session], settings: Settings, limit: int,
+              busy: Mapping[str, int] | None = None) -> list[Claimed]:
+    """Claim up to ``limit`` due deliveries, each with the secret that signs it.
+
+    ``busy`` counts the deliveries in flight per key; given, no key is taken past
+    ``settings.webhook_max_in_flight_per_key`` and keys already there are left out of the read.
+    """
     now = utcnow()
+    cap = settings.webhook_max_in_flight_per_key if busy is not None else None
+    taken: Counter[str] = Counter(busy or {})
+    claimed: list[DueDelivery] = []
     with transaction(sessions) as session:
-        due = repository.due_deliveries(session, now=now, limit=BATCH)
-        if not due:
+        full = sorted(key for key, n in taken.items() if cap is not None and n >= cap)
+        for delivery in repository.due_deliveries(session, now=now, limit=BATCH, exclude_owners=full):
+            if len(claimed) == limit:
+                break
+            if cap is not None and taken[delivery.owner_id] >= cap:
+                continue
+            # Held past the longest a send can take; if this process dies meanwhile, it is taken again then.
+            if repository.claim_delivery(session, delivery_id=delivery.id, now=now,
+                                         hold_s=settings.webhook_timeout_s + CLAIM_MARGIN_S):
+                claimed.append(delivery)
+                taken[delivery.owner_id] += 1
+        if not claimed:
             return []
         by_endpoint, by_key = repository.secrets_for(
-            session, endpoint_ids=sorted({d.endpoint_id for d in due if d.endpoint_id}),
-            owner_ids=sorted({d.owner_id for d in due if d.endpoint_id is None}))
+            session, endpoint_ids=sorted({d.endpoint_id for d in claimed if d.endpoint_id}),
+            owner_ids=sorted({d.owner_id for d in claimed if d.endpoint_id is None}))
+    return [(d, by_endpoint.get(d.endpoint_id) if d.endpoint_id else by_key.get(d.owner_id)) for d in claimed]
 
-    def one(delivery: DueDelivery) -> Attempt | None:
-        with transaction(sessions) as session:
-            # Held past the longest a send can take; if this process dies meanwhile, it is taken again then.
-            if not repository.claim_delivery(session, delivery_id=delivery.id, now=now,
-                                             hold_s=settings.webhook_timeout_s + 30):
-                return None
-        secret = by_endpoint.get(delivery.endpoint_id) if delivery.endpoint_id else by_key.get(delivery.owner_id)
-        attempt = send(http, delivery, secret, settings)
-        with transaction(sessions) as session:
-            repository.record_attempt(session, delivery_id=delivery.id, attempted_at=attempt.attempted_at,
-                                      status_code=attempt.status_code, error=attempt.error,
-                                      duration_ms=attempt.duration_ms,
-                                      outcome="pending" if attempt.outcome == "retry" else attempt.outcome,
-                                      next_attempt_at=attempt.next_attempt_at)
-        WEBHOOK_DELIVERIES.labels(attempt.outcome).inc()
-        if attempt.outcome != "delivered":
-            logger.warning("webhook %s to %s: %s (%s)", delivery.webhook_id, delivery.url, attempt.error,
-                           "will retry" if attempt.outcome == "retry" else "giving up")
-        return attempt
 
-    results = list(pool.map(one, due)) if pool is not None else [one(d) for d in due]
-    return [r for r in results if r is not None]
+def deliver(delivery: DueDelivery, secret: str | None, *, sessions: sessionmaker[Session], settings: Settings,
+            http: httpx.Client) -> Attempt:
+    """Send one claimed delivery and record the attempt."""
+    attempt = send(http, delivery, secret, settings)
+    with transaction(sessions) as session:
+        repository.record_attempt(session, delivery_id=delivery.id, attempted_at=attempt.attempted_at,
+                                  status_code=attempt.status_code, error=attempt.error,
+                                  duration_ms=attempt.duration_ms,
+                                  outcome="pending" if attempt.outcome == "retry" else attempt.outcome,
+                                  next_attempt_at=attempt.next_attempt_at)
+    WEBHOOK_DELIVERIES.labels(attempt.outcome).inc()
+    if attempt.outcome != "delivered":
+        # The detail is for operators only: callers see whether it arrived and the status code.
+        logger.warning("webhook %s to %s: %s after %.0f ms (%s)", delivery.webhook_id, delivery.url, attempt.error,
+                       attempt.duration_ms, "will retry" if attempt.outcome == "retry" else "giving up")
+    return attempt
+
+
+def dispatch_once(
+    *, sessions: sessionmaker[Session], settings: Settings, http: httpx.Client | None = None
+) -> list[Attempt]:
+    """Send every delivery due now (at most :data:`BATCH`), one after the other; returns the attempts.
+
+    For tests and one-off runs; ``cahp serve`` runs :class:`WebhookDispatcher`.
+    """
+    claimed = claim_due(sessions=sessions, settings=settings, limit=BATCH)
+    if not claimed:
+        return []
+    client = http if http is not None else webhook_client(allowed_hosts=settings.allowed_outbound_hosts)
+    try:
+        return [deliver(d, secret, sessions=sessions, settings=settings, http=client) for d, secret in claimed]
+    finally:
+        if http is None:
+            client.close()
 
 
 class WebhookDispatcher:
-    """Runs :func:`dispatch_once` in a daemon thread: at once, then every ``settings.webhook_interval_s``."""
+    """Keeps deliveries in flight in a thread pool, claiming due ones whenever a slot is free.
+
+    A daemon loop (:class:`app.core.periodic.Periodic`) claims at once and every
+    ``settings.webhook_interval_s``; each send that ends claims again, so freed slots are filled
+    without waiting for the loop or for the other sends.
+    """
 
     def __init__(self, *, sessions: sessionmaker[Session], settings: Settings) -> None:
         self._sessions, self._settings = sessions, settings
-        # No proxies from the environment: the outbound guard has checked this URL, not a proxy's.
-        self._http = httpx.Client(trust_env=False, follow_redirects=False)
-        self._pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="cahp-webhook")
-        self._loop = Periodic(self._tick, interval_s=settings.webhook_interval_s, name="cahp-webhooks",
+        self._slots = settings.webhook_max_in_flight
+        self._http = webhook_client(allowed_hosts=settings.allowed_outbound_hosts)
+        self._pool = ThreadPoolExecutor(max_workers=self._slots, thread_name_prefix="cahp-webhook")
+        self._in_flight: dict[int, str] = {}  # delivery id -> its key
+        self._lock = threading.Lock()          # guards _in_flight and _closed
+        self._closed = False
+        self._claiming = threading.Lock()      # one claimer at a time
+        self._wanted = threading.Event()       # a claim was asked for while another ran
+        self._loop = Periodic(self.fill, interval_s=settings.webhook_interval_s, name="cahp-webhooks",
                               immediately=True)
 
     def start(self) -> WebhookDispatcher:
@@ -170,9 +241,55 @@ class WebhookDispatcher:
         return self
 
     def stop(self) -> None:
+        """Stop claiming and wait for the sends in flight (each ends within its deadline)."""
         self._loop.stop()
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=True)
         self._http.close()
 
-    def _tick(self) -> None:
-        dispatch_once(sessions=self._sessions, settings=self._settings, http=self._http, pool=self._pool)
+    def fill(self) -> None:
+        """Claim due deliveries into the free slots (a call while another claims makes that one go again)."""
+        self._wanted.set()
+        while self._wanted.is_set() and self._claiming.acquire(blocking=False):
+            try:
+                self._wanted.clear()
+                while self._claim_some():
+                    pass
+            finally:
+                self._claiming.release()
+
+    def _claim_some(self) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            free = self._slots - len(self._in_flight)
+            busy = Counter(self._in_flight.values())
+        if free <= 0:
+            return False
+        claimed = claim_due(sessions=self._sessions, settings=self._settings, limit=free, busy=busy)
+        self._start(claimed)
+        return bool(claimed)
+
+    def _start(self, claimed: Iterable[Claimed]) -> None:
+        with self._lock:
+            for delivery, secret in claimed:
+                if self._closed:  # stopping: the claim runs out and the delivery is sent again later
+                    return
+                self._in_flight[delivery.id] = delivery.owner_id
+                self._pool.submit(self._send, delivery, secret)
+
+    def _send(self, delivery: DueDelivery, secret: str | None) -> None:
+        try:
+            deliver(delivery, secret, sessions=self._sessions, settings=self._settings, http=self._http)
+        except Exception:
+            logger.exception("webhook %s: the attempt could not be recorded; it is sent again when its claim "
+                             "runs out", delivery.webhook_id)
+        finally:
+            with self._lock:
+                self._in_flight.pop(delivery.id, None)
+        try:
+            self.fill()
+        except Exception:
+            logger.exception("the webhook dispatcher could not claim deliveries; it tries again in %s s",
+                             self._settings.webhook_interval_s)

@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # served by app.api.docs_page from the app's own files
         redoc_url=None,
+        openapi_url=None,  # /openapi.json too, with the pages' security headers
     )
     app.state.settings = settings
     app.state.sessions = sessions

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.db import utcnow
-from app.core.metrics import HTTP_LATENCY, process_registry
+from app.core.metrics import HTTP_LATENCY, http_labels, process_registry
 from app.core.models import Job, JobStatus, WebhookDelivery
 
 router = APIRouter(include_in_schema=False)
@@ -28,6 +28,8 @@ router = APIRouter(include_in_schema=False)
 
 class MetricsMiddleware:
     """Times every HTTP request by method, route template (``/v1/jobs/{job_id}``) and status.
+
+    The labels come from :func:`app.core.metrics.http_labels`, so no request can add a series.
 
     A plain ASGI middleware: no extra task or body buffering per request. Event streams are not
     timed (their duration is how long the client listened, not how fast the API answered).
@@ -52,9 +54,9 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
-            if not route.endswith("/events"):
-                HTTP_LATENCY.labels(scope["method"], route, str(status)).observe(time.perf_counter() - start)
+            route = getattr(scope.get("route"), "path", None)
+            if not (route or "").endswith("/events"):
+                HTTP_LATENCY.labels(*http_labels(scope["method"], route, status)).observe(time.perf_counter() - start)
 
 
 class DatabaseCollector(Collector):

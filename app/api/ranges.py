@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 from app.core.errors import RangeNotSatisfiableError
 
-_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+#: ASCII digits only: ``\d`` would also match ``²`` and other digits that ``int`` refuses.
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
+#: Larger than any artifact: a position written with more digits than this is read as this.
+_BEYOND = 10**18
 
 
 @dataclass(frozen=True)
@@ -46,17 +49,23 @@ def requested_range(header: str | None, *, size: int, etag: str, if_range: str |
         return None
     first, last = match.group(1), match.group(2)
     if not first:  # the last n bytes
-        suffix = int(last)
+        suffix = _position(last)
         if suffix == 0:
             raise RangeNotSatisfiableError("a range of the last 0 bytes selects nothing", size=size)
         return ByteRange(max(0, size - suffix), size - 1) if size else _unsatisfiable(header, size)
-    start = int(first)
-    end = size - 1 if not last else min(int(last), size - 1)
-    if last and int(last) < start:
+    start = _position(first)
+    end = size - 1 if not last else min(_position(last), size - 1)
+    if last and _position(last) < start:
         return None  # invalid: ignored, as the RFC says
     if start >= size:
         _unsatisfiable(header, size)
     return ByteRange(start, end)
+
+
+def _position(digits: str) -> int:
+    # int() refuses more than 4300 digits (a ValueError, a 500); a position that long is past any end.
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else _BEYOND
 
 
 def _unsatisfiable(header: str, size: int) -> ByteRange:

@@ -33,7 +33,11 @@ class ModelSpec(_Input):
         description="hf://org/name, file:///path, upload://id or s3://bucket/key",
         examples=["hf://prajjwal1/bert-tiny", "upload://3f2c..."],
     )
-    revision: str | None = Field(default=None, max_length=255, description="Hub revision (hf:// only)")
+    revision: str | None = Field(
+        default=None, max_length=255,
+        description="Hub revision (hf:// only): a branch, tag or commit name (git's rules: no `..`, no empty or "
+        "`.`-led component)",
+    )
 
 
 def _dataset_spec_model() -> type[BaseModel]:
@@ -234,9 +238,8 @@ class WebhookSecret(BaseModel):
 
 class DeliveryAttempt(BaseModel):
     time: dt.datetime
-    status_code: int | None = Field(description="The receiver's HTTP status; null when it could not be reached")
-    error: str | None
-    duration_ms: float
+    delivered: bool = Field(description="Whether the receiver answered 2xx")
+    status_code: int | None = Field(description="The receiver's HTTP status; null when no answer was received")
 
 
 class DeliveryPublic(BaseModel):

@@ -16,6 +16,7 @@ from typing import Any
 from app.cli.dataset_flags import add_dataset_flags, dataset_options_from_args
 from app.cli.exit_codes import ExitCode
 from cahp_engine.errors import CahpError, InvalidInputError
+from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 
 #: The formats ``--format`` accepts (kept equal to ``cahp_engine.export._from_checkpoint.EXPORT_FORMATS`` by a test).
 EXPORT_FORMATS = ("onnx", "onnx-int8")
@@ -39,6 +40,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="DATASET", default=None, help="dataset whose evaluation split gives the parity "
                    "rows and the accuracies (same forms as for prune)")
     add_dataset_flags(p.add_argument_group("dataset"))
+    p.add_argument("--max-model-params", type=int, default=DEFAULT_MAX_MODEL_PARAMS, metavar="N",
+                   help="refuse a checkpoint whose architecture (before pruning) has more parameters than this, "
+                   "counted from its config before it is loaded (default %(default)s)")
     p.add_argument("--samples", type=int, default=64, help="samples compared for parity (default 64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--latency-repeats", type=int, default=20, help="timed passes per runtime and batch size; "
@@ -57,6 +61,7 @@ def export_command(args: argparse.Namespace) -> int:
         result = export_checkpoint(
             args.checkpoint, args.output, fmt=args.format, dataset=args.data, dataset_options=options,
             overwrite=args.overwrite, samples=args.samples, seed=args.seed, latency_repeats=args.latency_repeats,
+            max_model_params=args.max_model_params,
             log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
         )
     except InvalidInputError as exc:

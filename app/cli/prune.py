@@ -24,8 +24,9 @@ from cahp_engine.config import (
     RECOVERY_LOSSES,
     PruningConfig,
 )
-from cahp_engine.data import DatasetOptions
+from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError, CahpError, InvalidInputError, JobCancelledError
+from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.progress import STAGE_SPAN
 from cahp_engine.selection import STRATEGIES
 
@@ -77,8 +78,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True, type=Path, help="directory for the artifacts")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output when the run succeeds")
     p.add_argument("--revision", help="hub revision of the model")
+    p.add_argument("--max-model-params", type=int, default=DEFAULT_MAX_MODEL_PARAMS, metavar="N",
+                   help="refuse a model with more parameters than this, counted from its config before it is "
+                   "loaded (default %(default)s)")
     d = p.add_argument_group("dataset")
     add_dataset_flags(d)
+    d.add_argument("--max-dataset-rows", type=int, default=DEFAULT_MAX_ROWS, metavar="N",
+                   help="refuse a split with more rows than this, before reading it (default %(default)s)")
     s = p.add_argument_group("selection")
     s.add_argument("--poly-degree", type=int, default=_default("poly_degree"),
                    help="Kneedle polynomial degree (default %(default)s)")
@@ -198,7 +204,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         config, options = config_from_args(args)
         report = run_pruning(
-            args.model, args.dataset, args.output, config, dataset_options=options, revision=args.revision,
+            args.model, args.dataset, args.output, config, dataset_options=options,
+            max_dataset_rows=args.max_dataset_rows, max_model_params=args.max_model_params, revision=args.revision,
             overwrite=args.overwrite, progress=bars,
             log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
         )

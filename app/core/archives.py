@@ -86,6 +86,58 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int, max_members: int) -> Pa
     return dest
 
 
+def read_root_files(
+    archive: IO[bytes], names: tuple[str, ...], *, max_bytes: int, max_members: int
+) -> dict[str, bytes]:
+    """Read the files ``names`` at the root :func:`unpack` would return, without unpacking anything.
+
+    ``archive`` is a seekable binary file (a tar, compressed or not, or a zip). Only regular files of
+    at most ``max_bytes`` bytes are read; the root is found by :func:`unpack`'s rule (the archive's
+    only top-level directory, hidden entries and ``__MACOSX`` aside, or the archive itself). An
+    archive that cannot be read, or that :func:`check_archive` would refuse, gives ``{}``: the
+    unpacker says what is wrong with it when the job runs.
+    """
+    found: dict[str, bytes] = {}
+    tops: dict[str, bool] = {}  # top-level entry -> is a directory
+
+    def wanted(path: str, is_dir: bool, size: int) -> bool:
+        parts = path.split("/")
+        tops[parts[0]] = tops.get(parts[0], False) or is_dir or len(parts) > 1
+        return not is_dir and len(parts) <= 2 and parts[-1] in names and size <= max_bytes
+
+    try:
+        archive.seek(0)
+        if zipfile.is_zipfile(archive):
+            archive.seek(0)
+            with zipfile.ZipFile(archive) as zf:
+                infos = zf.infolist()
+                if len(infos) > max_members:
+                    return {}
+                for info in infos:
+                    path = _safe_name(info.filename, "archive")
+                    if wanted(path, info.is_dir(), info.file_size):
+                        with zf.open(info) as source:
+                            found[path] = source.read(max_bytes + 1)
+        else:
+            archive.seek(0)
+            with tarfile.open(fileobj=archive, mode="r:*") as tar:
+                for count, member in enumerate(tar, start=1):
+                    if count > max_members or not (member.isfile() or member.isdir()):
+                        return {}
+                    path = _safe_name(member.name, "archive")
+                    if wanted(path, member.isdir(), member.size):
+                        handle = tar.extractfile(member)
+                        if handle is not None:
+                            found[path] = handle.read(max_bytes + 1)
+    except (InvalidUploadError, OSError, RuntimeError, NotImplementedError, EOFError, zlib.error,
+            tarfile.TarError, zipfile.BadZipFile):
+        return {}
+    visible = [top for top in tops if top != "." and not top.startswith(".") and top != "__MACOSX"]
+    prefix = f"{visible[0]}/" if len(visible) == 1 and tops[visible[0]] else ""
+    return {name: found[prefix + name] for name in names if len(found.get(prefix + name, b"")) <= max_bytes
+            and prefix + name in found}
+
+
 def _safe_name(name: str, archive: str) -> str:
     """Normalise a member name, refusing ones that would land outside the destination."""
     if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):

@@ -126,12 +126,21 @@ class KeyCache:
 
 
 def authenticate(*, session: Session, key: str) -> ApiKey:
-    """The live key row that ``key`` matches; AuthenticationError otherwise."""
+    """The live key row that ``key`` matches; AuthenticationError otherwise.
+
+    A wrong key costs the same whether or not the id it names exists, so the answer's timing does not
+    tell which ids do: either way one read that answers one string (the stored hash, or a dummy hash
+    for an unknown id) and one constant-time comparison with it. Only a key that matches loads its row.
+    """
     key_id = key_id_of(key)
-    row = repository.get_api_key(session, key_id=key_id) if key_id and key_id != LOCAL_PRINCIPAL_ID else None
-    # The hash comparison runs for unknown ids too, so answering takes as long either way.
-    matches = key_matches(key, row.key_hash if row is not None else _NO_KEY_HASH)
-    if row is None or row.revoked_at is not None or not matches:
+    matched: str | None = None  # the id of the stored key that ``key`` is
+    if key_id is not None and key_id != LOCAL_PRINCIPAL_ID:
+        if key_matches(key, repository.api_key_hash(session, key_id=key_id, default=_NO_KEY_HASH)):
+            matched = key_id
+    else:
+        key_matches(key, _NO_KEY_HASH)  # not a key's shape: the same comparison, and never a match
+    row = repository.get_api_key(session, key_id=matched) if matched is not None else None
+    if row is None or row.revoked_at is not None:
         raise AuthenticationError("the API key is not valid; create one with `cahp keys create --name NAME`")
     now = utcnow()
     last = row.last_used_at

@@ -7,6 +7,11 @@ directory, and the process serving ``/metrics`` adds them up. :func:`app.core.me
 must therefore run before anything imports ``prometheus_client``; the commands call it first. Without
 it (tests, a library user) the metrics live in the process's default registry.
 
+Labels. Every label value comes from a set fixed by the code, never from a request as sent (see
+:func:`http_labels`): stages are the engine's, error codes are the exception classes' ``code``,
+statuses and outcomes are enumerations. A client that could choose a label value could grow every
+scrape and every process's file without bound.
+
 Gauges that describe the whole deployment (jobs by status, the age of the oldest queued job,
 pending webhook deliveries) are read from the database when scraped (:mod:`app.api.metrics`), so
 they are right however many processes write jobs.
@@ -29,6 +34,9 @@ _SLOW = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 3 * 36
 #: metric exposed is a cahp_* one).
 REGISTRY = CollectorRegistry()
 
+#: The methods ``cahp_http_request_duration_seconds`` names; any other is counted as ``other``.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
 HTTP_LATENCY = Histogram("cahp_http_request_duration_seconds",
                          "Time to answer an API request, by method, route template and status code",
                          ["method", "route", "status"], buckets=_FAST, registry=REGISTRY)
@@ -44,6 +52,18 @@ LEASE_TAKEOVERS = Counter("cahp_lease_takeovers_total",
 WEBHOOK_DELIVERIES = Counter("cahp_webhook_deliveries_total",
                              "Webhook delivery attempts, by outcome (delivered, retry, failed)", ["outcome"],
                              registry=REGISTRY)
+
+
+def http_labels(method: str, route: str | None, status: int) -> tuple[str, str, str]:
+    """The ``method``, ``route`` and ``status`` labels of one request, each from a bounded set.
+
+    Every label value becomes a series in every process's file and in each scrape, so none may come
+    from the client as sent: an invented method is ``other``, a path no route matched is
+    ``unmatched`` (the route label is the route's template, never the path), and a status outside
+    100-599 is ``other``.
+    """
+    return (method if method in HTTP_METHODS else "other", route or "unmatched",
+            str(status) if 100 <= status <= 599 else "other")
 
 
 def process_registry() -> CollectorRegistry:

@@ -21,7 +21,9 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cahp_engine.config import parse_device
+from cahp_engine.data import DEFAULT_MAX_ROWS
 from cahp_engine.errors import ConfigError
+from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 
 #: Largest job time limit accepted, so a mistyped value cannot hold a GPU for months.
 MAX_JOB_TIME_LIMIT_S = 30 * 24 * 3600
@@ -56,6 +58,17 @@ class Settings(BaseSettings):
         Largest accepted upload; larger requests get 413.
     max_unpacked_bytes, max_archive_members : int
         Limits on what one archive may unpack to, against archive bombs.
+    max_dataset_rows : int
+        Most rows one dataset split may have, or declare in its metadata (a few kilobytes of
+        Parquet can declare millions of rows); a larger split fails the job as ``invalid_dataset``
+        before its rows are read. Default: the engine's ``DEFAULT_MAX_ROWS`` (2,000,000).
+    max_model_params : int
+        Most parameters a job's model may have (a pruned one: before pruning). The model is built on
+        PyTorch's ``meta`` device from its ``config.json`` and counted before anything is allocated, and its
+        weights are checked against the config by name and shape, so a small archive cannot make a
+        worker allocate what its config declares; a refused model fails the job as
+        ``model_not_loadable`` on its first attempt. Default: the engine's ``DEFAULT_MAX_MODEL_PARAMS``
+        (4e9: XLM-RoBERTa-XL's 3.5e9 fits, XLM-RoBERTa-XXL's 1.07e10 does not).
     job_time_limit_s : int
         Longest a job may run; past it the worker stops the job between steps as ``time_limit``.
     broker_visibility_timeout_s : int or None
@@ -97,7 +110,8 @@ class Settings(BaseSettings):
         disables ``s3://`` inputs. The artifact store's own bucket and prefix are always refused.
     allowed_outbound_hosts : tuple of str
         Host names, addresses or networks (CIDR) that outbound requests (S3 endpoint, hub, webhook
-        receivers) may reach even though they are loopback, link-local or cloud-metadata addresses,
+        receivers) may reach even though they are loopback, link-local, multicast, reserved or
+        cloud-metadata addresses, or (for webhook receivers) private addresses or this machine's own,
         which are refused otherwise (``,``-separated in the environment).
     artifact_ttl_days : float or None
         Artifacts of jobs that finished longer ago than this are deleted by the sweeper and the job
@@ -111,11 +125,17 @@ class Settings(BaseSettings):
         How often the API's dispatcher looks for webhook deliveries that are due; 0 turns it off in
         this process (another API process must then run one).
     webhook_timeout_s : float
-        How long one delivery waits for the receiver to answer.
+        The longest one delivery may take in all: connecting, sending, and reading the receiver's
+        status and headers (a receiver that trickles its answer is cut off at this deadline).
     webhook_retry_initial_s, webhook_retry_max_s : float
         Back-off between attempts of a delivery: doubling from the first, capped by the second.
     webhook_retry_period_s : float
         A delivery is retried for this long after its event (default 24 h), then ends ``failed``.
+    webhook_max_in_flight : int
+        Deliveries one API process sends at once.
+    webhook_max_in_flight_per_key : int
+        Of those, at most this many for the jobs of one API key, so that one key's slow receivers
+        cannot hold up the others' deliveries.
     worker_metrics_port : int or None
         Port on which ``cahp worker`` serves its Prometheus metrics (all its pool processes); None
         serves none (workers started by ``cahp serve`` report through the API's ``/metrics``).
@@ -133,6 +153,8 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
     max_unpacked_bytes: int = Field(default=8 * 1024**3, ge=1)
     max_archive_members: int = Field(default=10_000, ge=1)
+    max_dataset_rows: int = Field(default=DEFAULT_MAX_ROWS, ge=1)
+    max_model_params: int = Field(default=DEFAULT_MAX_MODEL_PARAMS, ge=1)
     job_time_limit_s: int = Field(default=24 * 3600, ge=1, le=MAX_JOB_TIME_LIMIT_S)
     broker_visibility_timeout_s: int | None = Field(default=None, ge=1)
     queue: str = Field(default="cahp", min_length=1, max_length=200)
@@ -159,6 +181,8 @@ class Settings(BaseSettings):
     webhook_retry_initial_s: float = Field(default=5.0, gt=0)
     webhook_retry_max_s: float = Field(default=3600.0, gt=0)
     webhook_retry_period_s: float = Field(default=24 * 3600.0, gt=0)
+    webhook_max_in_flight: int = Field(default=16, ge=1, le=256)
+    webhook_max_in_flight_per_key: int = Field(default=4, ge=1, le=256)
     worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     @field_validator("allowed_local_roots", mode="before")
@@ -295,6 +319,8 @@ class Settings(BaseSettings):
             "CAHP_CANCEL_CHECK_INTERVAL_S": str(self.cancel_check_interval_s),
             "CAHP_MAX_UNPACKED_BYTES": str(self.max_unpacked_bytes),
             "CAHP_MAX_ARCHIVE_MEMBERS": str(self.max_archive_members),
+            "CAHP_MAX_MODEL_PARAMS": str(self.max_model_params),
+            "CAHP_MAX_DATASET_ROWS": str(self.max_dataset_rows),
             "CAHP_WORK_DIR": str(self.resolved_work_dir),
             "CAHP_ALLOWED_LOCAL_ROOTS": os.pathsep.join(str(p) for p in self.allowed_local_roots),
             "CAHP_LEASE_S": str(self.lease_s),

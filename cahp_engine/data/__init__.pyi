@@ -3,16 +3,34 @@
 Reading order: ``_options`` (which columns and splits) -> ``_files`` / ``_hub`` (the sources) -> ``_table``
 -> ``_splits`` (``load_splits``) -> ``_encoding`` (tokenise, batch) -> ``_lazy`` (tokenise on read)."""
 
+from ._card import CARD_FILES, check_card_text, check_repository, has_card_configs
 from ._encoding import (
-    collate, draw_subset, encode, encode_labels, EncodedDataset, iterate_batches, LabelledTexts,
+    EncodedDataset,
+    LabelledTexts,
+    collate,
+    draw_subset,
+    encode,
+    encode_labels,
+    iterate_batches,
     length_grouped_batches,
 )
-from ._lazy import LazyEncodedDataset, row_lengths, take_rows, TrainRows
-from ._options import DATASET_OPTION_FIELDS, DEFAULT_EVAL_SPLITS, FILE_SUFFIXES, check_split_name, DatasetOptions
+from ._hub import check_hub_data_files
+from ._lazy import LazyEncodedDataset, TrainRows, row_lengths, take_rows
+from ._options import (
+    DATASET_OPTION_FIELDS,
+    DEFAULT_EVAL_SPLITS,
+    DEFAULT_MAX_ROWS,
+    FILE_SUFFIXES,
+    DatasetOptions,
+    check_split_name,
+)
+from ._paths import SAVED_DICT, SAVED_STATE, check_saved_dataset, data_file_problem
 from ._splits import DatasetSplits, load_splits
 
 __all__ = [
-    "DATASET_OPTION_FIELDS", "DEFAULT_EVAL_SPLITS", "FILE_SUFFIXES", "check_split_name", "collate", "DatasetOptions",
-    "DatasetSplits", "draw_subset", "encode", "encode_labels", "EncodedDataset", "iterate_batches", "LabelledTexts",
-    "LazyEncodedDataset", "length_grouped_batches", "load_splits", "row_lengths", "take_rows", "TrainRows",
+    "CARD_FILES", "DATASET_OPTION_FIELDS", "DEFAULT_EVAL_SPLITS", "DEFAULT_MAX_ROWS", "FILE_SUFFIXES", "SAVED_DICT",
+    "SAVED_STATE", "check_card_text", "check_hub_data_files", "check_repository", "check_saved_dataset",
+    "check_split_name", "collate", "data_file_problem", "DatasetOptions", "DatasetSplits", "draw_subset", "encode",
+    "encode_labels", "EncodedDataset", "has_card_configs", "iterate_batches", "LabelledTexts", "LazyEncodedDataset",
+    "length_grouped_batches", "load_splits", "row_lengths", "take_rows", "TrainRows",
 ]

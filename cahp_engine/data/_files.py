@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from cahp_engine.data._options import FILE_SUFFIXES, DatasetOptions
-from cahp_engine.data._table import Source, Table, listed
+from cahp_engine.data._table import Source, Table, check_rows, listed, too_many_rows
 from cahp_engine.errors import DatasetError
 
 _INTEGER = re.compile(r"^[+-]?\d+$")
 
 
-def files_source(root: Path) -> Source:
+def files_source(root: Path, max_rows: int | None = None) -> Source:
+    """The split files of ``root``; reading one refuses it past ``max_rows`` rows (None: no limit)."""
     by_split: dict[str, Path] = {}
     for entry in sorted(root.iterdir()):
         if not entry.is_file() or entry.name.startswith(".") or entry.suffix.lower() not in FILE_SUFFIXES:
@@ -39,7 +40,7 @@ def files_source(root: Path) -> Source:
     readers = {".csv": _read_csv, ".jsonl": _read_jsonl, ".parquet": _read_parquet}
     return Source(
         splits=tuple(by_split),
-        read=lambda split, options: readers[by_split[split].suffix.lower()](by_split[split], options),
+        read=lambda split, options: readers[by_split[split].suffix.lower()](by_split[split], options, max_rows),
     )
 
 
@@ -58,7 +59,7 @@ def _decoded(path: Path) -> str:
     return text.removeprefix("\ufeff")  # a byte-order mark some editors write
 
 
-def _read_csv(path: Path, options: DatasetOptions) -> Table:
+def _read_csv(path: Path, options: DatasetOptions, max_rows: int | None) -> Table:
     # The csv module rather than pandas: pandas fills a row with too few fields with NaN without a
     # word, and its type guessing turns texts such as "NA" or "null" into missing values.
     reader = csv.reader(io.StringIO(_decoded(path), newline=""))
@@ -86,6 +87,8 @@ def _read_csv(path: Path, options: DatasetOptions) -> Table:
                 f"{path}, line {start}: {len(row)} fields where the header has {len(header)}; quote fields "
                 'that contain commas (like "a, b"), and give every row one value per column'
             )
+        if max_rows is not None and len(rows) == max_rows:
+            raise too_many_rows(path.stem, str(path), max_rows)
         rows.append(row)
         lines.append(start)
     if header is None or not rows:
@@ -104,7 +107,7 @@ def _csv_labels(raw: list[str]) -> list[Any]:
     return [None if not v else int(v) if as_int else v for v in stripped]
 
 
-def _read_jsonl(path: Path, options: DatasetOptions) -> Table:
+def _read_jsonl(path: Path, options: DatasetOptions, max_rows: int | None) -> Table:
     names: dict[str, None] = {}  # insertion-ordered set
     records: list[dict[str, Any]] = []
     lines: list[int] = []
@@ -124,6 +127,8 @@ def _read_jsonl(path: Path, options: DatasetOptions) -> Table:
                 f"{path}, line {number} holds a JSON {type(record).__name__}, not an object; "
                 'write one object per line, like {"text": "...", "label": 0}'
             )
+        if max_rows is not None and len(records) == max_rows:
+            raise too_many_rows(path.stem, str(path), max_rows)
         names.update(dict.fromkeys(record))
         records.append(record)
         lines.append(number)
@@ -131,12 +136,15 @@ def _read_jsonl(path: Path, options: DatasetOptions) -> Table:
     return Table(str(path), tuple(names), values, len(records), lines)
 
 
-def _read_parquet(path: Path, options: DatasetOptions) -> Table:
+def _read_parquet(path: Path, options: DatasetOptions, max_rows: int | None) -> Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if path.stat().st_size == 0:
         raise DatasetError(f"{path} is empty; write the split into it again")
+    # The footer says how many rows the file holds; a few kilobytes can declare millions of
+    # compressed rows, so the count is checked before any of them is decoded.
+    check_rows(path.stem, str(path), parquet_rows(path), max_rows, declared=True)
     try:
         names = tuple(pq.read_schema(path).names)
         table = pq.read_table(path, columns=[c for c in options.columns if c in names])
@@ -146,3 +154,20 @@ def _read_parquet(path: Path, options: DatasetOptions) -> Table:
         ) from None
     values = {name: table.column(name).to_pylist() for name in table.column_names}
     return Table(str(path), names, values, table.num_rows)
+
+
+def parquet_rows(path: Path) -> int:
+    """The rows a Parquet file declares, read from its footer alone (the larger of the file's count and
+    the sum of its row groups', which readers go by)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(path) as parquet:
+            metadata = parquet.metadata
+        groups = sum(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+    except (pa.ArrowException, OSError) as err:
+        raise DatasetError(
+            f"{path} cannot be read as Parquet ({err}); write it again, e.g. with DataFrame.to_parquet"
+        ) from None
+    return max(int(metadata.num_rows), int(groups))

@@ -23,6 +23,10 @@ DEFAULT_EVAL_SPLITS: tuple[str, ...] = ("test", "validation", "validation_matche
 #: A split name: letters, digits, ``_``, ``-`` and ``.``, not starting with a dot. Split names become
 #: file names (``{split}.csv``), so nothing that could name another directory is accepted.
 SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
+#: Most rows one split may have (or declare) before any of it is read. Five times MNLI's 393,000 pairs
+#: and above every GLUE and SuperGLUE training split; at a few hundred bytes of Python strings a row,
+#: a split at the limit takes about a gigabyte in memory. A tiny file cannot declare millions of rows.
+DEFAULT_MAX_ROWS = 2_000_000
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ A dataset reference is one of
 * a Hugging Face hub dataset id, ``org/name`` or ``name``, read with ``datasets.load_dataset`` (from
   the local cache when the hub cannot be reached).
 
-Only the two splits in use are read. Every problem with the input is a
+Only the two splits in use are read, and no split of more than ``max_rows`` rows (checked from a
+Parquet footer or a memory-mapped Arrow table before any row becomes a Python object, and while a
+CSV or JSON Lines file is read). A directory's own JSON and YAML files may name only files inside it
+(:mod:`cahp_engine.data._paths`). Every problem with the input is a
 :class:`~cahp_engine.errors.DatasetError` whose message names the file, line, split or column and
 says what to change. The ``datasets`` package is needed only for the last two kinds and is imported
 when one of them is used.
@@ -24,12 +27,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from cahp_engine.data._encoding import LabelledTexts, encode_labels
+from cahp_engine._validation import check_positive_int
+from cahp_engine.data import LabelledTexts, encode_labels
 from cahp_engine.data._files import files_source
 from cahp_engine.data._hub import disk_source, has_repository_layout, hub_source, repository_source
 from cahp_engine.data._options import (
     DATASET_OPTION_FIELDS,
     DEFAULT_EVAL_SPLITS,
+    DEFAULT_MAX_ROWS,
     FILE_SUFFIXES,
     SPLIT_NAME,
     DatasetOptions,
@@ -41,6 +46,7 @@ from cahp_engine.errors import DatasetError
 __all__ = [
     "DATASET_OPTION_FIELDS",
     "DEFAULT_EVAL_SPLITS",
+    "DEFAULT_MAX_ROWS",
     "FILE_SUFFIXES",
     "SPLIT_NAME",
     "DatasetFormat",
@@ -80,6 +86,7 @@ def load_splits(
     revision: str | None = None,
     cache_dir: str | None = None,
     token: str | None = None,
+    max_rows: int | None = DEFAULT_MAX_ROWS,
 ) -> DatasetSplits:
     """Read the train and eval splits that ``options`` names from the dataset ``ref``.
 
@@ -92,6 +99,8 @@ def load_splits(
         Columns and splits to use.
     revision, cache_dir, token
         Passed to ``datasets.load_dataset`` for hub ids; ignored for local directories.
+    max_rows : int or None
+        Most rows a split read may have (:data:`DEFAULT_MAX_ROWS`); None for no limit.
 
     Returns
     -------
@@ -105,18 +114,20 @@ def load_splits(
     """
     if not isinstance(ref, (str, os.PathLike)) or not os.fspath(ref).strip():
         raise DatasetError(f"`ref` must name a dataset directory or a hub dataset id, got {ref!r}")
+    if max_rows is not None:
+        check_positive_int("max_rows", max_rows)
     path = Path(ref).expanduser()
     if path.is_dir():
         # dataset_dict.json marks a saved DatasetDict; state.json a single saved Dataset, which
         # _disk_source turns away with a message saying to save a DatasetDict.
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
             _no_config(options, str(ref), "a save_to_disk directory")
-            return _assemble(disk_source(path), options, str(path.resolve()), "save_to_disk")
+            return _assemble(disk_source(path, max_rows), options, str(path.resolve()), "save_to_disk")
         if has_repository_layout(path):
-            return _assemble(repository_source(path, options.config, cache_dir=cache_dir), options,
-                             str(path.resolve()), "repository")
+            return _assemble(repository_source(path, options.config, cache_dir=cache_dir, max_rows=max_rows),
+                             options, str(path.resolve()), "repository")
         _no_config(options, str(ref), "a directory of split files")
-        return _assemble(files_source(path), options, str(path.resolve()), "files")
+        return _assemble(files_source(path, max_rows), options, str(path.resolve()), "files")
     if path.exists():
         raise DatasetError(
             f"{str(ref)!r} is a file; pass the directory that holds it, with one file per split named "
@@ -128,7 +139,7 @@ def load_splits(
             f"directory {text!r} does not exist; pass a directory of {{split}}.csv/.jsonl/.parquet files, "
             "a save_to_disk directory, or a hub dataset id like 'org/name'"
         )
-    return _assemble(hub_source(text, revision, cache_dir, token, options.config), options, text, "hub")
+    return _assemble(hub_source(text, revision, cache_dir, token, options.config, max_rows), options, text, "hub")
 
 
 def _no_config(options: DatasetOptions, ref: str, kind: str) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cahp_engine.data._options import DatasetOptions
+from cahp_engine.errors import DatasetError
 
 #: At most this many names in one message.
 SHOWN = 20
@@ -46,3 +47,19 @@ def listed(names: Sequence[str]) -> str:
         return "(none)"
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return ", ".join(repr(n) for n in names[:SHOWN]) + more
+
+
+def check_rows(split: str, where: str, rows: int, max_rows: int | None, *, declared: bool = False) -> None:
+    """Refuse a split that has (or whose metadata declares) more than ``max_rows`` rows, before it is read."""
+    if max_rows is not None and rows > max_rows:
+        verb = "declares" if declared else "has"
+        raise too_many_rows(split, where, max_rows, f"{verb} {rows} rows, over the limit of {max_rows} rows per split")
+
+
+def too_many_rows(split: str, where: str, max_rows: int, found: str | None = None) -> DatasetError:
+    """The error for a split over the row limit; ``found`` says what was seen (default: more than the limit)."""
+    return DatasetError(
+        f"split {split!r} ({where}) {found or f'has more than {max_rows} rows, the limit per split'}; give it at "
+        f"most {max_rows} rows (a sample of the split serves pruning as well), or raise the limit "
+        "(CAHP_MAX_DATASET_ROWS on a server, --max-dataset-rows for cahp prune)"
+    )

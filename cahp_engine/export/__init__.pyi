@@ -6,7 +6,7 @@ Reading order: ``_records`` (what an export reports) -> ``_runtime`` (onnxruntim
 
 from ._from_checkpoint import export_checkpoint
 from ._int8 import quantize_int8
-from ._model_card import build_model_card, ModelCardInputs, SpeedFigure, write_model_card
+from ._model_card import ModelCardInputs, SpeedFigure, build_model_card, write_model_card
 from ._onnx import OPSET, check_parity, export_onnx, generated_rows, onnx_input_names
 from ._records import ExportRecord
 from ._runtime import compare_runtimes, evaluate_onnx, onnx_session, run_logits

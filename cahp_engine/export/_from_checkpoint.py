@@ -23,12 +23,19 @@ import numpy as np
 from cahp_engine._output_dir import prepare_output_dir, staged_output
 from cahp_engine.data import DatasetOptions, EncodedDataset, encode, load_splits
 from cahp_engine.errors import ConfigError, DatasetError, ModelLoadError
+from cahp_engine.export import export_onnx
 from cahp_engine.export._int8 import quantize_int8
 from cahp_engine.export._model_card import ModelCardInputs, SpeedFigure, write_model_card
-from cahp_engine.export._onnx import PARITY_SAMPLES, export_onnx
+from cahp_engine.export._onnx import PARITY_SAMPLES
 from cahp_engine.export._records import Int8Export, OnnxExport, Parity, RuntimeSpeed
 from cahp_engine.export._runtime import compare_runtimes, evaluate_onnx
-from cahp_engine.models import current_kept_heads, get_adapter, heads_per_layer, load_classifier
+from cahp_engine.models import (
+    DEFAULT_MAX_MODEL_PARAMS,
+    current_kept_heads,
+    get_adapter,
+    heads_per_layer,
+    load_classifier,
+)
 from cahp_engine.recovery import count_parameters, evaluate
 from cahp_engine.results import ClassificationMetrics, JsonRecord
 
@@ -84,6 +91,7 @@ def export_checkpoint(
     max_length: int = 512,
     latency_repeats: int = 20,
     latency_warmup: int = 3,
+    max_model_params: int = DEFAULT_MAX_MODEL_PARAMS,
     log: Callable[[str], None] | None = None,
 ) -> CheckpointExport:
     """Export the checkpoint directory ``checkpoint`` to ``output_dir`` in format ``fmt``.
@@ -99,6 +107,8 @@ def export_checkpoint(
     samples, seed : parity sample count and seed
     max_length : tokenizer truncation for the dataset's rows
     latency_repeats, latency_warmup : timed and untimed passes per candidate; 0 repeats skips timing
+    max_model_params : most parameters the checkpoint's architecture may have (before pruning); checked,
+        with its weights' names and shapes, before the model is allocated
 
     Raises
     ------
@@ -121,7 +131,7 @@ def export_checkpoint(
     prepare_output_dir(out, overwrite=overwrite)
 
     say(f"loading {source}")
-    loaded = load_classifier(str(source))
+    loaded = load_classifier(str(source), max_params=max_model_params)
     model, tokenizer = loaded.model, loaded.tokenizer
     rows, eval_split = _evaluation_rows(model, tokenizer, dataset, dataset_options or DatasetOptions(), max_length)
 

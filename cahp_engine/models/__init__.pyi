@@ -5,11 +5,12 @@ Reading order: ``_adapters`` (where each family keeps its heads) -> ``_loading``
 
 from ._adapters import SUPPORTED_FAMILIES, eager_attention, gate_heads, get_adapter, heads_per_layer
 from ._checkpoint import check_weight_files, load_pruned, save_pruned
-from ._loading import load_classifier, LoadedClassifier
+from ._limits import DEFAULT_MAX_MODEL_PARAMS
+from ._loading import LoadedClassifier, load_classifier
 from ._surgery import current_kept_heads, prune_heads, pruning_record
 
 __all__ = [
-    "SUPPORTED_FAMILIES", "check_weight_files", "current_kept_heads", "eager_attention", "gate_heads", "get_adapter",
-    "heads_per_layer", "load_classifier", "load_pruned", "LoadedClassifier", "prune_heads", "pruning_record",
-    "save_pruned",
+    "DEFAULT_MAX_MODEL_PARAMS", "SUPPORTED_FAMILIES", "check_weight_files", "current_kept_heads", "eager_attention",
+    "gate_heads", "get_adapter", "heads_per_layer", "load_classifier", "load_pruned", "LoadedClassifier",
+    "prune_heads", "pruning_record", "save_pruned",
 ]

@@ -3,14 +3,16 @@
 A pruned model cannot be rebuilt by ``from_pretrained`` alone: its attention projections are
 narrower than ``config.json`` implies. The directory therefore carries the ``cahp`` record written
 by :func:`cahp_engine.models.prune_heads`; :func:`load_pruned` builds the full architecture from the
-config, repeats the recorded surgery, and only then loads the weights, strictly. Weights are read
-from safetensors only: no pickle, no remote code.
+config on the ``meta`` device, repeats the recorded surgery there, checks the result against the
+weights' headers (:mod:`cahp_engine.models._preflight`), and only then allocates it and loads the weights,
+strictly. Weights are read from safetensors only: no pickle, no remote code.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import types
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,19 @@ import torch
 import transformers
 from torch import nn
 
+from cahp_engine._validation import is_plain_file_name
 from cahp_engine.errors import CahpError, ModelLoadError
 from cahp_engine.models._adapters import get_adapter
+from cahp_engine.models._limits import DEFAULT_MAX_MODEL_PARAMS
+from cahp_engine.models._preflight import (
+    build_on_meta,
+    check_declarations,
+    check_fit,
+    check_heads,
+    check_limit,
+    check_size,
+    weight_shapes,
+)
 from cahp_engine.models._surgery import RECORD_ATTR, prune_heads, pruning_record
 
 CONFIG_FILE = "config.json"
@@ -56,13 +69,18 @@ def save_pruned(model: nn.Module, tokenizer: Any, path: str | Path) -> None:
     tokenizer.save_pretrained(target)
 
 
-def load_pruned(path: str | Path, *, device: torch.device | str | None = None) -> nn.Module:
+def load_pruned(
+    path: str | Path, *, device: torch.device | str | None = None, max_params: int = DEFAULT_MAX_MODEL_PARAMS
+) -> nn.Module:
     """Rebuild a classifier written by :func:`save_pruned` (or any single-file safetensors save).
 
     Parameters
     ----------
     path : directory holding ``config.json`` and ``model.safetensors``
     device : where to put the model; CPU when None
+    max_params : int
+        Most parameters the architecture may have before pruning (the unpruned model the record
+        was cut from); checked on the ``meta`` device, before anything is allocated.
 
     Returns
     -------
@@ -72,28 +90,40 @@ def load_pruned(path: str | Path, *, device: torch.device | str | None = None) -
     ------
     ModelLoadError
         If the directory, its config or its safetensors weights are missing, the ``cahp`` record is
-        malformed, or the weights do not fit the recorded architecture.
+        malformed, the architecture is above ``max_params``, or the weights do not fit the recorded
+        architecture (by name and shape, checked before the model is allocated).
     UnsupportedModelError
         If the config names a model family without an adapter.
     """
+    check_limit(max_params)
     directory = Path(path)
     config_file = directory / CONFIG_FILE
+    ref = str(directory)
     if not directory.is_dir():
-        raise ModelLoadError(f"model directory {str(directory)!r} does not exist")
+        raise ModelLoadError(f"model directory {ref!r} does not exist")
     if not config_file.is_file():
-        raise ModelLoadError(f"{str(directory)!r} has no {CONFIG_FILE}; point at a directory written by save_pruned")
+        raise ModelLoadError(f"{ref!r} has no {CONFIG_FILE}; point at a directory written by save_pruned")
+    raw = read_config(config_file)
+    adapter = get_adapter(types.SimpleNamespace(model_type=raw.get("model_type")))
+    weights = pruned_weights_file(directory)
+    shapes = weight_shapes([weights])
+    # Before transformers parses the config: parsing allocates by the layer and label counts.
+    check_declarations(raw, adapter, shapes, ref=ref)
     try:
         config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False)
     except Exception as exc:  # hostile values fail in many ways (OSError, ValueError, TypeError, ...)
         raise ModelLoadError(f"cannot read {str(config_file)!r}: {type(exc).__name__}: {exc}") from exc
     get_adapter(config)
+    check_heads(config, adapter, ref=ref)
     kept = pruning_record(config)
-    weights = _weights_file(directory)
     # The record describes surgery still to be done on a freshly built, full-size model.
     if hasattr(config, RECORD_ATTR):
         delattr(config, RECORD_ATTR)
     try:
-        model = transformers.AutoModelForSequenceClassification.from_config(config, trust_remote_code=False)
+        # Built and cut on the meta device: the full-size architecture is never allocated, and the
+        # pruned one only once its shapes match the weight file's.
+        model = build_on_meta(config)
+        check_size(model, max_params=max_params, ref=ref)
         if kept is not None:
             prune_heads(model, kept)
     except CahpError:
@@ -102,6 +132,8 @@ def load_pruned(path: str | Path, *, device: torch.device | str | None = None) -
         raise ModelLoadError(
             f"the architecture in {str(config_file)!r} cannot be built: {type(exc).__name__}: {exc}"
         ) from exc
+    check_fit(model, shapes, ref=ref, strict=True)
+    model.to_empty(device="cpu")
     try:
         safetensors.torch.load_model(model, str(weights), strict=True)
     except (RuntimeError, OSError) as exc:
@@ -112,9 +144,60 @@ def load_pruned(path: str | Path, *, device: torch.device | str | None = None) -
         raise ModelLoadError(
             f"{str(weights)!r} is not a readable safetensors file: {type(exc).__name__}: {exc}"
         ) from exc
+    _fill_unsaved_buffers(model)
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def _fill_unsaved_buffers(model: nn.Module) -> None:
+    """Compute the buffers no checkpoint holds (``position_ids``, rotary frequencies) after ``to_empty``.
+
+    As ``from_pretrained`` does after loading: every loaded tensor is marked initialised, so the
+    model's own initialisation writes only the rest, which are those buffers.
+    """
+    saved = model.state_dict(keep_vars=True)
+    for tensor in saved.values():
+        tensor._is_hf_initialized = True
+    model.initialize_weights()  # type: ignore[operator]
+
+
+def read_config(config_file: Path) -> dict[str, Any]:
+    """The JSON object of ``config_file`` as written, before transformers parses (and acts on) it.
+
+    Raises
+    ------
+    ModelLoadError
+        If the file cannot be read or does not hold a JSON object.
+    """
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{str(config_file)!r} must hold a JSON object")
+    return config
+
+
+def local_weight_files(directory: Path) -> list[Path]:
+    """The safetensors files ``from_pretrained`` reads in ``directory``: the index's shards, or the one file.
+
+    Call :func:`check_weight_files` first; this only lists.
+
+    Raises
+    ------
+    ModelLoadError
+        If the directory has neither an index nor ``model.safetensors``.
+    """
+    index = directory / WEIGHTS_INDEX
+    if index.is_file():
+        return [directory / shard for shard in check_weight_index_names(index)]
+    if (directory / WEIGHTS_FILE).is_file():
+        return [directory / WEIGHTS_FILE]
+    refuse_pickled_weights(directory)
+    raise ModelLoadError(
+        f"{str(directory)!r} has no {WEIGHTS_FILE} (nor a {WEIGHTS_INDEX}); cahp reads safetensors weights only"
+    )
 
 
 def check_weight_files(directory: Path) -> None:
@@ -156,8 +239,7 @@ def check_weight_index_names(index: Path) -> list[str]:
         raise ModelLoadError(f"the model's {WEIGHTS_INDEX} has no `weight_map` object")
     shards = sorted({str(name) for name in weight_map.values()})
     for shard in shards:
-        plain = shard not in ("", ".", "..") and not any(c in shard for c in "/\\\x00")
-        if not plain or not shard.endswith(".safetensors"):
+        if not is_plain_file_name(shard) or not shard.endswith(".safetensors"):
             raise ModelLoadError(
                 f"the model's {WEIGHTS_INDEX} names the weight file {shard!r}; cahp reads only .safetensors files "
                 "that sit next to the index, named without a directory"
@@ -180,7 +262,8 @@ def refuse_pickled_weights(directory: Path) -> None:
         )
 
 
-def _weights_file(directory: Path) -> Path:
+def pruned_weights_file(directory: Path) -> Path:
+    """The one ``model.safetensors`` :func:`load_pruned` reads; a ModelLoadError says what is there instead."""
     weights = directory / WEIGHTS_FILE
     if weights.is_file():
         return weights

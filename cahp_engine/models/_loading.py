@@ -1,13 +1,15 @@
 """Loading the classifier a user names: a local directory or a Hugging Face hub id.
 
 Every load is safe by construction: ``trust_remote_code=False`` and safetensors weights only, so no
-code or pickle from the checkpoint ever runs. A directory whose config carries the ``cahp`` record
-is a pruned model and goes through :func:`cahp_engine.models.load_pruned`.
+code or pickle from the checkpoint ever runs. Nothing is allocated by what ``config.json`` declares
+until :mod:`cahp_engine.models._preflight` has checked it: the layer and label counts against the weight
+files, the parameter count of the architecture built on the ``meta`` device against the caller's
+limit, and every tensor's name and shape against the safetensors headers. A directory whose config
+carries the ``cahp`` record is a pruned model and goes through :func:`cahp_engine.models.load_pruned`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import types
 from dataclasses import dataclass
@@ -24,10 +26,24 @@ from cahp_engine.errors import CahpError, InvalidInputError, ModelLoadError
 from cahp_engine.models._adapters import ModelAdapter, get_adapter
 from cahp_engine.models._checkpoint import (
     CONFIG_FILE,
+    WEIGHTS_FILE,
     WEIGHTS_INDEX,
     check_weight_files,
     check_weight_index_names,
     load_pruned,
+    local_weight_files,
+    pruned_weights_file,
+    read_config,
+)
+from cahp_engine.models._limits import DEFAULT_MAX_MODEL_PARAMS
+from cahp_engine.models._preflight import (
+    build_on_meta,
+    check_declarations,
+    check_fit,
+    check_heads,
+    check_limit,
+    check_size,
+    weight_shapes,
 )
 from cahp_engine.models._surgery import RECORD_ATTR
 
@@ -70,6 +86,7 @@ def load_classifier(
     token: str | None = None,
     device: torch.device | str | None = None,
     seed: int = 0,
+    max_params: int = DEFAULT_MAX_MODEL_PARAMS,
 ) -> LoadedClassifier:
     """Load a sequence classifier and its tokenizer from a directory or the Hugging Face hub.
 
@@ -84,23 +101,30 @@ def load_classifier(
     seed : seeds the initialisation of a re-created classification head (and of any weight the checkpoint
         lacks), so that a run fine-tuning a base model is reproducible from its seed; torch's global
         random state is left as it was
+    max_params : int
+        Most parameters the architecture may have (for a pruned model: before pruning). Counted on
+        the ``meta`` device, before anything is allocated; the default fits XLM-RoBERTa-XL
+        (see :data:`~cahp_engine.models.DEFAULT_MAX_MODEL_PARAMS`).
 
     Raises
     ------
     ModelLoadError
         If ``ref`` names no directory and no hub model, lacks a config, safetensors weights or a
-        tokenizer, or its weights do not fit the architecture.
+        tokenizer, declares more than ``max_params`` parameters, or its weights do not fit the
+        architecture its config describes (tensors missing, of another shape, or left over in the
+        encoder; a missing or differently sized classification head is re-created instead).
     UnsupportedModelError
         If the config's model family has no adapter.
     InvalidInputError
-        If ``num_labels`` is not an integer >= 2.
+        If ``num_labels`` is not an integer >= 2, or ``max_params`` not one >= 1.
     """
     if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2):
         raise InvalidInputError(f"`num_labels` must be an integer >= 2, got {num_labels!r}")
+    check_limit(max_params)
     ref = os.fspath(ref)
     try:
         return _load_classifier(ref, revision=revision, num_labels=num_labels, cache_dir=cache_dir, token=token,
-                                device=device, seed=seed)
+                                device=device, seed=seed, max_params=max_params)
     except (CahpError, MemoryError, torch.cuda.OutOfMemoryError):
         raise
     except Exception as exc:
@@ -118,18 +142,31 @@ def _load_classifier(
     token: str | None,
     device: torch.device | str | None,
     seed: int,
+    max_params: int,
 ) -> LoadedClassifier:
     hub = {"revision": revision, "cache_dir": cache_dir, "token": token}
     config_file = _config_file(ref, **hub)
-    config = _read_config(config_file)
-    adapter = get_adapter(types.SimpleNamespace(model_type=config.get("model_type")))
+    raw = read_config(config_file)
+    adapter = get_adapter(types.SimpleNamespace(model_type=raw.get("model_type")))
     local = _local_directory(ref)
     where = str(local) if local is not None else ref
+    pruned = RECORD_ATTR in raw
+    if pruned:
+        directory = local if local is not None else _download(ref, hub)
+        files = [pruned_weights_file(directory)]
+    elif local is not None:
+        check_weight_files(local)
+        files = local_weight_files(local)
+    else:
+        files = _hub_weight_files(ref, hub)
+    shapes = weight_shapes(files)
+    # Before anything parses config.json (the tokenizer's loader does too): transformers allocates by
+    # the layer and label counts it declares.
+    check_declarations(raw, adapter, shapes, ref=ref)
     tokenizer = _load_tokenizer(where, ref, hub)
 
-    if RECORD_ATTR in config:
-        directory = local if local is not None else _download(ref, hub)
-        model = load_pruned(directory)
+    if pruned:
+        model = load_pruned(directory, max_params=max_params)
         saved_config: Any = model.config
         saved_labels = int(saved_config.num_labels)
         if num_labels is not None and num_labels != saved_labels:
@@ -138,16 +175,13 @@ def _load_classifier(
             )
         trained = True
     else:
-        if local is not None:
-            check_weight_files(local)
-        else:
-            _check_hub_weight_index(ref, hub)
+        config = _checked_config(where, ref, adapter, shapes, num_labels, max_params, hub)
         # Weights missing from the checkpoint (a new head) are drawn from torch's global generator, whose
         # start-up seed is random: without a seed of its own, the same base model and run seed gave another
         # fine-tuned model each time.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model, trained = _from_pretrained(where, ref, adapter, num_labels, hub)
+            model, trained = _from_pretrained(where, ref, adapter, config, num_labels is not None, hub)
 
     if device is not None:
         model.to(device)
@@ -210,24 +244,47 @@ def _config_file(ref: str, **hub: Any) -> Path:
         raise ModelLoadError(f"{not_found} ({exc})") from exc
 
 
-def _check_hub_weight_index(ref: str, hub: dict[str, Any]) -> None:
-    """Fetch a hub model's safetensors index, if it has one, and check its names before transformers follows it."""
+def _hub_weight_files(ref: str, hub: dict[str, Any]) -> list[Path]:
+    """Fetch a hub model's safetensors files (the index's shards, or the one file), checking the index's names first.
+
+    ``from_pretrained`` finds them in the cache afterwards; their headers are read before it runs.
+    """
     try:
-        index = Path(huggingface_hub.hf_hub_download(ref, WEIGHTS_INDEX, **hub))
+        index: Path | None = Path(huggingface_hub.hf_hub_download(ref, WEIGHTS_INDEX, **hub))
     except (hub_errors.EntryNotFoundError, hub_errors.LocalEntryNotFoundError):
-        return  # a single model.safetensors
+        index = None  # a single model.safetensors
     except (OSError, hub_errors.HFValidationError) as exc:
         raise ModelLoadError(f"cannot fetch {WEIGHTS_INDEX} of {ref!r} from the hub: {exc}") from exc
-    check_weight_index_names(index)
+    names = check_weight_index_names(index) if index is not None else [WEIGHTS_FILE]
+    files = []
+    for name in names:
+        try:
+            files.append(Path(huggingface_hub.hf_hub_download(ref, name, **hub)))
+        except (hub_errors.EntryNotFoundError, hub_errors.LocalEntryNotFoundError) as exc:
+            raise ModelLoadError(
+                f"{ref!r} has no {name} on the hub. cahp reads safetensors weights only; a checkpoint with only "
+                "pytorch_model.bin must be converted (load it with transformers and call save_pretrained)"
+            ) from exc
+        except (OSError, hub_errors.HFValidationError) as exc:
+            raise ModelLoadError(f"cannot fetch {name} of {ref!r} from the hub: {exc}") from exc
+    return files
 
 
-def _read_config(config_file: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{str(config_file)!r} must hold a JSON object")
+def _checked_config(
+    where: str, ref: str, adapter: ModelAdapter, shapes: dict[str, tuple[int, ...]], num_labels: int | None,
+    max_params: int, hub: dict[str, Any],
+) -> Any:
+    """The config ``from_pretrained`` will build, once what it declares has been checked against the weights.
+
+    After :func:`~cahp_engine.models._preflight.check_declarations`, in the order of :mod:`cahp_engine.models._preflight`:
+    the heads, the parameter count of the ``meta`` architecture, then every tensor's name and shape.
+    """
+    labels = {"num_labels": num_labels} if num_labels is not None else {}
+    config = transformers.AutoConfig.from_pretrained(where, trust_remote_code=False, **labels, **hub)
+    check_heads(config, adapter, ref=ref)
+    meta = build_on_meta(config)
+    check_size(meta, max_params=max_params, ref=ref)
+    check_fit(meta, shapes, ref=ref, new_head=num_labels is not None)
     return config
 
 
@@ -266,15 +323,14 @@ def _sentencepiece_hint(where: str) -> str:
 
 
 def _from_pretrained(
-    where: str, ref: str, adapter: ModelAdapter, num_labels: int | None, hub: dict[str, Any]
+    where: str, ref: str, adapter: ModelAdapter, config: Any, new_head: bool, hub: dict[str, Any]
 ) -> tuple[nn.Module, bool]:
-    labels: dict[str, Any] = {}
-    if num_labels is not None:
-        # A head of another size cannot be loaded; it is re-created and reported as mismatched.
-        labels = {"num_labels": num_labels, "ignore_mismatched_sizes": True}
+    # A head of another size cannot be loaded; it is re-created and reported as mismatched.
+    labels: dict[str, Any] = {"ignore_mismatched_sizes": True} if new_head else {}
     try:
         model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-            where, trust_remote_code=False, use_safetensors=True, output_loading_info=True, **labels, **hub
+            where, config=config, trust_remote_code=False, use_safetensors=True, output_loading_info=True,
+            **labels, **hub
         )
     except OSError as exc:
         raise ModelLoadError(

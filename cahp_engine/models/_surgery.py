@@ -242,11 +242,15 @@ def _slice_layer(adapter: ModelAdapter, parts: AttentionParts, positions: list[i
     """Keep the heads at ``positions`` (current numbering) of one layer's attention."""
     device = parts.output.weight.device
     width = parts.output.in_features  # H * d, the current heads
-    columns = [p * head_dim + i for p in positions for i in range(head_dim)]
-    rows = [block * width + c for block in range(parts.blocks) for c in columns]
+    # Head p owns columns p*d .. p*d + d - 1, and those rows in every block of a fused projection. Built
+    # as tensors on the model's device: on the meta device (a checkpoint being checked before it is
+    # loaded) they cost nothing, however large the config says a head is.
+    heads = torch.tensor(positions, dtype=torch.long, device=device)
+    columns = (heads[:, None] * head_dim + torch.arange(head_dim, device=device)).reshape(-1)
+    rows = (torch.arange(parts.blocks, device=device)[:, None] * width + columns).reshape(-1)
     for projection in parts.projections:
-        _keep_features(projection, torch.tensor(rows, dtype=torch.long, device=device), dim=0)
-    _keep_features(parts.output, torch.tensor(columns, dtype=torch.long, device=device), dim=1)
+        _keep_features(projection, rows, dim=0)
+    _keep_features(parts.output, columns, dim=1)
     adapter.set_head_count(parts, len(positions), head_dim)
     if not positions:
         _bypass_attention(adapter, parts)

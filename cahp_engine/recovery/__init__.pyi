@@ -3,9 +3,15 @@
 Reading order: ``_distillation`` (the teacher's logits and loss) -> ``_training`` (``finetune``)
 -> ``_evaluation`` (accuracy, size, speed)."""
 
-from ._distillation import distillation_loss, teacher_logits, TeacherLogits
+from ._distillation import TeacherLogits, distillation_loss, teacher_logits
 from ._evaluation import (
-    check_counts, classification_metrics, compare_speed, count_parameters, evaluate, max_positions, measure_latency,
+    check_counts,
+    classification_metrics,
+    compare_speed,
+    count_parameters,
+    evaluate,
+    max_positions,
+    measure_latency,
     random_inputs,
 )
 from ._training import AuxiliaryLoss, finetune

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from cahp_engine.data import DatasetOptions, DatasetSplits, LabelledTexts, load_splits
+from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions, DatasetSplits, LabelledTexts, load_splits
 from cahp_engine.errors import AccuracyBudgetError, DatasetError
 from cahp_engine.results import BudgetCandidate, BudgetRecord, ClassificationMetrics, TrainingResult
 from cahp_engine.selection import HeadAnalysis, Selection, choose
@@ -83,7 +83,7 @@ def carve(train: LabelledTexts, seed: int, fraction: float = CARVE_FRACTION) -> 
 
 def validation_data(splits: DatasetSplits, dataset_ref: str, options: DatasetOptions, *, seed: int,
                     revision: str | None = None, cache_dir: str | None = None,
-                    token: str | None = None) -> ValidationData:
+                    token: str | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> ValidationData:
     """The budget's validation split: the dataset's own when it has one, else carved from train.
 
     A split of :data:`VALIDATION_SPLITS` qualifies when it is neither the training nor the
@@ -92,7 +92,7 @@ def validation_data(splits: DatasetSplits, dataset_ref: str, options: DatasetOpt
     for name in VALIDATION_SPLITS:
         if name in splits.splits_found and name not in (options.train_split, splits.eval_split):
             read = load_splits(dataset_ref, dataclasses.replace(options, eval_split=name), revision=revision,
-                               cache_dir=cache_dir, token=token)
+                               cache_dir=cache_dir, token=token, max_rows=max_rows)
             if read.label_names != splits.label_names:
                 raise DatasetError(f"split {name!r} maps the labels as {list(read.label_names)} but the training split "
                                    f"as {list(splits.label_names)}; give both splits the same classes")

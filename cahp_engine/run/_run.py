@@ -25,8 +25,9 @@ from torch import nn
 from cahp_engine._output_dir import prepare_output_dir, staged_output
 from cahp_engine._torch import resolve_device
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import DatasetOptions
+from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError
+from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.progress import STAGE_SPAN, Monitor
 from cahp_engine.recovery import TeacherLogits, count_parameters
 from cahp_engine.results import BudgetRecord, ClassificationMetrics, TrainingResult
@@ -66,6 +67,8 @@ def run_pruning(
     config: PruningConfig,
     *,
     dataset_options: DatasetOptions | None = None,
+    max_dataset_rows: int | None = DEFAULT_MAX_ROWS,
+    max_model_params: int = DEFAULT_MAX_MODEL_PARAMS,
     revision: str | None = None,
     hub_token: str | None = None,
     cache_dir: str | None = None,
@@ -88,6 +91,13 @@ def run_pruning(
         Must not exist or be empty (unless ``overwrite``). Receives ``model/`` and :data:`ARTIFACT_FILES`.
     config : PruningConfig
     dataset_options : DatasetOptions, optional
+    max_dataset_rows : int or None
+        Most rows a dataset split may have; a larger split is refused before it is read
+        (:data:`~cahp_engine.data._splits.DEFAULT_MAX_ROWS`; None for no limit).
+    max_model_params : int
+        Most parameters the model may declare (a pruned one: before pruning); a larger model, or one whose
+        weights do not fit its config, is refused before it is allocated
+        (:data:`~cahp_engine.models.DEFAULT_MAX_MODEL_PARAMS`).
     revision, hub_token, cache_dir : optional
         Hub access for model and dataset.
     overwrite : bool
@@ -124,8 +134,9 @@ def run_pruning(
         # A missed accuracy budget is the one documented exception to "a failed run leaves nothing":
         # the candidates' report and plots say why no head count met it (report.json has "status": "failed").
         report = _run(run, work=work, model_ref=model_ref, dataset_ref=dataset_ref,
-                      options=dataset_options or DatasetOptions(), revision=revision, hub_token=hub_token,
-                      cache_dir=cache_dir, model_name=model_name or model_ref,
+                      options=dataset_options or DatasetOptions(), max_rows=max_dataset_rows,
+                      max_params=max_model_params, revision=revision,
+                      hub_token=hub_token, cache_dir=cache_dir, model_name=model_name or model_ref,
                       dataset_name=dataset_name or dataset_ref)
         report = dataclasses.replace(report, wall_time_s=time.perf_counter() - started)
         write_cards(work, report)
@@ -154,6 +165,8 @@ def _run(
     model_ref: str,
     dataset_ref: str,
     options: DatasetOptions,
+    max_rows: int | None,
+    max_params: int,
     revision: str | None,
     hub_token: str | None,
     cache_dir: str | None,
@@ -163,7 +176,8 @@ def _run(
     """The steps in order; the report without its wall time, which the caller adds."""
     config = run.config
     inputs = steps.load(run, model_ref=model_ref, dataset_ref=dataset_ref, options=options, revision=revision,
-                        hub_token=hub_token, cache_dir=cache_dir, model_name=model_name, dataset_name=dataset_name)
+                        hub_token=hub_token, cache_dir=cache_dir, model_name=model_name, dataset_name=dataset_name,
+                        max_rows=max_rows, max_params=max_params)
     loaded, model = inputs.loaded, inputs.loaded.model
     warnings: list[str] = []
     if config.dense_finetune == "never" and not loaded.classifier_trained:

@@ -18,6 +18,7 @@ from torch import nn
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import (
+    DEFAULT_MAX_ROWS,
     DatasetOptions,
     DatasetSplits,
     EncodedDataset,
@@ -26,7 +27,7 @@ from cahp_engine.data import (
     encode,
     load_splits,
 )
-from cahp_engine.models import LoadedClassifier, load_classifier, prune_heads
+from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS, LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
 from cahp_engine.recovery import TeacherLogits, compare_speed, count_parameters, evaluate, finetune, teacher_logits
 from cahp_engine.results import ClassificationMetrics, SpeedComparison, TrainingResult
@@ -94,21 +95,29 @@ def load(
     cache_dir: str | None,
     model_name: str,
     dataset_name: str,
+    max_rows: int | None = DEFAULT_MAX_ROWS,
+    max_params: int = DEFAULT_MAX_MODEL_PARAMS,
 ) -> Inputs:
-    """Read the splits, load the classifier onto the run's device, tokenise, check the inputs."""
+    """Read the splits, load the classifier onto the run's device, tokenise, check the inputs.
+
+    ``max_params`` is the most parameters the model may declare; it is checked before the model is
+    allocated (see :mod:`cahp_engine.models._preflight`).
+    """
     config, device = run.config, run.device
     with run.monitor.stage("load"):
         run.say(f"reading dataset {dataset_name}")
-        splits = load_splits(dataset_ref, options, revision=None, cache_dir=cache_dir, token=hub_token)
+        splits = load_splits(dataset_ref, options, revision=None, cache_dir=cache_dir, token=hub_token,
+                             max_rows=max_rows)
         run.say(f"loading model {model_name}" + (f" at revision {revision}" if revision else ""))
         loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
-                                 cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed)
+                                 cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed,
+                                 max_params=max_params)
         loaded.model.to(device).eval()
         held_out = validation = None
         train = splits.train
         if config.max_accuracy_drop is not None:
             held_out = validation_data(splits, dataset_ref, options, seed=config.seed, cache_dir=cache_dir,
-                                       token=hub_token)
+                                       token=hub_token, max_rows=max_rows)
             train = held_out.train
             validation = encode(loaded.tokenizer, held_out.validation, max_length=config.max_length)
             run.say(f"accuracy budget: validating on {len(validation)} rows "

@@ -7,8 +7,8 @@ and MSS for every k) -> ``_knee`` (k*) -> ``_head_structure`` (those four stages
 -> ``_salience`` (head importance) -> ``_analysis`` (``analyze_heads``) -> ``_strategies`` (``choose``,
 by the names in ``_registry``) -> ``_choice`` (the ``Selection`` rules) -> ``_stability``."""
 
-from ._analysis import analyze_heads, HeadAnalysis, validate_inputs
-from ._choice import select_random, select_representatives, select_top_salience, Selection
+from ._analysis import HeadAnalysis, analyze_heads, validate_inputs
+from ._choice import Selection, select_random, select_representatives, select_top_salience
 from ._convergence import class_difference_noise, salience_noise
 from ._graph_space import default_perplexity, embed_heads
 from ._head_structure import head_structure
@@ -16,11 +16,17 @@ from ._knee import chord_knee, find_knee, knees_by_degree
 from ._registry import REGISTRY, STRATEGIES
 from ._salience import gradient_salience, minmax
 from ._sampling import checkpoint_sizes, resolve_amount, stratified_order
-from ._select_heads import select_heads, SelectionResult
+from ._select_heads import SelectionResult, select_heads
 from ._separation import bhattacharyya_normal, jeffries_matusita, separation_features
 from ._signatures import (
-    ClassMoments, crop_and_resize, default_resolution, extract_signatures, merge_moments, ShardedSignatures,
-    SignatureProfiler, Signatures,
+    ClassMoments,
+    ShardedSignatures,
+    SignatureProfiler,
+    Signatures,
+    crop_and_resize,
+    default_resolution,
+    extract_signatures,
+    merge_moments,
 )
 from ._stability import jaccard, selection_stability
 from ._strategies import choose, get_strategy

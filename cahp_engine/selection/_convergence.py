@@ -18,7 +18,7 @@ row: the cap) and stop at the first checkpoint where the noise share of what the
 
 References
 ----------
-Issue 16 (sampling with a convergence rule); the squared-difference bias E[(m1 - m2)^2] = (mu1 - mu2)^2
+The squared-difference bias E[(m1 - m2)^2] = (mu1 - mu2)^2
 + s1^2/n1 + s2^2/n2 of two sample means; the reliability coefficient of a mean over repeated measures.
 """
 

@@ -10,7 +10,7 @@ which samples were drawn, at no extra forward pass.
 
 References
 ----------
-Issue 12 (a stability measure that means something); Efron's jackknife for leaving one part out.
+Efron's jackknife for leaving one part out.
 """
 
 from __future__ import annotations

@@ -208,6 +208,7 @@ def test_a_bad_sample_amount_is_a_usage_error(capsys):
         ("output_not_empty", "--overwrite"),
         ("unsupported", "not supported"),
         ("bad_degree", "`poly_degree` must be an integer between 1 and 10, got 0"),
+        ("too_many_rows", "more than 5 rows, the limit per split"),
     ],
 )
 def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
@@ -233,6 +234,8 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
         args[0] = str(tmp_path / "gpt2")
     elif case == "bad_degree":
         args += ["--poly-degree", "0"]
+    elif case == "too_many_rows":
+        args += ["--max-dataset-rows", "5"]
     proc = cahp(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert message in proc.stderr

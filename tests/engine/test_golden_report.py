@@ -2,7 +2,7 @@
 
 The committed files under ``tests/engine/golden/`` come from ``python -m tests.engine.golden.make_golden``
 run on the code before the run report became typed and head selection a registry of strategies, and
-were regenerated when the defaults changed on purpose (issues 12 and 16: perplexity 10, variance floor
+were regenerated when the defaults changed on purpose (perplexity 10, variance floor
 1e-6, sampling with stopping rules, random calibration batch order, the stability measure).
 This test runs the same thing now and compares: the same keys in the same order everywhere, the
 same selection (kept heads, k*, knees, representatives, layer-safety heads, cluster labels, salience
@@ -10,7 +10,7 @@ to 1e-9) and the same values otherwise, except wall times, dates, the environmen
 latencies, which no two runs share.
 
 The files were regenerated once since, when the report gained ``export`` and the summary and the
-settings their ONNX fields (issue 13; the golden run sets ``export="none"``); the selection, metrics,
+settings their ONNX fields (the golden run sets ``export="none"``); the selection, metrics,
 parameters, head map, curve and the selections of every strategy were checked identical to the
 first generation before the new files were committed.
 
@@ -23,9 +23,9 @@ losses apart in the 8th digit, MSS values apart by up to 4e-3 and another t-SNE 
 leave-one-shard-out record, with the same kept heads, k*, knees, clusters and selections of every
 strategy; so the values that processor arithmetic reaches (:data:`PROCESSOR`) are compared within a
 tolerance or by shape only, and the selection itself exactly. The files were regenerated pinned on
-2026-12-01 from the commit before issue 12's recovery work, and the head map, curve and
+2026-12-01 from the commit before the recovery gained distillation, and the head map, curve and
 selections checked identical to a pinned run of that commit. They were regenerated once more for
-issue 12's recovery (distillation by default, per-class recall, the budget's settings and record):
+that recovery (distillation by default, per-class recall, the budget's settings and record):
 head map, curve, selections and the report's selection were identical, and so were the pruned
 model's accuracy and confusion matrix after the distilled recovery. Regenerate the files only from a
 commit whose behaviour is the reference.

@@ -57,7 +57,8 @@ def _module_name(path: Path) -> str:
 
 
 def _engine_files() -> list[Path]:
-    return sorted(p for p in ENGINE.rglob("*.py") if p.name != "__init__.py" or p.parent == ENGINE / "selection" / "_strategies")
+    strategies = ENGINE / "selection" / "_strategies"
+    return sorted(p for p in ENGINE.rglob("*.py") if p.name != "__init__.py" or p.parent == strategies)
 
 
 def _stub_exports() -> dict[str, dict[str, str]]:

@@ -1,6 +1,6 @@
 """A key holder turned attacker: each test replays one attack against the real service and shows it fails.
 
-The attacks are the ones an audit of ``cahp serve`` found getting through (issue 10): archive links
+The attacks are the ones an audit of ``cahp serve`` found getting through: archive links
 escaping their directory (including the PATH_MAX symlink chain of CVE-2025-4517), split names used as
 file names, ``s3://`` references into the artifact store or unlisted buckets, safetensors indexes that
 point outside the model or at a pickle, symlinks inside an allowed root, NUL bytes in references,

@@ -3,7 +3,8 @@
 Every asset is read once from ``static/`` and served from memory with an explicit media type (ES
 modules need a JavaScript one, whatever the host's ``mimetypes`` table says), an ``ETag`` and
 ``Cache-Control: no-cache``, so a new release is picked up on the next load. The page is served with a
-Content-Security-Policy that allows only this origin: no inline script, no third-party anything.
+Content-Security-Policy that allows only this origin: no inline script, no third-party anything
+(:mod:`app.api.page_headers`, shared with ``/docs``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 from starlette.exceptions import HTTPException
 
+from app.api.page_headers import SECURITY_HEADERS
+
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: The media type of each kind of file the console ships; other files in ``static/`` are not served.
 MEDIA_TYPES = {
@@ -25,19 +28,6 @@ MEDIA_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
     ".svg": "image/svg+xml",
-}
-#: The page talks only to its own origin. ``form-action 'none'``: no form is ever submitted by the
-#: browser itself, so a key typed into the sign-in form cannot land in a URL.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "connect-src 'self'; font-src 'self'; base-uri 'self'; form-action 'none'; frame-ancestors 'none'"
-)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-cache",
 }
 #: Placeholder in index.html replaced by the page's base path, so the console also works behind a
 #: proxy that mounts the app under a prefix (``root_path``).

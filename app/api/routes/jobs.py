@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import ApiKeyDep, JobReaderDep, QueueDep, SessionDep, SettingsDep, StoreDep
+from app.api.deps import ApiKeyDep, JobReaderDep, KeyCheckDep, QueueDep, SessionDep, SettingsDep, StoreDep
 from app.api.routes.problem_docs import problem_responses
 from app.api.schemas import ArtifactPublic, DeliveryPublic, JobCreate, JobPublic, LogPage, Page
 from app.api.services import events, jobs, webhooks
@@ -139,6 +139,7 @@ def job_events(
     session: SessionDep,
     settings: SettingsDep,
     key: ApiKeyDep,
+    key_check: KeyCheckDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64,
                                                 description="Resume after this event")] = None,
 ) -> StreamingResponse:
@@ -146,7 +147,8 @@ def job_events(
     events.check_job(session, owner_id=key.id, job_id=job_id)
     stream = events.job_events(sessions=request.app.state.sessions, owner_id=key.id, job_id=job_id,
                                last_event_id=events.parse_last_event_id(last_event_id),
-                               poll_s=settings.events_poll_s, draining=request.app.state.draining)
+                               poll_s=settings.events_poll_s, draining=request.app.state.draining,
+                               key_valid=key_check)
     # no-transform and X-Accel-Buffering: proxies must pass each event on as it comes, not buffer them.
     headers = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

@@ -53,7 +53,10 @@ async def create_upload(
     """Upload one file as the multipart field ``file``; answers the ``upload://`` URI to use in a job."""
     limit = settings.max_upload_bytes + MULTIPART_OVERHEAD
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    # ASCII digits only (str.isdigit also accepts "²", which int() refuses); a longer number than
+    # int() reads is over any limit.
+    if declared is not None and declared.isascii() and declared.isdigit() and (
+            len(declared) > 18 or int(declared) > limit):
         raise PayloadTooLargeError(f"the upload is larger than the limit of {settings.max_upload_bytes} bytes")
     # FastAPI's UploadFile parameter would spool the whole body first; this reads it under a limit.
     limited = Request(request.scope, receive=_limited(request.receive, limit))

@@ -14,15 +14,18 @@ Every event's ``id`` is the number of log lines sent so far. A client that recon
 one as ``Last-Event-ID`` and gets the job's current state, then the log lines after it: nothing is
 lost, and no line is sent twice. For a finished job the stream sends the rest of the log, then the
 final state (an event ``status``), and ends; so a stream always ends with the terminal status,
-unless the server is shutting down (the client then reconnects to another or the restarted one).
+unless the server is shutting down (the client then reconnects to another or the restarted one)
+or the key was revoked. The key is checked again before every read, from the key cache, so a revoked
+key's streams end within the cache's lifetime and a poll interval (its reconnection is then a 401).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -86,13 +89,19 @@ async def job_events(
     last_event_id: int = 0,
     poll_s: float,
     draining: threading.Event | None = None,
+    key_valid: Callable[[], Awaitable[bool]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The SSE byte stream of one job, from log line ``last_event_id`` on (see the module docstring)."""
+    """The SSE byte stream of one job, from log line ``last_event_id`` on (see the module docstring).
+
+    ``key_valid`` is asked before each read: once it answers False (the key was revoked) the stream ends.
+    """
     offset = last_event_id
     sent: JobPublic | None = None
     quiet_since = time.monotonic()
     yield f"retry: {RECONNECT_MS}\n\n".encode()
     while True:
+        if key_valid is not None and not await key_valid():
+            return
         read = await run_in_threadpool(_read, sessions, owner_id=owner_id, job_id=job_id, offset=offset)
         if read.job is None:
             return  # deleted meanwhile
@@ -118,9 +127,19 @@ async def job_events(
         await asyncio.sleep(poll_s)
 
 
+#: An id as this stream gives them out: a count of log lines, in ASCII digits (``str.isdigit`` also
+#: accepts ``²`` and other digits that ``int`` refuses).
+_EVENT_ID = re.compile(r"[0-9]{1,10}")
+
+
 def parse_last_event_id(value: str | None) -> int:
-    """``Last-Event-ID`` as this stream gives it out: a count of log lines; anything else starts over."""
+    """``Last-Event-ID`` as this stream gives it out: a count of log lines; anything else starts over.
+
+    Anything else is ignored rather than refused: the header is an opaque string to the client, and
+    an ``EventSource`` that gets an error answer stops reconnecting for good, where starting over
+    only sends lines again.
+    """
     if value is None:
         return 0
     text = value.strip()
-    return int(text) if text.isdigit() and len(text) <= 10 else 0
+    return int(text) if _EVENT_ID.fullmatch(text) else 0

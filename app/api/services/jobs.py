@@ -7,7 +7,6 @@ import binascii
 import datetime as dt
 import hashlib
 import json
-import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from app.core.params import dataset_options, stored_params
 from app.core.security import generate_webhook_secret
 from app.core.settings import Settings
 from app.core.sources import SourceContext, check_reference, parse_reference
+from app.core.sources.hf import check_revision
 from app.core.sources.upload import find_upload
 from app.core.storage import ArtifactStore, job_prefix
 
@@ -60,8 +60,6 @@ MAX_PAGE = 100
 MAX_LOG_PAGE = 1000
 MAX_LOG_OFFSET = 2**31 - 1
 _IDEMPOTENCY_KEY_CHARS = set(map(chr, range(0x21, 0x7F)))
-#: Hub revisions: branch and tag names (which may hold "/") or commit hashes; no control characters.
-_REVISION = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]{0,254}")
 
 
 @dataclass(frozen=True)
@@ -109,10 +107,8 @@ def submit_job(
     check_reference(model_ref, role="model", context=context)
     if body.model.revision is not None and model_ref.scheme != "hf":
         raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
-    if body.model.revision is not None and not _REVISION.fullmatch(body.model.revision):
-        raise InvalidReferenceError(
-            "`model.revision` must be a branch, tag or commit: letters, digits, `_`, `-`, `.` and `/`"
-        )
+    if body.model.revision is not None:
+        check_revision(body.model.revision, field="model.revision")
 
     if body.notify_url is not None:
         check_webhook_url(body.notify_url, allowed_hosts=settings.allowed_outbound_hosts, what="`notify_url`")

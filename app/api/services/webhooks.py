@@ -27,11 +27,12 @@ def _public(webhook: Webhook) -> WebhookPublic:
 def create_webhook(*, session: Session, settings: Settings, owner_id: str, body: WebhookCreate) -> WebhookCreated:
     """Register an endpoint; the answer carries its signing secret, which is not shown again."""
     check_webhook_url(body.url, allowed_hosts=settings.allowed_outbound_hosts, what="the webhook `url`")
-    if len(repository.list_webhooks(session, owner_id=owner_id)) >= MAX_WEBHOOKS:
-        raise InvalidRequestError(f"this key already has {MAX_WEBHOOKS} webhooks; delete one first")
     webhook = repository.add_webhook(session, Webhook(id=uuid.uuid4().hex, owner_id=owner_id, url=body.url,
                                                       secret=generate_webhook_secret(),
-                                                      events=sorted(set(body.events))))
+                                                      events=sorted(set(body.events))), limit=MAX_WEBHOOKS)
+    if webhook is None:
+        session.rollback()
+        raise InvalidRequestError(f"this key already has {MAX_WEBHOOKS} webhooks; delete one first")
     session.commit()
     return WebhookCreated(**_public(webhook).model_dump(), secret=webhook.secret)
 
@@ -65,8 +66,11 @@ def list_deliveries(*, session: Session, owner_id: str, job_id: str) -> Page[Del
             created_at=delivery.created_at,
             next_attempt_at=delivery.next_attempt_at if delivery.status == "pending" else None,
             delivered_at=delivery.delivered_at,
-            attempts=[DeliveryAttempt(time=a.attempted_at, status_code=a.status_code, error=a.error,
-                                      duration_ms=a.duration_ms) for a in attempts],
+            # Whether it arrived and the receiver's status only: an error text or a duration would tell a
+            # key holder which hosts and ports answer where its URL points (the detail is in the log).
+            attempts=[DeliveryAttempt(time=a.attempted_at, delivered=a.status_code is not None
+                                      and 200 <= a.status_code < 300, status_code=a.status_code)
+                      for a in attempts],
         )
         for delivery, event, attempts in repository.job_deliveries(session, job_id=job_id)
     ]

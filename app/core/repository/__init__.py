@@ -50,6 +50,7 @@ from app.core.repository.jobs import (
 )
 from app.core.repository.keys import (
     add_api_key,
+    api_key_hash,
     ensure_local_principal,
     get_api_key,
     list_api_keys,
@@ -81,7 +82,8 @@ from app.core.repository.webhooks import (
 )
 
 __all__ = [
-    "add_api_key", "add_job", "add_upload", "add_webhook", "append_logs", "ArtifactRecord", "cancel_requested",
+    "add_api_key", "add_job", "add_upload", "add_webhook", "api_key_hash", "append_logs", "ArtifactRecord",
+    "cancel_requested",
     "claim_delivery", "claim_job", "complete_upload", "delete_finished_job", "delete_job", "delete_upload",
     "delete_webhook", "due_deliveries", "DueDelivery", "ensure_local_principal", "EVENT_TYPES", "expire_artifacts",
     "find_job_by_idempotency_key", "finish_job", "get_api_key", "get_artifact", "get_job", "get_upload",

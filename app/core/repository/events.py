@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,10 @@ class DueDelivery:
     created_at: dt.datetime
 
 
-def due_deliveries(session: Session, *, now: dt.datetime, limit: int = 50) -> list[DueDelivery]:
+def due_deliveries(session: Session, *, now: dt.datetime, limit: int = 50,
+                   exclude_owners: Sequence[str] = ()) -> list[DueDelivery]:
+    """Pending deliveries due by ``now``, longest waiting first, leaving out those of ``exclude_owners``
+    (keys the dispatcher already sends as many as it allows for), so they do not fill the batch."""
     query = (
         select(WebhookDelivery.id, WebhookDelivery.url, WebhookDelivery.endpoint_id, Job.owner_id,
                JobEvent.webhook_id, JobEvent.type, JobEvent.payload, WebhookDelivery.attempts,
@@ -100,6 +104,8 @@ def due_deliveries(session: Session, *, now: dt.datetime, limit: int = 50) -> li
         .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
         .limit(limit)
     )
+    if exclude_owners:
+        query = query.where(Job.owner_id.not_in(exclude_owners))
     return [DueDelivery(*row) for row in session.execute(query)]
 
 

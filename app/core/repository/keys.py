@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import String, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
@@ -22,6 +22,21 @@ def add_api_key(session: Session, *, key_id: str, name: str, key_hash: str) -> A
 
 def get_api_key(session: Session, *, key_id: str) -> ApiKey | None:
     return session.get(ApiKey, key_id)
+
+
+#: Built once: the stored hash of one key, or the default the caller passes.
+_KEY_HASH = select(func.coalesce(select(ApiKey.key_hash).where(ApiKey.id == bindparam("key_id")).scalar_subquery(),
+                                 bindparam("default", type_=String())))
+
+
+def api_key_hash(session: Session, *, key_id: str, default: str) -> str:
+    """The stored hash of the key ``key_id``, or ``default`` when there is no such key.
+
+    One row of one column either way (the database picks the default), read on the connection with
+    no ORM object built, so a missing id costs what a found one does (see
+    :func:`app.core.keys.authenticate`).
+    """
+    return str(session.connection().execute(_KEY_HASH, {"key_id": key_id, "default": default}).scalar_one())
 
 
 def list_api_keys(session: Session) -> list[ApiKey]:

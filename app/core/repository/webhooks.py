@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.core.models import ApiKey, Webhook, WebhookDelivery
 
 
-def add_webhook(session: Session, webhook: Webhook) -> Webhook:
+def add_webhook(session: Session, webhook: Webhook, *, limit: int) -> Webhook | None:
+    """Add the endpoint unless its key already has ``limit``; None then.
+
+    Race-safe: the key's row is updated first, to itself, which takes its row lock on PostgreSQL and
+    the database write lock on SQLite (where ``SELECT ... FOR UPDATE`` does nothing), both held until
+    the caller's commit. So two registrations for one key count and insert one after the other.
+    """
+    session.execute(update(ApiKey).where(ApiKey.id == webhook.owner_id).values(id=ApiKey.id))
+    count = session.scalar(select(func.count()).select_from(Webhook).where(Webhook.owner_id == webhook.owner_id))
+    if (count or 0) >= limit:
+        return None
     session.add(webhook)
     session.flush()
     return webhook

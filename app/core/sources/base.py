@@ -39,6 +39,7 @@ class UploadInfo:
     storage_key: str
     kind: str
     suffix: str
+    size: int | None = None
 
 
 @dataclass

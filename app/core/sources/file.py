@@ -1,8 +1,11 @@
 """``file:///path``: a directory, archive or (datasets only) split file on the server itself.
 
 Only under ``CAHP_ALLOWED_LOCAL_ROOTS``: the path is resolved (following links), and so is every
-file below a directory, since a link inside a root may lead anywhere. Checked at submit and again
-in the worker, because files can change in between.
+file below a directory, since a link inside a root may lead anywhere. A file with more than one
+hard link is refused too: the other name may be outside the roots, and nothing on the file says
+where. Checked at submit and again in the worker, because files can change in between. A dataset's
+own files (a ``README.md`` listing ``data_files``, ``save_to_disk`` JSON) are checked at submit
+as the engine checks them when the job runs (:mod:`app.core.dataset_checks`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from app.core.dataset_checks import check_dataset_archive, check_dataset_directory
 from app.core.errors import InvalidReferenceError
 from app.core.settings import Settings
 from app.core.sources.base import (
@@ -40,7 +44,13 @@ def parse(uri: str, rest: str, *, role: Role) -> Reference:
 
 
 def check(ref: Reference, *, role: Role, context: SourceContext) -> Shape:
-    return _local(ref, context.settings).shape
+    fetched = _local(ref, context.settings)
+    if role == "dataset" and fetched.shape == "directory":
+        check_dataset_directory(fetched.local, shown=f"file://{ref.target}")
+    elif role == "dataset" and fetched.shape == "archive":
+        with open(fetched.local, "rb") as archive:
+            check_dataset_archive(archive, shown=ref.uri, max_members=context.settings.max_archive_members)
+    return fetched.shape
 
 
 def fetch(ref: Reference, *, dest: Path, context: SourceContext) -> Fetched:
@@ -91,16 +101,28 @@ def resolve_local(path: str, settings: Settings) -> Path:
         raise _outside_roots(path)
     if not resolved.exists():
         raise InvalidReferenceError(f"file://{path} does not exist on the server")
+    if resolved.is_file():
+        _refuse_hard_link(resolved, f"file://{path}")
     check_local_tree(resolved, settings, shown=path)
     return resolved
+
+
+def _refuse_hard_link(path: Path, shown: str) -> None:
+    links = path.stat().st_nlink
+    if links > 1:
+        raise InvalidReferenceError(
+            f"{shown} is a file with {links} hard links; another of its names may lie outside the directories "
+            "this server may read, so cahp refuses it. Copy the file in instead of linking it"
+        )
 
 
 def check_local_tree(path: Path, settings: Settings, *, shown: str) -> None:
     """Require every file under the directory ``path`` to resolve inside an allowed root.
 
     A symlink inside a root may point anywhere; what is read is where it leads, so each entry is
-    resolved (directories reached through links are walked too, once each). The walk stops at
-    ``CAHP_MAX_ARCHIVE_MEMBERS`` entries.
+    resolved (directories reached through links are walked too, once each). A regular file with
+    more than one hard link is refused: its other names may be anywhere on the filesystem. The walk
+    stops at ``CAHP_MAX_ARCHIVE_MEMBERS`` entries.
     """
     if not path.is_dir():
         return
@@ -125,3 +147,5 @@ def check_local_tree(path: Path, settings: Settings, *, shown: str) -> None:
                     f"file://{shown}: {relative!r} is a link that leads out of the directories this server may "
                     "read; copy the file itself there"
                 )
+            if name in filenames and entry.is_file():
+                _refuse_hard_link(entry, f"file://{shown}: {entry.relative_to(path).as_posix()!r}")

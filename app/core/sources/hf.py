@@ -17,6 +17,8 @@ from app.core.sources.base import Fetched, Reference, Role, Shape, SourceContext
 SCHEME = "hf"
 _PART = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
 _HUB_ID = re.compile(rf"{_PART}(/{_PART})?")
+#: The characters of a revision (see :func:`check_revision` for the rest of the rules).
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,254}")
 
 
 def parse(uri: str, rest: str, *, role: Role) -> Reference:
@@ -27,6 +29,27 @@ def parse(uri: str, rest: str, *, role: Role) -> Reference:
     if not _HUB_ID.fullmatch(rest) or ".." in rest:
         raise InvalidReferenceError(f"{uri!r} is not a hub id; use hf://org/name")
     return Reference(uri, SCHEME, rest)
+
+
+def check_revision(revision: str, *, field: str) -> None:
+    """Refuse a hub revision that is not a branch, tag or commit name.
+
+    The hub client keeps ``refs/<revision>`` files in its cache directory, so a revision is, among
+    other things, a relative path there: git's own rules for ref names apply (``git check-ref-format``),
+    which leave no ``..``, no empty or dot-led component, no leading or trailing ``/``, no backslash
+    and no control character.
+
+    Raises
+    ------
+    InvalidReferenceError
+        Naming ``field`` (``model.revision``).
+    """
+    if not _REVISION.fullmatch(revision) or ".." in revision or revision.endswith((".", ".lock")) or any(
+            not part or part.startswith(".") for part in revision.split("/")):
+        raise InvalidReferenceError(
+            f"`{field}` must be a branch, tag or commit: letters, digits, `_`, `-`, `.` and `/`, with no empty "
+            "component, no component starting with `.` and no `..`"
+        )
 
 
 def check(ref: Reference, *, role: Role, context: SourceContext) -> Shape:

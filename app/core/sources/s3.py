@@ -2,7 +2,10 @@
 
 Readable only under ``CAHP_ALLOWED_S3_PREFIXES`` (none by default) and never inside the artifact
 store's own bucket and prefix, which holds every key's uploads and results. The S3 endpoint and
-credentials are the artifact store's settings.
+credentials are the artifact store's settings. At submit, a dataset's cards (``README.md``,
+``.huggingface.yaml``, under the prefix or at the root of the archive) are read and checked as the
+engine checks them (:mod:`app.core.dataset_checks`); an object that cannot be read yet is left to
+the worker, which checks it when the job runs.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from app.core.archives import archive_suffix
+from app.core.dataset_checks import MAX_CARD_BYTES, check_card_bytes, check_dataset_archive, ranged_file
 from app.core.errors import InvalidReferenceError, NotFoundError
 from app.core.settings import Settings
 from app.core.sources.base import Fetched, Reference, Role, Shape, SourceContext, shape_of_name
@@ -31,7 +35,42 @@ def parse(uri: str, rest: str, *, role: Role) -> Reference:
 
 def check(ref: Reference, *, role: Role, context: SourceContext) -> Shape:
     check_s3_reference(ref, context.settings)
-    return shape_of_name(ref.target)
+    shape = shape_of_name(ref.target)
+    if role == "dataset" and shape in ("directory", "archive"):
+        _check_dataset(ref, shape, context)
+    return shape
+
+
+def _check_dataset(ref: Reference, shape: Shape, context: SourceContext) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from cahp_engine.data import CARD_FILES
+
+    bucket, _, key = ref.target.partition("/")
+    client = context.cache.get("s3")
+    if client is None:
+        client = context.cache["s3"] = make_s3_client(context.settings)
+    try:
+        if shape == "directory":
+            for name in CARD_FILES:
+                try:
+                    body = client.get_object(Bucket=bucket, Key=f"{key.rstrip('/')}/{name}",
+                                             Range=f"bytes=0-{MAX_CARD_BYTES}")["Body"].read()
+                except ClientError:
+                    continue  # no such card
+                if len(body) <= MAX_CARD_BYTES:
+                    check_card_bytes(name, body, shown=ref.uri)
+            return
+        size = int(client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+
+        def read_range(start: int, end: int) -> bytes:
+            body: bytes = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}")["Body"].read()
+            return body
+
+        with ranged_file(read_range, size) as archive:
+            check_dataset_archive(archive, shown=ref.uri, max_members=context.settings.max_archive_members)
+    except (BotoCoreError, ClientError):
+        return  # not readable now; the worker fetches it and the engine checks it then
 
 
 def fetch(ref: Reference, *, dest: Path, context: SourceContext) -> Fetched:

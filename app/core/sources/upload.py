@@ -1,7 +1,9 @@
 """``upload://<id>``: a file uploaded with ``POST /v1/uploads`` by the same API key.
 
 An upload is an archive (model or dataset) or one dataset split file. Another key's upload id is
-answered exactly like one that does not exist.
+answered exactly like one that does not exist. A dataset archive's cards (``README.md``,
+``.huggingface.yaml``) are read from the stored object at submit and checked as the engine checks
+them (:mod:`app.core.dataset_checks`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from app.core import repository
+from app.core.dataset_checks import check_dataset_archive, ranged_file
 from app.core.errors import InvalidReferenceError, NotFoundError
 from app.core.sources.base import Fetched, Reference, Role, Shape, SourceContext, UploadInfo
+from app.core.storage import open_store
 
 SCHEME = "upload"
 _UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
@@ -33,6 +37,20 @@ def check(ref: Reference, *, role: Role, context: SourceContext) -> Shape:
     upload = context.find_upload(ref.target)
     if upload is None:
         raise InvalidReferenceError(f"{ref.uri} is not an upload of this API key; upload the file first")
+    if role == "dataset" and _shape(upload) == "archive" and upload.size:
+        store = context.store or context.cache.get("store")
+        if store is None:
+            store = context.cache["store"] = open_store(context.settings)
+        key = upload.storage_key
+
+        def read_range(start: int, end: int) -> bytes:
+            return b"".join(store.iter_bytes(key, start, end))
+
+        try:
+            with ranged_file(read_range, upload.size) as archive:
+                check_dataset_archive(archive, shown=ref.uri, max_members=context.settings.max_archive_members)
+        except NotFoundError as exc:
+            raise InvalidReferenceError(f"{ref.uri}: the uploaded file is missing from the store") from exc
     return _shape(upload)
 
 
@@ -55,4 +73,4 @@ def find_upload(session: Session, *, upload_id: str, owner_id: str) -> UploadInf
     upload = repository.get_upload(session, upload_id=upload_id, owner_id=owner_id)
     if upload is None:
         return None
-    return UploadInfo(storage_key=upload.storage_key, kind=upload.kind, suffix=upload.suffix)
+    return UploadInfo(storage_key=upload.storage_key, kind=upload.kind, suffix=upload.suffix, size=upload.size)

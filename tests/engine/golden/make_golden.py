@@ -6,7 +6,7 @@ instead (what :mod:`tests.engine.test_golden_report` does, in a subprocess so th
 thread and no test's global state reaches the run).
 
 The files were committed from the code before the run report became typed and the selection a
-registry of strategies, and regenerated when the selection defaults changed (issues 12 and 16); the
+registry of strategies, and regenerated when the selection defaults changed on purpose; the
 test compares a fresh run with them.
 
 Files written: ``report.json``, ``head_map.json`` and ``mss_curve.json`` of the run, and

@@ -1,7 +1,9 @@
 """Parameter checks shared by the engine, in scikit-learn's style, importable without torch or numpy.
 
-A constraint is an :class:`Interval` (integer or real, each end open, closed or absent) or an
-:class:`Options` set; :func:`check` raises :class:`~cahp_engine.errors.ConfigError` with the message
+A constraint is an :class:`Interval` (integer or real, each end open, closed or absent), an
+:class:`Options` set, or one of the named rules for settings that take more than one kind of value:
+:class:`Amount` (a count, a fraction or a word), :class:`OffOr` (0 or an interval), :class:`TupleOf`
+and :class:`Device`. :func:`check` raises :class:`~cahp_engine.errors.ConfigError` with the message
 "`name` must be <constraint>, got <value>", e.g. "`poly_degree` must be an integer between 1 and 10,
 got 0". Booleans are neither integers nor reals here, and a real must be finite.
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal, Protocol, TypeGuard
 
 from cahp_engine.errors import ConfigError
 
@@ -66,6 +68,10 @@ class Interval:
                 return False
         return True
 
+    def describe(self, value: object) -> str:
+        """What a value must be, in the words of a message (the same for every value)."""
+        return str(self)
+
     def __str__(self) -> str:
         noun = "an integer" if self.kind == "integer" else "a number"
         left_in = self.closed in ("left", "both")
@@ -88,16 +94,128 @@ class Options:
     def __contains__(self, value: object) -> bool:
         return isinstance(value, str) and value in self.values
 
+    def describe(self, value: object) -> str:
+        """What a value must be, in the words of a message."""
+        return str(self)
+
     def __str__(self) -> str:
         return f"one of {', '.join(self.values)}"
 
 
-def check(name: str, value: Any, constraint: Interval | Options, *, allow_none: bool = False) -> None:
+@dataclass(frozen=True)
+class Amount:
+    """How much of a split to read: a count of rows, a fraction of them, or a word (``auto``, ``all``).
+
+    An integer is judged as a count when there is a ``count`` interval, any other number as a
+    fraction, so the message names the part the value was meant for ("`signature_samples` must be
+    an integer >= 2, got 1"); a value of no kind accepted gets ``text``, the whole rule in words.
+
+    Parameters
+    ----------
+    fraction : Interval
+        The fractions accepted (real).
+    words : tuple of str
+        The words accepted.
+    text : str
+        The whole rule in words, e.g. "a number in (0.0, 1.0] or 'auto'".
+    count : Interval or None
+        The counts accepted (integer); None when integers are fractions too (``1`` is every row).
+    """
+
+    fraction: Interval
+    words: tuple[str, ...]
+    text: str
+    count: Interval | None = None
+
+    def _part(self, value: object) -> Interval | None:
+        if self.count is not None and is_int(value):
+            return self.count
+        return self.fraction if is_real(value) else None
+
+    def __contains__(self, value: object) -> bool:
+        part = self._part(value)
+        return value in part if part is not None else isinstance(value, str) and value in self.words
+
+    def describe(self, value: object) -> str:
+        """The part of the rule ``value`` was meant for, or the whole rule."""
+        part = self._part(value)
+        return str(part) if part is not None else self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class OffOr:
+    """``0``, which turns a feature off, or an integer in ``interval`` ("0 (off) or an integer between 2 and 20")."""
+
+    interval: Interval
+
+    def __contains__(self, value: object) -> bool:
+        return (is_int(value) and value == 0) or value in self.interval
+
+    def describe(self, value: object) -> str:
+        """The whole rule (a value that misses the interval may have meant 0)."""
+        return str(self)
+
+    def __str__(self) -> str:
+        return f"0 (off) or {self.interval}"
+
+
+@dataclass(frozen=True)
+class TupleOf:
+    """A non-empty tuple (or list) whose items all lie in ``item``.
+
+    ``text`` is the rule in words, e.g. "a non-empty tuple of integers between 1 and 10".
+    """
+
+    item: Interval
+    text: str
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, tuple | list) and len(value) > 0 and all(v in self.item for v in value)
+
+    def describe(self, value: object) -> str:
+        """The whole rule."""
+        return self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device name the engine accepts, spelled as :func:`parse_device` reads it."""
+
+    def __contains__(self, value: object) -> bool:
+        try:
+            parse_device(value)
+        except ConfigError:
+            return False
+        return True
+
+    def describe(self, value: object) -> str:
+        """The names accepted."""
+        return DEVICE_NAMES
+
+    def __str__(self) -> str:
+        return DEVICE_NAMES
+
+
+class Constraint(Protocol):
+    """What :func:`check` needs of a rule: membership, and the words for what a value must be."""
+
+    def __contains__(self, value: object) -> bool: ...
+
+    def describe(self, value: object) -> str: ...
+
+
+def check(name: str, value: Any, constraint: Constraint, *, allow_none: bool = False) -> None:
     """Raise :class:`ConfigError` unless ``value`` satisfies ``constraint`` (or is None, when allowed)."""
     if value is None and allow_none:
         return
     if value not in constraint:
-        raise ConfigError(f"`{name}` must be {constraint}, got {value!r}")
+        raise ConfigError(f"`{name}` must be {constraint.describe(value)}, got {value!r}")
 
 
 POSITIVE_INT = Interval("integer", 1, None, closed="left")

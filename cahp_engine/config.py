@@ -1,45 +1,59 @@
 """One validated configuration object for a whole pruning run.
 
-Every user-settable value of the engine lives in :class:`PruningConfig`. It is checked once, in
-``__post_init__``, with messages of the form "`resolution` must be an integer >= 2, got 0", so a run
-fails before any model is loaded rather than an hour into it.
+Every user-settable value of the engine lives in :class:`PruningConfig`. Each is declared once in
+:data:`SETTINGS` (default, rule, help, and where a user sets it: ``cahp prune`` and the job API build
+from the same records; the rules are :class:`Interval`, :class:`Options` and the named rules beside
+them); ``__post_init__`` checks every field against its rule, with messages of the form
+"`resolution` must be an integer >= 2, got 0", so a run fails before any model is loaded rather than
+an hour into it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from cahp_engine._validation import Interval, Options, check, is_int, is_real, parse_device
+from cahp_engine._spec import (
+    BUDGET_METRICS,
+    DEFAULTS,
+    DENSE_FINETUNE_MODES,
+    EXPORT_FORMATS,
+    QUANTIZE_MODES,
+    RECOVERY_LOSSES,
+    REPORTED_DEGREES,
+    SETTINGS,
+    BudgetMetric,
+    CalibrationAmount,
+    DenseFinetune,
+    ExportFormat,
+    Quantize,
+    RecoveryLoss,
+    SampleAmount,
+    Setting,
+    Strategy,
+    settings_for,
+)
+from cahp_engine._validation import (
+    Amount,
+    Constraint,
+    Device,
+    Interval,
+    OffOr,
+    Options,
+    TupleOf,
+    check,
+    parse_device,
+)
 from cahp_engine.errors import ConfigError
-from cahp_engine.selection import STRATEGIES
 
-if TYPE_CHECKING:
-    Strategy = str
-else:
-    #: The registered strategy names (:data:`cahp_engine.selection.REGISTRY`), as a type: the job
-    #: API's generated schema lists them.
-    Strategy = Literal[STRATEGIES]
-DenseFinetune = Literal["auto", "always", "never"]
-#: ``signature_samples``: a count, a fraction of the training split (1.0 is every row), ``"all"``, or
-#: ``"auto"`` (the stopping rule of :mod:`cahp_engine.selection._convergence` decides).
-SampleAmount = int | float | Literal["auto", "all"]
-#: ``calibration_fraction``: a fraction of the training split, or ``"auto"`` (the stopping rule decides).
-CalibrationAmount = float | Literal["auto"]
+__all__ = [
+    "BUDGET_METRICS", "DEFAULTS", "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES",
+    "REPORTED_DEGREES", "SETTINGS", "Amount", "BudgetMetric", "CalibrationAmount", "Constraint", "DenseFinetune",
+    "Device", "ExportFormat", "Interval", "OffOr", "Options", "PruningConfig", "Quantize", "RecoveryLoss",
+    "SampleAmount", "Setting", "Strategy", "TupleOf", "parse_device", "settings_for",
+]
 
-DENSE_FINETUNE_MODES: tuple[str, ...] = ("auto", "always", "never")
-ExportFormat = Literal["onnx", "none"]
-Quantize = Literal["none", "int8"]
-RecoveryLoss = Literal["ce", "distill"]
-BudgetMetric = Literal["accuracy", "macro_f1"]
-RECOVERY_LOSSES: tuple[str, ...] = ("ce", "distill")
-BUDGET_METRICS: tuple[str, ...] = ("accuracy", "macro_f1")
-EXPORT_FORMATS: tuple[str, ...] = ("onnx", "none")
-QUANTIZE_MODES: tuple[str, ...] = ("none", "int8")
-#: Polynomial degrees reported in ``knees_by_degree`` (the paper's sweep, Section IV-B.2).
-REPORTED_DEGREES: tuple[int, ...] = (2, 3, 4, 5, 6)
 
 @dataclass(frozen=True)
 class PruningConfig:
@@ -122,99 +136,48 @@ class PruningConfig:
         Polynomial degrees whose knees are reported next to the chosen one (default 2..6).
     """
 
-    poly_degree: int = 2
-    heads_to_keep: int | None = None
-    resolution: int | None = None
-    calibration_fraction: CalibrationAmount = "auto"
-    signature_samples: SampleAmount = "auto"
-    strategy: Strategy = "cahp"
-    seed: int = 42
-    batch_size: int = 32
-    max_length: int = 512
-    perplexity: float | None = None
-    var_floor: float = 1e-6
-    stability_shards: int = 5
-    epochs: float = 3
-    lr: float = 2e-5
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    dense_finetune: DenseFinetune = "auto"
-    dense_epochs: float = 3
-    dense_lr: float = 5e-5
-    recovery_loss: RecoveryLoss = "distill"
-    distill_alpha: float = 0.5
-    distill_temperature: float = 4.0
-    max_accuracy_drop: float | None = None
-    budget_metric: BudgetMetric = "accuracy"
-    budget_screen_epochs: float = 1.0
-    device: str = "auto"
-    latency_warmup: int = 3
-    latency_repeats: int = 20
-    export: ExportFormat = "onnx"
-    quantize: Quantize = "none"
-    reported_degrees: tuple[int, ...] = field(default=REPORTED_DEGREES)
+    poly_degree: int = DEFAULTS["poly_degree"]
+    heads_to_keep: int | None = DEFAULTS["heads_to_keep"]
+    resolution: int | None = DEFAULTS["resolution"]
+    calibration_fraction: CalibrationAmount = DEFAULTS["calibration_fraction"]
+    signature_samples: SampleAmount = DEFAULTS["signature_samples"]
+    strategy: Strategy = DEFAULTS["strategy"]
+    seed: int = DEFAULTS["seed"]
+    batch_size: int = DEFAULTS["batch_size"]
+    max_length: int = DEFAULTS["max_length"]
+    perplexity: float | None = DEFAULTS["perplexity"]
+    var_floor: float = DEFAULTS["var_floor"]
+    stability_shards: int = DEFAULTS["stability_shards"]
+    epochs: float = DEFAULTS["epochs"]
+    lr: float = DEFAULTS["lr"]
+    warmup_ratio: float = DEFAULTS["warmup_ratio"]
+    weight_decay: float = DEFAULTS["weight_decay"]
+    max_grad_norm: float = DEFAULTS["max_grad_norm"]
+    dense_finetune: DenseFinetune = DEFAULTS["dense_finetune"]
+    dense_epochs: float = DEFAULTS["dense_epochs"]
+    dense_lr: float = DEFAULTS["dense_lr"]
+    recovery_loss: RecoveryLoss = DEFAULTS["recovery_loss"]
+    distill_alpha: float = DEFAULTS["distill_alpha"]
+    distill_temperature: float = DEFAULTS["distill_temperature"]
+    max_accuracy_drop: float | None = DEFAULTS["max_accuracy_drop"]
+    budget_metric: BudgetMetric = DEFAULTS["budget_metric"]
+    budget_screen_epochs: float = DEFAULTS["budget_screen_epochs"]
+    device: str = DEFAULTS["device"]
+    latency_warmup: int = DEFAULTS["latency_warmup"]
+    latency_repeats: int = DEFAULTS["latency_repeats"]
+    export: ExportFormat = DEFAULTS["export"]
+    quantize: Quantize = DEFAULTS["quantize"]
+    reported_degrees: tuple[int, ...] = DEFAULTS["reported_degrees"]
 
     def __post_init__(self) -> None:
-        check("poly_degree", self.poly_degree, Interval("integer", 1, 10))
-        check("heads_to_keep", self.heads_to_keep, Interval("integer", 1, None, closed="left"), allow_none=True)
-        check("resolution", self.resolution, Interval("integer", 2, 512), allow_none=True)
-        if self.calibration_fraction != "auto":
-            if not is_real(self.calibration_fraction):
-                raise ConfigError(f"`calibration_fraction` must be a number in (0.0, 1.0] or 'auto', "
-                                  f"got {self.calibration_fraction!r}")
-            check("calibration_fraction", self.calibration_fraction, Interval("real", 0.0, 1.0, closed="right"))
-        s = self.signature_samples
-        if is_int(s):
-            check("signature_samples", s, Interval("integer", 2, None, closed="left"))
-        elif isinstance(s, numbers.Real) and not isinstance(s, bool):
-            check("signature_samples", s, Interval("real", 0.0, 1.0, closed="right"))
-        elif s not in ("auto", "all"):
-            raise ConfigError(
-                "`signature_samples` must be an integer count >= 2, a fraction in (0, 1], 'all' or 'auto', "
-                f"got {s!r}"
-            )
-        check("strategy", self.strategy, Options(STRATEGIES))
-        check("seed", self.seed, Interval("integer", 0, 2**32 - 1))
-        check("batch_size", self.batch_size, Interval("integer", 1, 4096))
-        check("max_length", self.max_length, Interval("integer", 2, 8192))
-        check("perplexity", self.perplexity, Interval("real", 0.0, 1e6, closed="neither"), allow_none=True)
-        check("var_floor", self.var_floor, Interval("real", 0.0, 1.0, closed="neither"))
-        if not (is_int(self.stability_shards) and (self.stability_shards == 0 or 2 <= self.stability_shards <= 20)):
-            raise ConfigError(
-                f"`stability_shards` must be 0 (off) or an integer between 2 and 20, got {self.stability_shards!r}"
-            )
-        for name in ("epochs", "dense_epochs"):
-            check(name, getattr(self, name), Interval("real", 0.0, 1000.0))
-        for name in ("lr", "dense_lr"):
-            check(name, getattr(self, name), Interval("real", 0.0, 1.0, closed="right"))
-        check("warmup_ratio", self.warmup_ratio, Interval("real", 0.0, 1.0))
-        check("weight_decay", self.weight_decay, Interval("real", 0.0, 1.0))
-        check("max_grad_norm", self.max_grad_norm, Interval("real", 0.0, 1e6, closed="right"))
-        check("dense_finetune", self.dense_finetune, Options(DENSE_FINETUNE_MODES))
-        check("recovery_loss", self.recovery_loss, Options(RECOVERY_LOSSES))
-        check("distill_alpha", self.distill_alpha, Interval("real", 0.0, 1.0))
-        check("distill_temperature", self.distill_temperature, Interval("real", 0.0, 100.0, closed="right"))
-        check("max_accuracy_drop", self.max_accuracy_drop, Interval("real", 0.0, 100.0), allow_none=True)
-        check("budget_metric", self.budget_metric, Options(BUDGET_METRICS))
-        check("budget_screen_epochs", self.budget_screen_epochs, Interval("real", 0.0, 1000.0, closed="right"))
+        for setting in SETTINGS:
+            check(setting.name, getattr(self, setting.name), setting.rule, allow_none=setting.nullable)
         if self.max_accuracy_drop is not None and self.heads_to_keep is not None:
             raise ConfigError("`max_accuracy_drop` searches for the head count and `heads_to_keep` fixes it; "
                               "set one of them")
-        check("latency_warmup", self.latency_warmup, Interval("integer", 0, 1000))
-        check("latency_repeats", self.latency_repeats, Interval("integer", 1, 10000))
-        check("export", self.export, Options(EXPORT_FORMATS))
-        check("quantize", self.quantize, Options(QUANTIZE_MODES))
         if self.quantize != "none" and self.export == "none":
             raise ConfigError(f"`quantize` {self.quantize!r} quantizes the ONNX export; set `export` to 'onnx' or "
                               "`quantize` to 'none'")
-        parse_device(self.device)
-        degree = Interval("integer", 1, 10)
-        if not self.reported_degrees or not all(d in degree for d in self.reported_degrees):
-            raise ConfigError(
-                f"`reported_degrees` must be a non-empty tuple of integers between 1 and 10, "
-                f"got {self.reported_degrees!r}"
-            )
 
     def replace(self, **changes: Any) -> PruningConfig:
         """Return a copy with ``changes`` applied and validated."""

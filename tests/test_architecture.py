@@ -1,10 +1,15 @@
 """The floors of the house and the one-way rule between them (docs/architecture.md).
 
     cahp_engine  <-  app.core  <-  {app.api, worker}  <-  app.cli
+                     app.core  <-  migrations
+    app.http_headers  <-  app.client  <-  app.cli          app.http_headers  <-  app.api
 
 Each package may import only the floors below it, and nothing imports ``bench`` or ``studies``. Checked twice:
 by reading every import statement in the source (lazy imports inside functions included), and by
-importing every module of a floor in a fresh interpreter and looking at what got loaded. Client
+importing every module of a floor in a fresh interpreter and looking at what got loaded. ``migrations``
+imports ``app.core`` (the tables' metadata), and ``app.core`` finds ``migrations/`` as a directory,
+never as an import. The HTTP client and the header module it shares with the API import from an allow
+list: httpx, tenacity and the standard library for the one, the standard library for the other. Client
 commands of ``cahp`` must not load the engine's torch code or the service's server libraries.
 """
 
@@ -27,14 +32,27 @@ OUTSIDE = {"bench", "studies"}
 
 #: floor -> (its source directory, top-level names it must never import)
 RULES: dict[str, tuple[str, set[str]]] = {
-    "cahp_engine": ("cahp_engine", {"app", "worker", *OUTSIDE, *SERVICE_LIBS}),
-    "app.core": ("app/core", {"app.api", "app.cli", "worker", *OUTSIDE, "fastapi", "starlette", "uvicorn", "celery",
-                              "kombu"}),
-    "app.api": ("app/api", {"app.cli", "worker", *OUTSIDE}),
-    "worker": ("worker", {"app.api", "app.cli", *OUTSIDE, "fastapi", "starlette", "uvicorn"}),
-    "app.cli": ("app/cli", set(OUTSIDE)),
-    "app.client": ("app/client.py", {"app.core", "app.api", "app.cli", "worker", "cahp_engine", *OUTSIDE,
-                                     *SERVICE_LIBS, "torch", "transformers"}),
+    "cahp_engine": ("cahp_engine", {"app", "worker", "migrations", *OUTSIDE, *SERVICE_LIBS}),
+    "app.core": ("app/core", {"app.api", "app.cli", "app.client", "worker", "migrations", *OUTSIDE, "fastapi",
+                              "starlette", "uvicorn", "celery", "kombu"}),
+    "app.api": ("app/api", {"app.cli", "app.client", "worker", "migrations", *OUTSIDE}),
+    "worker": ("worker", {"app.api", "app.cli", "app.client", "migrations", *OUTSIDE, "fastapi", "starlette",
+                          "uvicorn"}),
+    "app.cli": ("app/cli", {"migrations", *OUTSIDE}),
+    "app.client": ("app/client", {"app.core", "app.api", "app.cli", "worker", "cahp_engine", "migrations", *OUTSIDE,
+                                  *SERVICE_LIBS, "torch", "transformers", "numpy"}),
+    "app.http_headers": ("app/http_headers.py", {"app.core", "app.api", "app.cli", "app.client", "worker",
+                                                 "cahp_engine", "migrations", *OUTSIDE, *SERVICE_LIBS, "httpx",
+                                                 "tenacity"}),
+    # Alembic's scripts: the tables' metadata from app.core, nothing of the floors that use the database.
+    "migrations": ("migrations", {"app.api", "app.cli", "app.client", "worker", "cahp_engine", *OUTSIDE, "fastapi",
+                                  "starlette", "uvicorn", "celery", "kombu"}),
+}
+
+#: Modules that may import only what is listed (and the standard library): module -> (source, allowed prefixes).
+ALLOWED: dict[str, tuple[str, set[str]]] = {
+    "app.client": ("app/client", {"app.client", "app.http_headers", "httpx", "tenacity"}),
+    "app.http_headers": ("app/http_headers.py", set()),
 }
 
 
@@ -58,6 +76,22 @@ def _imports(path: Path) -> list[str]:
 
 def _forbidden(name: str, banned: set[str]) -> bool:
     return any(name == b or name.startswith(b + ".") for b in banned)
+
+
+@pytest.mark.parametrize("module", list(ALLOWED))
+def test_the_client_and_the_header_module_import_only_their_allow_list(module: str) -> None:
+    where, allowed = ALLOWED[module]
+    offenders = [f"{path.relative_to(ROOT)}: {name}" for path in _files(where) for name in _imports(path)
+                 if name.split(".")[0] not in sys.stdlib_module_names and not _forbidden(name, allowed)]
+    assert offenders == []
+
+
+def test_app_core_finds_the_migrations_as_a_directory_and_they_import_app_core() -> None:
+    # The one arrow between them runs migrations -> app.core; app.core.db hands Alembic a path.
+    from app.core.db import migrations_dir
+
+    assert migrations_dir() == ROOT / "migrations" and (migrations_dir() / "env.py").is_file()
+    assert "app.core.db" in _imports(ROOT / "migrations" / "env.py")
 
 
 def _files(where: str) -> list[Path]:
@@ -103,7 +137,9 @@ def _modules(where: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("floor", ["cahp_engine", "app.core", "app.api", "worker", "app.cli", "app.client"])
+# migrations/env.py runs Alembic when imported, so that floor is checked by its source only.
+@pytest.mark.parametrize("floor", ["cahp_engine", "app.core", "app.api", "worker", "app.cli", "app.client",
+                                   "app.http_headers"])
 def test_importing_every_module_of_a_floor_loads_nothing_from_above(floor: str) -> None:
     where, banned = RULES[floor]
     loaded = _loaded_after_importing(_modules(where))

@@ -42,7 +42,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from standardwebhooks.webhooks import Webhook as Signer
 
 from app.api.webhook_http import deadline, webhook_client
-from app.client import retry_after_s
 from app.core import repository
 from app.core.db import transaction, utcnow
 from app.core.errors import OutboundUrlRefusedError
@@ -51,6 +50,7 @@ from app.core.outbound import check_webhook_url
 from app.core.periodic import Periodic
 from app.core.repository import DueDelivery
 from app.core.settings import Settings
+from app.http_headers import retry_after_s
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def backoff_s(attempts: int, settings: Settings, *, retry_after: float | None = 
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    # Seconds or an HTTP date, read as the command-line client reads it.
+    # Seconds or an HTTP date, read as the command-line client reads it (app.http_headers).
     return retry_after_s(response.headers.get("retry-after"))
 
 

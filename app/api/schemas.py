@@ -1,24 +1,42 @@
 """Request and response bodies: ``...Create`` for input, ``...Public`` for output.
 
 Input models forbid unknown fields, so a misspelt option is a 422 rather than silently ignored.
-``JobParams`` is derived from :class:`cahp_engine.config.PruningConfig` and only checks types; the
-ranges are checked by ``PruningConfig`` itself, so the API and ``cahp prune`` give the same messages.
+``JobParams`` lists the engine's job settings (:data:`cahp_engine.config.SETTINGS`, the ones for the
+API), each described and bounded in the OpenAPI schema from its declaration (:func:`param_field`).
+Pydantic checks their types only; the ranges are checked by ``PruningConfig`` itself, so the API and
+``cahp prune`` give the same messages. ``JobResult`` is the engine's ``RunSummary``. A test keeps
+both equal to what they mirror.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args, get_origin, get_type_hints
+import json
+from functools import partial
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from app.core.labels import MAX_LABELS, check_labels
 from app.core.models import JobStatus
-from app.core.params import SERVICE_ONLY_PARAMS
-from cahp_engine.config import PruningConfig
+from cahp_engine.config import (
+    Amount,
+    BudgetMetric,
+    CalibrationAmount,
+    Constraint,
+    DenseFinetune,
+    ExportFormat,
+    Interval,
+    OffOr,
+    Quantize,
+    RecoveryLoss,
+    SampleAmount,
+    Strategy,
+    TupleOf,
+    settings_for,
+)
 from cahp_engine.data import DatasetOptions
-from cahp_engine.run import RunSummary
 
 T = TypeVar("T")
 
@@ -77,43 +95,93 @@ else:
     DatasetSpec = _dataset_spec_model()
 
 
-def _params_model() -> type[BaseModel]:
-    """``JobParams``: every PruningConfig field but ``device``, each optional, types only.
+_JOB_SETTINGS = {setting.name: setting for setting in settings_for("api")}
 
-    Built from the dataclass so the API accepts exactly what ``cahp prune`` does as the engine grows.
+
+def param_field(name: str) -> Any:
+    """The ``Field`` of the job setting ``name``, from its declaration in the engine.
+
+    Unset (None) means the engine's default, which the description gives with the setting's help.
+    The bounds of its rule go into the JSON schema (``minimum``, ``exclusiveMaximum``, ...; the
+    choices are the ``enum`` of its ``Literal`` type) without being enforced here: ``PruningConfig``
+    checks them and says what to change in the words ``cahp prune`` uses.
     """
-    hints = get_type_hints(PruningConfig)
-    fields: dict[str, Any] = {
-        f.name: (_json_type(hints[f.name]) | None, Field(default=None))
-        for f in dataclasses.fields(PruningConfig)
-        if f.name not in SERVICE_ONLY_PARAMS
-    }
-    return create_model(
-        "JobParams",
-        __config__=ConfigDict(extra="forbid", strict=True),
-        __doc__="Pruning settings, the same as the `cahp prune` options; unset ones take the engine's "
-        "defaults and ranges are checked as `cahp prune` checks them.",
-        **fields,
-    )
+    setting = _JOB_SETTINGS[name]
+    default = setting.default
+    shown = json.dumps(list(default)) if isinstance(default, tuple) else str(default)
+    return Field(default=None, description=setting.help_with_default(shown),
+                 json_schema_extra=partial(_add_bounds, setting.rule))
 
 
-def _json_type(hint: Any) -> Any:
-    # JSON has arrays, not tuples; PruningConfig.from_dict turns the lists back into tuples.
-    if get_origin(hint) is tuple:
-        return list[get_args(hint)[0]]  # type: ignore[misc]
-    return hint
+def _add_bounds(rule: Constraint, schema: dict[str, Any]) -> None:
+    """Write ``rule``'s bounds into each branch of a property's schema that they apply to."""
+    for branch in schema.get("anyOf", [schema]):
+        kind = branch.get("type")
+        if isinstance(rule, Interval) and kind in ("integer", "number"):
+            branch.update(_interval_bounds(rule))
+        elif isinstance(rule, Amount) and kind == "integer" and rule.count is not None:
+            branch.update(_interval_bounds(rule.count))
+        elif isinstance(rule, Amount) and kind == "number":
+            branch.update(_interval_bounds(rule.fraction))
+        elif isinstance(rule, OffOr) and kind == "integer":
+            branch["anyOf"] = [{"const": 0}, _interval_bounds(rule.interval)]
+        elif isinstance(rule, TupleOf) and kind == "array":
+            branch["minItems"] = 1
+            branch["items"].update(_interval_bounds(rule.item))
 
 
-if TYPE_CHECKING:
+def _interval_bounds(interval: Interval) -> dict[str, Any]:
+    bounds: dict[str, Any] = {}
+    if interval.left is not None:
+        bounds["minimum" if interval.closed in ("left", "both") else "exclusiveMinimum"] = interval.left
+    if interval.right is not None:
+        bounds["maximum" if interval.closed in ("right", "both") else "exclusiveMaximum"] = interval.right
+    return bounds
 
-    class JobParams(BaseModel):
-        pass
 
-else:
-    JobParams = _params_model()
+class JobParams(BaseModel):
+    """Pruning settings, the same as the `cahp prune` options.
+
+    Unset ones take the engine's defaults; ranges are checked as `cahp prune` checks them.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    poly_degree: int | None = param_field("poly_degree")
+    heads_to_keep: int | None = param_field("heads_to_keep")
+    resolution: int | None = param_field("resolution")
+    calibration_fraction: CalibrationAmount | None = param_field("calibration_fraction")
+    signature_samples: SampleAmount | None = param_field("signature_samples")
+    strategy: Strategy | None = param_field("strategy")
+    seed: int | None = param_field("seed")
+    batch_size: int | None = param_field("batch_size")
+    max_length: int | None = param_field("max_length")
+    perplexity: float | None = param_field("perplexity")
+    var_floor: float | None = param_field("var_floor")
+    stability_shards: int | None = param_field("stability_shards")
+    epochs: float | None = param_field("epochs")
+    lr: float | None = param_field("lr")
+    warmup_ratio: float | None = param_field("warmup_ratio")
+    weight_decay: float | None = param_field("weight_decay")
+    max_grad_norm: float | None = param_field("max_grad_norm")
+    dense_finetune: DenseFinetune | None = param_field("dense_finetune")
+    dense_epochs: float | None = param_field("dense_epochs")
+    dense_lr: float | None = param_field("dense_lr")
+    recovery_loss: RecoveryLoss | None = param_field("recovery_loss")
+    distill_alpha: float | None = param_field("distill_alpha")
+    distill_temperature: float | None = param_field("distill_temperature")
+    max_accuracy_drop: float | None = param_field("max_accuracy_drop")
+    budget_metric: BudgetMetric | None = param_field("budget_metric")
+    budget_screen_epochs: float | None = param_field("budget_screen_epochs")
+    latency_warmup: int | None = param_field("latency_warmup")
+    latency_repeats: int | None = param_field("latency_repeats")
+    export: ExportFormat | None = param_field("export")
+    quantize: Quantize | None = param_field("quantize")
+    # JSON has arrays, not tuples; PruningConfig.from_dict turns the list back into a tuple.
+    reported_degrees: list[int] | None = param_field("reported_degrees")
 
 
-def given_params(params: BaseModel) -> dict[str, Any]:
+def given_params(params: JobParams) -> dict[str, Any]:
     """The settings the client set to a value (``null`` means "the default" for every one)."""
     return {k: v for k, v in params.model_dump(exclude_unset=True).items() if v is not None}
 
@@ -145,21 +213,27 @@ class JobError(BaseModel):
     message: str
 
 
-def _result_model() -> type[BaseModel]:
-    """``JobResult``: the engine's :class:`RunSummary`, every field nullable (rows from older releases)."""
-    hints = get_type_hints(RunSummary)
-    fields: dict[str, Any] = {f.name: (hints[f.name] | None, None) for f in dataclasses.fields(RunSummary)}
-    return create_model("JobResult", __doc__="The headline figures of a succeeded job (report.json's `summary`).",
-                        **fields)
+class JobResult(BaseModel):
+    """The headline figures of a succeeded job (report.json's `summary`)."""
 
-
-if TYPE_CHECKING:
-
-    class JobResult(BaseModel):
-        pass
-
-else:
-    JobResult = _result_model()
+    # The engine's RunSummary, every field nullable (rows from older releases may lack some).
+    k_star: int | None = Field(default=None, description="Number of clusters used: the knee, or `heads_to_keep`")
+    heads_total: int | None = Field(default=None, description="Attention heads of the dense model, L * H")
+    heads_kept: int | None = Field(default=None, description="Heads left after pruning")
+    retention: float | None = Field(default=None, description="`heads_kept / heads_total`")
+    dense_accuracy: float | None = Field(default=None, description="Accuracy of the dense model on the "
+                                         "evaluation split (after dense fine-tuning, if it ran)")
+    pruned_accuracy: float | None = Field(default=None, description="Accuracy of the pruned model after recovery")
+    speedup: float | None = Field(default=None, description="Dense p50 latency over pruned p50 latency at batch "
+                                  "size 32 (else the first batch size timed)")
+    onnx_max_abs_diff: float | None = Field(default=None, description="The ONNX export's largest absolute logit "
+                                            "difference from PyTorch; null without an export")
+    onnx_speedup: float | None = Field(default=None, description="Dense PyTorch p50 over pruned onnxruntime p50 "
+                                       "(CPU, batch 32)")
+    int8_accuracy: float | None = Field(default=None, description="Accuracy of `onnx-int8/` on the evaluation "
+                                        "split; null without `quantize=int8`")
+    int8_speedup: float | None = Field(default=None, description="Dense PyTorch p50 over `onnx-int8/` p50 (CPU, "
+                                       "batch 32); null without `quantize=int8`")
 
 
 class JobLinks(BaseModel):

@@ -5,17 +5,19 @@ Server side (read the ``CAHP_*`` settings; :mod:`app.cli.server`): ``serve``, ``
 :mod:`app.cli.client_commands`): ``upload``, ``submit``, ``status``, ``wait``, ``download``. Local
 runs without the service: ``prune`` (:mod:`app.cli.prune`) and ``export`` (:mod:`app.cli.export`).
 
-Exit codes are :class:`app.cli.exit_codes.ExitCode`. Building the parser imports neither the
-engine's torch code nor the service: each command imports what it needs when it runs.
+Exit codes are :class:`app.cli.exit_codes.ExitCode`; an exception a command ends with is mapped to
+one by its class (:func:`app.cli.exit_codes.exit_code_for`: a 4xx problem is ``USAGE``, no answer or
+a 5xx ``UNAVAILABLE``, a bad checksum ``FAILED``, ``wait`` giving up ``TIMEOUT``). Building the
+parser imports neither the engine's torch code nor the service: each command imports what it needs
+when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 from app.cli import client_commands, export, prune, server
-from app.cli.exit_codes import ExitCode, fail
+from app.cli.exit_codes import ExitCode, exit_code_for, fail
 
 __all__ = ["ExitCode", "build_parser", "main"]
 
@@ -32,15 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from app.client import ApiError, ChecksumError
-
     try:
         return int(args.func(args) or 0)
-    except ApiError as exc:
-        return fail(str(exc), ExitCode.UNAVAILABLE if exc.status == 0 or exc.status >= 500 else ExitCode.USAGE)
-    except ChecksumError as exc:
-        return fail(str(exc), ExitCode.FAILED)
-    except (FileNotFoundError, json.JSONDecodeError) as exc:
-        return fail(str(exc))
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    except Exception as exc:
+        code = exit_code_for(exc)
+        if code is None:
+            raise
+        return fail(str(exc), code)

@@ -2,7 +2,9 @@
 
 They talk to a running service over HTTP (``CAHP_URL``, ``CAHP_API_KEY``) through
 :mod:`app.client`, and import nothing else of the service and nothing of the engine: a CI loop
-calls ``cahp status`` often, and it must start in a fraction of a second.
+calls ``cahp status`` often, and it must start in a fraction of a second. They print from the
+client's records; ``--json`` prints the server's answer as it came (``raw``), every field included.
+What an error exits with is decided by its class (:func:`app.cli.exit_codes.exit_code_for`).
 
 Every command retries connection errors and 429/502/503/504 answers (honouring ``Retry-After``) for
 up to ``--timeout`` seconds (30 by default); ``wait`` waits for the job as long as ``--timeout``
@@ -17,12 +19,15 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli.dataset_flags import add_dataset_flags
 from app.cli.exit_codes import ExitCode, fail
 from app.cli.output import print_json
 from cahp_engine.data import DATASET_OPTION_FIELDS
+
+if TYPE_CHECKING:  # the client is imported when a command runs, not when the parser is built
+    from app.client import ApiClient, Job, LogLine
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: How long a client command keeps trying an unreachable or busy server (``--timeout``).
@@ -100,8 +105,7 @@ def register(sub: Any) -> None:
     delete.set_defaults(func=cmd_delete)
 
 
-
-def _client(args: argparse.Namespace, *, timeout: float | None = None) -> Any:
+def _client(args: argparse.Namespace, *, timeout: float | None = None) -> ApiClient:
     from app.client import ApiClient
 
     def say(message: str) -> None:
@@ -120,7 +124,7 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
     return found
 
 
-def _reference(value: str, client: Any) -> str:
+def _reference(value: str, client: ApiClient) -> str:
     """A URI as given, or an existing local path uploaded first (a directory is packed)."""
     if "://" in value:
         return value
@@ -128,8 +132,8 @@ def _reference(value: str, client: Any) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{value!r} is neither a URI (hf://, file://, upload://, s3://) nor a local path")
     upload = client.upload(path)
-    print(f"cahp: uploaded {path} as {upload['uri']}", file=sys.stderr)
-    return str(upload["uri"])
+    print(f"cahp: uploaded {path} as {upload.uri}", file=sys.stderr)
+    return upload.uri
 
 
 def _param_value(text: str) -> Any:
@@ -167,18 +171,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
             body["notify_url"] = args.notify_url
         job = client.submit(body, idempotency_key=args.idempotency_key or f"cahp-{uuid.uuid4().hex}")
     if args.json:
-        print_json(job)
+        print_json(job.raw)
     else:
-        print(job["id"])
+        print(job.id)
     return 0
 
 
-def _describe(job: dict[str, Any]) -> str:
-    text = f"{job['id']} {job['status']}"
-    if job.get("stage"):
-        text += f" {job['stage']} {100 * job['progress']:.0f}%"
-    if job.get("error"):
-        text += f": {job['error']['code']}: {job['error']['message']}"
+def _describe(job: Job) -> str:
+    text = f"{job.id} {job.status}"
+    if job.stage:
+        text += f" {job.stage} {100 * job.progress:.0f}%"
+    if job.error:
+        text += f": {job.error.code}: {job.error.message}"
     return text
 
 
@@ -186,7 +190,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job = client.job(args.job)
     if args.json:
-        print_json(job)
+        print_json(job.raw)
     else:
         print(_describe(job))
     return 0
@@ -195,40 +199,38 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_wait(args: argparse.Namespace) -> int:
     last: list[str] = []
 
-    def show(job: dict[str, Any]) -> None:
+    def show(job: Job) -> None:
         line = _describe(job)
         if not args.quiet and line not in last:
             print(line, file=sys.stderr)
             last[:] = [line]
 
-    def log(line: dict[str, Any]) -> None:
+    def log(line: LogLine) -> None:
         # The log is the output of `wait --follow`; with --json it goes to stderr, keeping stdout JSON.
-        print(line["message"], file=sys.stderr if args.json else sys.stdout, flush=True)
+        print(line.message, file=sys.stderr if args.json else sys.stdout, flush=True)
 
+    # Giving up at --timeout raises WaitTimeoutError: ExitCode.TIMEOUT, by the table in exit_codes.
     with _client(args, timeout=None) as client:
-        try:
-            if args.follow:
-                job = client.follow(args.job, timeout=args.timeout, on_job=show, on_log=log)
-            else:
-                job = client.wait(args.job, timeout=args.timeout, interval=args.interval, on_update=show)
-        except TimeoutError as exc:
-            return fail(str(exc), ExitCode.TIMEOUT)
+        if args.follow:
+            job = client.follow(args.job, timeout=args.timeout, on_job=show, on_log=log)
+        else:
+            job = client.wait(args.job, timeout=args.timeout, interval=args.interval, on_update=show)
     if args.json:
-        print_json(job)
-    if job["status"] == "succeeded":
+        print_json(job.raw)
+    if job.status == "succeeded":
         return 0
-    error = job.get("error") or {"code": job["status"], "message": ""}
-    message = f"job {job['id']} {job['status']}: {error['code']}: {error['message']}"
-    return fail(message, ExitCode.CANCELLED if job["status"] == "cancelled" else ExitCode.FAILED)
+    code, detail = (job.error.code, job.error.message) if job.error else (job.status, "")
+    message = f"job {job.id} {job.status}: {code}: {detail}"
+    return fail(message, ExitCode.CANCELLED if job.status == "cancelled" else ExitCode.FAILED)
 
 
 def cmd_download(args: argparse.Namespace) -> int:
     out = Path(args.output)
     with _client(args) as client:
         manifest = client.artifacts(args.job)
-        chosen = [a for a in manifest if args.name in (None, a["name"])]
+        chosen = [a for a in manifest if args.name in (None, a.name)]
         if not chosen:
-            names = ", ".join(a["name"] for a in manifest) or "none yet"
+            names = ", ".join(a.name for a in manifest) or "none yet"
             return fail(f"job {args.job} has no artifact {args.name or ''!r}; it has: {names}")
         for artifact in chosen:
             print(client.download(args.job, artifact, out))
@@ -239,9 +241,9 @@ def cmd_upload(args: argparse.Namespace) -> int:
     with _client(args) as client:
         upload = client.upload(Path(args.path))
     if args.json:
-        print_json(upload)
+        print_json(upload.raw)
     else:
-        print(upload["uri"])
+        print(upload.uri)
     return 0
 
 
@@ -251,12 +253,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc))
     with _client(args) as client:
-        found = client.jobs(labels=labels, status=args.status, limit=args.limit)
+        found = client.jobs(labels=labels, status=args.status, limit=args.limit).data
     if args.json:
-        print_json(found)
+        print_json([job.raw for job in found])
     else:
         for job in found:
-            tags = " ".join(f"{k}={v}" for k, v in sorted(job.get("labels", {}).items()))
+            tags = " ".join(f"{k}={v}" for k, v in sorted(job.labels.items()))
             print(f"{_describe(job)}{'  ' + tags if tags else ''}")
     return 0
 

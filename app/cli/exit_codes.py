@@ -1,8 +1,10 @@
-"""The exit codes of every ``cahp`` command, in one place."""
+"""The exit codes of every ``cahp`` command, and which exception ends a command with which, in one place."""
 
 from __future__ import annotations
 
 import enum
+import functools
+import json
 import sys
 
 
@@ -28,3 +30,35 @@ def fail(message: str, code: ExitCode = ExitCode.USAGE) -> ExitCode:
     """Print ``cahp: message`` on stderr and return ``code``."""
     print(f"cahp: {message}", file=sys.stderr)
     return code
+
+
+def exit_code_for(exc: Exception) -> ExitCode | None:
+    """The code a command that raised ``exc`` exits with (its message printed); None: not expected, a bug.
+
+    By class, the first row of :func:`_exit_codes` that ``exc`` is an instance of.
+    """
+    return next((code for kind, code in _exit_codes() if isinstance(exc, kind)), None)
+
+
+@functools.cache
+def _exit_codes() -> tuple[tuple[type[Exception], ExitCode], ...]:
+    # Imported here: the commands that never talk to a server (prune, export, serve) need no HTTP client.
+    from app.client import (
+        ChecksumError,
+        InvalidResponseError,
+        ProblemError,
+        ServerError,
+        TransportError,
+        WaitTimeoutError,
+    )
+
+    return (
+        (ChecksumError, ExitCode.FAILED),  # a download that does not match the manifest
+        (WaitTimeoutError, ExitCode.TIMEOUT),  # `wait` gave up while the job went on
+        (TransportError, ExitCode.UNAVAILABLE),  # no answer, for as long as --timeout allowed
+        (InvalidResponseError, ExitCode.UNAVAILABLE),  # an answer that cannot be read
+        (ServerError, ExitCode.UNAVAILABLE),  # 5xx
+        (ProblemError, ExitCode.USAGE),  # every other problem is a 4xx: the request must change
+        (FileNotFoundError, ExitCode.USAGE),  # a local path given on the command line
+        (json.JSONDecodeError, ExitCode.USAGE),  # --params-file, and the like
+    )

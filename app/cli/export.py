@@ -11,12 +11,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli.dataset_flags import add_dataset_flags, dataset_options_from_args
 from app.cli.exit_codes import ExitCode
 from cahp_engine.errors import CahpError, InvalidInputError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
+
+if TYPE_CHECKING:
+    from cahp_engine.export import CheckpointExport
 
 #: The formats ``--format`` accepts (kept equal to ``cahp_engine.export._from_checkpoint.EXPORT_FORMATS`` by a test).
 EXPORT_FORMATS = ("onnx", "onnx-int8")
@@ -76,41 +79,40 @@ def export_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print(format_export_summary(result.to_dict()))
+        print(format_export_summary(result))
     return ExitCode.OK
 
 
-def format_export_summary(result: dict[str, Any]) -> str:
-    """The summary printed at the end of ``cahp export``, from ``CheckpointExport.to_dict()``."""
-    onnx, parity = result["onnx"], result["parity"]
+def format_export_summary(result: CheckpointExport) -> str:
+    """The summary printed at the end of ``cahp export``, from its typed result."""
+    onnx, parity = result.onnx, result.parity
     lines = [
-        f"{result['format']} export of {result['checkpoint']} ({result['family']}, heads per layer "
-        f"{result['heads_per_layer']}) -> {result['output']}",
-        f"  inputs {', '.join(onnx['inputs'])}; output logits; opset {onnx['opset']}; dynamic batch_size and "
+        f"{result.format} export of {result.checkpoint} ({result.family}, heads per layer "
+        f"{list(result.heads_per_layer)}) -> {result.output}",
+        f"  inputs {', '.join(onnx.inputs)}; output logits; opset {onnx.opset}; dynamic batch_size and "
         "sequence_length",
-        f"  parity: max |logit difference| {parity['max_abs_diff']:.2e} on {parity['samples']} {parity['source']} "
-        f"samples, padded right and left (threshold {parity['threshold']:.0e})",
+        f"  parity: max |logit difference| {parity.max_abs_diff:.2e} on {parity.samples} {parity.source} "
+        f"samples, padded right and left (threshold {parity.threshold:.0e})",
     ]
-    int8 = result.get("int8")
-    if int8:
-        lines.append(f"  int8: {int8['quantized_nodes']} quantized products, {int8['size_bytes'] / 2**20:.1f} MiB "
-                     f"(fp32 {int8['fp32_size_bytes'] / 2**20:.1f} MiB)")
-        if int8.get("deviation"):
-            dev = int8["deviation"]
-            lines.append(f"  int8 vs PyTorch: max |logit difference| {dev['max_abs_diff']:.3g}, same class on "
-                         f"{dev['prediction_agreement']:.1%} of runs")
-    if result.get("accuracy"):
-        figures = ", ".join(f"{name} {m['accuracy']:.4f}" for name, m in result["accuracy"].items())
-        lines.append(f"  accuracy on split '{result['eval_split']}': {figures}")
-    speed = result.get("speed")
-    if speed:
-        for row in speed["results"]:
+    int8 = result.int8
+    if int8 is not None:
+        lines.append(f"  int8: {int8.quantized_nodes} quantized products, {int8.size_bytes / 2**20:.1f} MiB "
+                     f"(fp32 {int8.fp32_size_bytes / 2**20:.1f} MiB)")
+        if int8.deviation is not None:
+            dev = int8.deviation
+            lines.append(f"  int8 vs PyTorch: max |logit difference| {dev.max_abs_diff:.3g}, same class on "
+                         f"{dev.prediction_agreement:.1%} of runs")
+    if result.accuracy:
+        figures = ", ".join(f"{name} {m.accuracy:.4f}" for name, m in result.accuracy.items())
+        lines.append(f"  accuracy on split '{result.eval_split}': {figures}")
+    speed = result.speed
+    if speed is not None:
+        for row in speed.results:
             cells = ", ".join(
-                f"{name} {lat['p50_ms']:.2f} ms"
-                + ("" if name == speed["baseline"] else f" (x{row['speedup'][name]:.2f})")
-                for name, lat in row["latency"].items()
+                f"{name} {lat.p50_ms:.2f} ms" + ("" if name == speed.baseline else f" (x{row.speedup[name]:.2f})")
+                for name, lat in row.latency.items()
             )
-            lines.append(f"  latency batch {row['batch_size']:>2} x {speed['seq_len']} tokens, CPU, "
-                         f"{speed['threads']} thread(s): {cells}")
-    lines.append(f"  wall time {result['wall_s']:.1f} s")
+            lines.append(f"  latency batch {row.batch_size:>2} x {speed.seq_len} tokens, CPU, "
+                         f"{speed.threads} thread(s): {cells}")
+    lines.append(f"  wall time {result.wall_s:.1f} s")
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """``cahp prune``: the whole pipeline on one machine, from the command line, without the service.
 
-Option defaults come from :class:`~cahp_engine.config.PruningConfig` itself, so the command, the
-library and the job API cannot disagree. The engine's torch code is imported only when the
-command runs. Exit codes: ``OK``, ``USAGE`` for bad input (the message says what to change),
+The run's settings are one flag each, made from their declarations in the engine
+(:data:`cahp_engine.config.SETTINGS`: flag, default, help, choices, how the text is read), so the
+command, the library and the job API cannot disagree. The engine's torch code is imported only when
+the command runs. Exit codes: ``OK``, ``USAGE`` for bad input (the message says what to change),
 ``FAILED`` for anything else (:class:`app.cli.exit_codes.ExitCode`).
 """
 
@@ -11,57 +12,51 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cli.dataset_flags import add_dataset_flags, dataset_options_from_args
 from app.cli.exit_codes import ExitCode
-from cahp_engine.config import (
-    BUDGET_METRICS,
-    DENSE_FINETUNE_MODES,
-    EXPORT_FORMATS,
-    QUANTIZE_MODES,
-    RECOVERY_LOSSES,
-    PruningConfig,
-)
+from cahp_engine.config import Options, PruningConfig, Setting, settings_for
 from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError, CahpError, InvalidInputError, JobCancelledError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.progress import STAGE_SPAN
-from cahp_engine.selection import STRATEGIES
 
 if TYPE_CHECKING:
     from cahp_engine.run import RunReport
 
-def _default(name: str) -> Any:
-    """The default of a :class:`PruningConfig` field."""
-    return PruningConfig.__dataclass_fields__[name].default
+#: The ``--help`` sections of the settings, in order (a setting without a group is a general option).
+GROUPS = ("selection", "fine-tuning", "accuracy budget", "deployment")
 
 
-def _sample_amount(text: str) -> int | float | str:
-    """``auto``, ``all``, a count (``2000``) or a fraction (``0.5``; ``1.0`` is every row)."""
-    if text in ("auto", "all"):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected auto, all, a count like 2000 or a fraction like 0.5, got {text!r}"
-        ) from None
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` with its ValueError's message shown by argparse as it is."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
-def _fraction_or_auto(text: str) -> float | str:
-    """``auto`` or a fraction (``0.25``)."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or a fraction like 0.25, got {text!r}") from None
+def add_setting_flag(group: Any, setting: Setting) -> None:
+    """The flag of one setting: its name, default, help and the reading of its text from the declaration."""
+    options: dict[str, Any] = {"dest": setting.name, "default": setting.default}
+    if isinstance(setting.rule, Options):
+        options["choices"] = setting.rule.values
+    elif setting.parse is not None:
+        options["type"] = _argparse_type(setting.parse)
+    else:
+        options["type"] = setting.from_text  # int or float: argparse's own "invalid int value" message
+    if setting.metavar:
+        options["metavar"] = setting.metavar
+    default = setting.default
+    shown = ",".join(map(str, default)) if isinstance(default, tuple) else "%(default)s"
+    group.add_argument(setting.flag, help=setting.help_with_default(shown), **options)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -85,53 +80,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     add_dataset_flags(d)
     d.add_argument("--max-dataset-rows", type=int, default=DEFAULT_MAX_ROWS, metavar="N",
                    help="refuse a split with more rows than this, before reading it (default %(default)s)")
-    s = p.add_argument_group("selection")
-    s.add_argument("--poly-degree", type=int, default=_default("poly_degree"),
-                   help="Kneedle polynomial degree (default %(default)s)")
-    s.add_argument("--heads-to-keep", type=int, default=None, help="fix the number of clusters; skips the knee")
-    s.add_argument("--resolution", type=int, default=None, help="side B of the resized maps (default: 70th "
-                   "percentile of training lengths)")
-    s.add_argument("--calibration-fraction", type=_fraction_or_auto, default=_default("calibration_fraction"),
-                   help="share of the training split for salience, e.g. the paper's 0.25 (default %(default)s: "
-                   "stop once the salience ranking is reliable)")
-    s.add_argument("--signature-samples", type=_sample_amount, default=_default("signature_samples"),
-                   help="a count, a fraction (1.0 = every row) or all (default %(default)s: stop once the class "
-                   "differences of the signatures are mostly signal)")
-    s.add_argument("--perplexity", type=float, default=_default("perplexity"),
-                   help="t-SNE perplexity (default: min(10, (N - 1) / 3) for N heads)")
-    s.add_argument("--stability-shards", type=int, default=_default("stability_shards"),
-                   help="leave-one-shard-out reruns for the stability measure; 0 turns it off "
-                   "(default %(default)s)")
-    s.add_argument("--strategy", choices=STRATEGIES, default=_default("strategy"))
-    t = p.add_argument_group("fine-tuning")
-    t.add_argument("--epochs", type=float, default=_default("epochs"), help="recovery epochs (default %(default)s)")
-    t.add_argument("--lr", type=float, default=_default("lr"), help="recovery learning rate (default %(default)s)")
-    t.add_argument("--batch-size", type=int, default=_default("batch_size"))
-    t.add_argument("--dense-finetune", choices=DENSE_FINETUNE_MODES, default=_default("dense_finetune"))
-    t.add_argument("--dense-epochs", type=float, default=_default("dense_epochs"))
-    t.add_argument("--dense-lr", type=float, default=_default("dense_lr"))
-    t.add_argument("--recovery-loss", choices=RECOVERY_LOSSES, default=_default("recovery_loss"),
-                   help="distill: the dense model teaches the pruned one; ce: labels only (default %(default)s)")
-    t.add_argument("--distill-alpha", type=float, default=_default("distill_alpha"),
-                   help="weight of the labels in the distillation loss (default %(default)s)")
-    t.add_argument("--distill-temperature", type=float, default=_default("distill_temperature"),
-                   help="softmax temperature of the distillation loss (default %(default)s)")
-    b = p.add_argument_group("accuracy budget")
-    b.add_argument("--max-accuracy-drop", type=float, default=None, metavar="P",
-                   help="keep the fewest heads whose validation score stays within P points of the dense model's "
-                        "(tries candidate head counts; off by default)")
-    b.add_argument("--budget-metric", choices=BUDGET_METRICS, default=_default("budget_metric"),
-                   help="the validation score the budget compares (default %(default)s)")
-    b.add_argument("--budget-screen-epochs", type=float, default=_default("budget_screen_epochs"),
-                   help="recovery epochs of each candidate while searching (default %(default)s)")
-    p.add_argument("--seed", type=int, default=_default("seed"))
-    p.add_argument("--device", default=_default("device"), help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--latency-repeats", type=int, default=_default("latency_repeats"))
-    e = p.add_argument_group("deployment")
-    e.add_argument("--export", choices=EXPORT_FORMATS, default=_default("export"),
-                   help="also write onnx/, checked against PyTorch (default %(default)s)")
-    e.add_argument("--quantize", choices=QUANTIZE_MODES, default=_default("quantize"),
-                   help="int8 also writes onnx-int8/ (default %(default)s)")
+    groups = {name: p.add_argument_group(name) for name in GROUPS}
+    for setting in settings_for("cli"):
+        add_setting_flag(groups[setting.group] if setting.group else p, setting)
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of a summary")
     p.set_defaults(func=run_command)
     return p
@@ -139,18 +90,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOptions]:
     """Build the validated settings from parsed arguments (raises InvalidInputError subclasses)."""
-    config = PruningConfig(
-        poly_degree=args.poly_degree, heads_to_keep=args.heads_to_keep, resolution=args.resolution,
-        calibration_fraction=args.calibration_fraction, signature_samples=args.signature_samples,
-        perplexity=args.perplexity, stability_shards=args.stability_shards, strategy=args.strategy,
-        seed=args.seed, batch_size=args.batch_size, epochs=args.epochs, lr=args.lr,
-        dense_finetune=args.dense_finetune, dense_epochs=args.dense_epochs, dense_lr=args.dense_lr,
-        device=args.device, latency_repeats=args.latency_repeats, export=args.export, quantize=args.quantize,
-        recovery_loss=args.recovery_loss, distill_alpha=args.distill_alpha,
-        distill_temperature=args.distill_temperature, max_accuracy_drop=args.max_accuracy_drop,
-        budget_metric=args.budget_metric,
-        budget_screen_epochs=args.budget_screen_epochs,
-    )
+    config = PruningConfig(**{setting.name: getattr(args, setting.name) for setting in settings_for("cli")})
     options = dataset_options_from_args(args)
     return config, options
 

@@ -91,10 +91,12 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 
 def migrations_dir() -> Path:
-    import migrations
+    """Alembic's script directory: ``migrations/`` beside the ``app`` package, in a checkout as in an install.
 
-    # __path__ rather than __file__: it also works where migrations/ is installed as a namespace.
-    return Path(next(iter(migrations.__path__)))
+    Found as a path, never imported: ``migrations/env.py`` imports this module (for the tables'
+    metadata), and the arrow runs that way only.
+    """
+    return Path(__file__).resolve().parents[2] / "migrations"
 
 
 def upgrade_database(engine: Engine, revision: str = "head") -> None:

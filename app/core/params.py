@@ -1,9 +1,10 @@
 """What a job may set, in one place: pruning settings and dataset options, and what only a worker sets.
 
-A job's settings are :class:`~cahp_engine.config.PruningConfig`'s fields except
-:data:`SERVICE_ONLY_PARAMS`: where a job runs (``device``) is the worker's setting
-(``CAHP_DEVICE``), not the client's. The API stores the validated settings without it
-(:func:`stored_params`); the worker adds its own (:func:`run_config`). Dataset options are
+A job's settings (:data:`JOB_PARAMS`) are the engine's settings declared for the API
+(:func:`cahp_engine.config.settings_for`); the others, :data:`SERVICE_ONLY_PARAMS`, are the
+worker's: where a job runs (``device``) is set by ``CAHP_DEVICE``, not by the client. The API
+stores the validated settings without it (:func:`stored_params`); the worker adds its own
+(:func:`run_config`). Dataset options are
 :class:`~cahp_engine.data.DatasetOptions`' fields, read from the job's ``dataset`` record.
 """
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cahp_engine.config import PruningConfig
+from cahp_engine.config import SETTINGS, PruningConfig, settings_for
 from cahp_engine.data import DATASET_OPTION_FIELDS, DatasetOptions
 
-#: PruningConfig fields a client may not set.
-SERVICE_ONLY_PARAMS = frozenset({"device"})
+#: The settings a job's ``params`` may hold, in PruningConfig's order.
+JOB_PARAMS: tuple[str, ...] = tuple(s.name for s in settings_for("api"))
+#: PruningConfig fields a client may not set (``device``).
+SERVICE_ONLY_PARAMS = frozenset(s.name for s in SETTINGS) - frozenset(JOB_PARAMS)
 
 
 def stored_params(given: Mapping[str, Any]) -> dict[str, Any]:

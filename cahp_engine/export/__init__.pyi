@@ -4,7 +4,7 @@ Reading order: ``_records`` (what an export reports) -> ``_runtime`` (onnxruntim
 (``export_onnx`` and parity) -> ``_int8`` (``quantize_int8``) -> ``_model_card`` -> ``_from_checkpoint``
 (``cahp export`` of a saved checkpoint)."""
 
-from ._from_checkpoint import export_checkpoint
+from ._from_checkpoint import CheckpointExport, export_checkpoint
 from ._int8 import quantize_int8
 from ._model_card import ModelCardInputs, SpeedFigure, build_model_card, write_model_card
 from ._onnx import OPSET, check_parity, export_onnx, generated_rows, onnx_input_names
@@ -12,7 +12,7 @@ from ._records import ExportRecord
 from ._runtime import compare_runtimes, evaluate_onnx, onnx_session, run_logits
 
 __all__ = [
-    "OPSET", "build_model_card", "check_parity", "compare_runtimes", "evaluate_onnx", "export_checkpoint",
-    "export_onnx", "ExportRecord", "generated_rows", "ModelCardInputs", "onnx_input_names", "onnx_session",
-    "quantize_int8", "run_logits", "SpeedFigure", "write_model_card",
+    "OPSET", "build_model_card", "check_parity", "CheckpointExport", "compare_runtimes", "evaluate_onnx",
+    "export_checkpoint", "export_onnx", "ExportRecord", "generated_rows", "ModelCardInputs", "onnx_input_names",
+    "onnx_session", "quantize_int8", "run_logits", "SpeedFigure", "write_model_card",
 ]

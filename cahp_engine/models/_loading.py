@@ -276,8 +276,9 @@ def _checked_config(
 ) -> Any:
     """The config ``from_pretrained`` will build, once what it declares has been checked against the weights.
 
-    After :func:`~cahp_engine.models._preflight.check_declarations`, in the order of :mod:`cahp_engine.models._preflight`:
-    the heads, the parameter count of the ``meta`` architecture, then every tensor's name and shape.
+    After :func:`~cahp_engine.models._preflight.check_declarations`, in the order of
+    :mod:`cahp_engine.models._preflight`: the heads, the parameter count of the ``meta`` architecture, then
+    every tensor's name and shape.
     """
     labels = {"num_labels": num_labels} if num_labels is not None else {}
     config = transformers.AutoConfig.from_pretrained(where, trust_remote_code=False, **labels, **hub)

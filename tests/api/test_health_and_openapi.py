@@ -27,6 +27,11 @@ def test_openapi_documents_the_v1_api(client: TestClient) -> None:
     params = spec["components"]["schemas"]["JobParams"]
     expected = {f.name for f in dataclasses.fields(PruningConfig)} - {"device"}
     assert set(params["properties"]) == expected and params["additionalProperties"] is False
+    # Each setting's bounds, choices and default are in the schema (tests/test_settings_surfaces.py checks them all).
+    degree = params["properties"]["poly_degree"]
+    assert {"type": "integer", "minimum": 1, "maximum": 10} in degree["anyOf"]
+    assert degree["description"] == "Kneedle polynomial degree (default 2)"
+    assert {"type": "string", "enum": ["cahp", "salience", "random"]} in params["properties"]["strategy"]["anyOf"]
     assert client.get("/docs").status_code == 200
 
 

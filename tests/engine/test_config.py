@@ -29,6 +29,15 @@ from cahp_engine.errors import ConfigError
         ({"batch_size": True}, "`batch_size` must be an integer"),
         ({"seed": -3}, "`seed`"),
         ({"calibration_fraction": float("nan")}, "`calibration_fraction`"),
+        ({"signature_samples": 1.5}, r"^`signature_samples` must be a number in \(0.0, 1.0\], got 1.5$"),
+        ({"max_length": 1}, "^`max_length` must be an integer between 2 and 8192, got 1$"),
+        ({"warmup_ratio": 1.5}, r"^`warmup_ratio` must be a number in \[0.0, 1.0\], got 1.5$"),
+        ({"reported_degrees": (0, 2)}, r"^`reported_degrees` must be a non-empty tuple of integers between 1 and 10, "
+         r"got \(0, 2\)$"),
+        ({"reported_degrees": ()}, "`reported_degrees` must be a non-empty tuple"),
+        # Rules over two settings are checked after each one's own.
+        ({"max_accuracy_drop": 1.0, "heads_to_keep": 3}, "`heads_to_keep` fixes it; set one of them"),
+        ({"quantize": "int8", "export": "none"}, "`quantize` 'int8' quantizes the ONNX export"),
     ],
 )
 def test_out_of_range_values_say_what_to_change(changes, message):

@@ -24,7 +24,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.cli import main
-from app.client import ApiClient, ApiError, retry_after_s
+from app.client import ApiClient, ServerError
+from app.http_headers import retry_after_s
 from tests.api.helpers import (
     free_port,
     job_body,
@@ -217,7 +218,7 @@ def test_busy_answers_are_retried_no_sooner_than_retry_after_asks(status: int) -
     busy = _Busy(busy=2, status=status, retry_after="1")
     try:
         with ApiClient(busy.url, "key", timeout=30) as client:
-            assert client.job("j1")["status"] == "running"
+            assert client.job("j1").status == "running"
         assert len(busy.times) == 3
         assert all(later - earlier >= 0.95 for earlier, later in zip(busy.times, busy.times[1:], strict=False))
     finally:
@@ -228,10 +229,10 @@ def test_retrying_stops_at_the_timeout_and_other_errors_are_not_retried() -> Non
     always = _Busy(busy=10**6, status=503, retry_after="1")
     failing = _Busy(busy=10**6, status=500, retry_after="1")
     try:
-        with ApiClient(always.url, "key", timeout=2.5) as client, pytest.raises(ApiError) as busy:
+        with ApiClient(always.url, "key", timeout=2.5) as client, pytest.raises(ServerError) as busy:
             client.job("j1")
         assert busy.value.status == 503 and 2 <= len(always.times) <= 4
-        with ApiClient(failing.url, "key", timeout=30) as client, pytest.raises(ApiError) as broken:
+        with ApiClient(failing.url, "key", timeout=30) as client, pytest.raises(ServerError) as broken:
             client.job("j1")
         assert broken.value.status == 500 and len(failing.times) == 1
     finally:

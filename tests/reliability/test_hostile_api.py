@@ -28,12 +28,12 @@ from sqlalchemy import Engine, event, text
 
 import app.core.keys as keys_module
 from app.api.main import create_app
-from app.client import retry_after_s
 from app.core import keys
 from app.core.db import make_session_factory, transaction
 from app.core.models import ApiKey
 from app.core.settings import Settings
 from app.core.storage import open_store
+from app.http_headers import retry_after_s
 from cahp_engine.run import run_pruning
 from tests.api.helpers import (
     job_body,

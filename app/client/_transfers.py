@@ -1,0 +1,118 @@
+"""Moving files: downloads that resume and are checked, and uploads (a directory packed first).
+
+A download writes into ``<name>.partial`` beside its target. When a transfer breaks off it asks for
+the rest with ``Range``, guarded by ``If-Range`` on the artifact's sha256 (its ETag), so a changed
+artifact is sent whole rather than spliced; the finished file must match the manifest's sha256
+before it takes its name. The ``.partial`` file survives a failure, so running the command again
+resumes too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from app.client._exceptions import ChecksumError, ClientError, TransportError, httpx_errors, problem_from_response
+from app.client._records import Artifact
+from app.client._retries import Outage
+
+
+def download(http: httpx.Client, job_id: str, artifact: Artifact, directory: Path, *, timeout: float | None,
+             on_retry: Callable[[str], None] | None) -> Path:
+    """Download ``artifact`` of ``job_id`` into ``directory``, resuming a ``.partial`` file; its path.
+
+    The server may be away for ``timeout`` seconds at a time (reset whenever bytes arrive).
+    Raises :class:`ChecksumError` when the bytes do not match the manifest's sha256.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / Path(artifact.name).name
+    partial = target.with_name(target.name + ".partial")
+    url = f"/v1/jobs/{job_id}/artifacts/{artifact.name}"
+    outage = Outage(timeout, None, on_retry, f"the download of {artifact.name}")
+    while True:
+        have = _size(partial)
+        if have > artifact.size:
+            partial.unlink()
+            have = 0
+        if have == artifact.size:
+            break
+        try:
+            _fetch(http, url, partial, have=have, etag=f'"{artifact.sha256}"')
+        except ClientError as exc:
+            if _size(partial) > have:
+                outage.ok()  # it was making progress: a new break, not a longer outage
+            outage.failed(exc)  # sleeps before the next try, or raises
+    digest = sha256_of(partial)
+    if digest != artifact.sha256:
+        partial.unlink(missing_ok=True)
+        raise ChecksumError(f"{artifact.name}: sha256 {digest} differs from the manifest's {artifact.sha256}; "
+                            "download it again")
+    partial.replace(target)
+    return target
+
+
+def _fetch(http: httpx.Client, url: str, partial: Path, *, have: int, etag: str) -> None:
+    """One GET of the rest of the artifact, appended to ``partial``; raises on a broken transfer."""
+    headers = {"Range": f"bytes={have}-", "If-Range": etag} if have else {}
+    with httpx_errors("the download broke off"), http.stream("GET", url, headers=headers) as response:
+        if response.status_code == 416:
+            partial.unlink(missing_ok=True)  # our partial file is not a prefix of it: start again
+            raise TransportError("the partial download does not fit the artifact; restarting")
+        if response.status_code >= 400:
+            response.read()
+            raise problem_from_response(response)
+        resume = response.status_code == 206 and response.headers.get("content-range", "").startswith(
+            f"bytes {have}-")
+        with open(partial, "ab" if resume else "wb") as out:
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def sha256_of(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def packed(path: Path) -> Iterator[Path]:
+    """``path`` itself when it is a file; a directory packed as ``<name>.tar.gz`` in a temporary directory."""
+    if not path.is_dir():
+        yield path
+        return
+    name = path.resolve().name or "upload"
+    with tempfile.TemporaryDirectory(prefix="cahp-pack-") as tmp:
+        archive = Path(tmp) / f"{name}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(path, arcname=name)
+        yield archive
+
+
+@contextmanager
+def multipart_file(path: Path) -> Iterator[Callable[[], dict[str, Any]]]:
+    """A factory of httpx's ``files`` for a form field ``file``: a fresh handle for each try, all closed at the end."""
+    handles: list[IO[bytes]] = []
+
+    def files() -> dict[str, Any]:
+        handles.append(open(path, "rb"))  # noqa: SIM115 - closed below, after every try
+        return {"file": (path.name, handles[-1])}
+
+    try:
+        yield files
+    finally:
+        for handle in handles:
+            handle.close()

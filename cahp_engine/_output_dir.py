@@ -2,8 +2,10 @@
 
 ``cahp prune`` and ``cahp export`` both write this way, so an interrupted or failed command never leaves
 something that looks like a result. The staging directory comes from :func:`tempfile.mkdtemp`, which
-makes it private (mode 0700); it is opened up to 0755 before the rename, because a model directory is
-meant to be read by the servers that load it.
+makes it private (mode 0700), and some writers make their files private too (safetensors writes
+0600); before the rename every directory in it is opened up to at least 0755 and every file to at
+least 0644, because a model directory is meant to be read by the servers that load it, which seldom
+run as the user that wrote it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from pathlib import Path
 
 from cahp_engine.errors import InvalidInputError
 
-#: The mode of a published result directory: the owner writes, everyone reads and enters.
-PUBLISHED_MODE = 0o755
+#: Bits every published directory has: everyone may list and enter it.
+DIRECTORY_BITS = 0o755
+#: Bits every published file has: everyone may read it.
+FILE_BITS = 0o644
 
 
 def prepare_output_dir(output_dir: Path, *, overwrite: bool) -> None:
@@ -57,9 +61,20 @@ def staged_output(output_dir: Path, *, publish_on: tuple[type[BaseException], ..
     _publish(stage, output_dir)
 
 
+def _open_up(stage: Path) -> None:
+    """Add read (and, for directories, enter) permission for everyone to everything under ``stage``."""
+    for path in (stage, *stage.rglob("*")):
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        wanted = DIRECTORY_BITS if path.is_dir() else FILE_BITS
+        if mode & wanted != wanted:
+            path.chmod((mode | wanted) & 0o7777)
+
+
 def _publish(stage: Path, output_dir: Path) -> None:
     try:
-        stage.chmod(PUBLISHED_MODE)
+        _open_up(stage)
         if output_dir.exists():
             shutil.rmtree(output_dir)
         os.replace(stage, output_dir)

@@ -34,7 +34,7 @@ from cahp_engine.config import (
 )
 from cahp_engine.errors import ConfigError
 from cahp_engine.run import RunSummary
-from tests.api.helpers import job_body, new_key
+from tests.support.helpers import job_body, new_key
 
 API = settings_for("api")
 CLI = settings_for("cli")

@@ -16,7 +16,7 @@ from app.core.db import make_session_factory, transaction
 from app.core.models import JobStatus
 from app.core.settings import Settings
 from app.core.storage import open_store
-from tests.api.helpers import job_body, write_tiny_dataset
+from tests.support.helpers import job_body, write_tiny_dataset
 from worker.artifacts import store_artifacts
 
 

@@ -13,7 +13,7 @@ from app.core.db import make_session_factory, transaction
 from app.core.models import JobStatus
 from app.core.repository import ArtifactRecord
 from app.core.security import key_id_of
-from tests.api.helpers import job_body, new_key, write_tiny_dataset
+from tests.support.helpers import job_body, new_key, write_tiny_dataset
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_another_keys_upload_cannot_be_used(client: TestClient, auth: dict[str, 
 
 def test_no_auth_mode_serves_requests_without_a_key(tmp_path: Path) -> None:
     from app.api.main import create_app
-    from tests.api.helpers import migrated_engine, service_settings
+    from tests.support.helpers import migrated_engine, service_settings
 
     settings = service_settings(tmp_path, no_auth=True)
     engine = migrated_engine(settings)

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.core.settings import Settings
-from tests.api.helpers import service_settings
-from tests.api.jobs_helpers import finish, progress, start, submit
+from tests.support.helpers import service_settings
+from tests.support.jobs import finish, progress, start, submit
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from app.core.settings import Settings
-from tests.api.helpers import job_body, write_tiny_dataset
+from tests.support.helpers import job_body, write_tiny_dataset
 
 
 def _broker_messages(settings: Settings) -> list[dict[str, Any]]:
@@ -203,7 +203,7 @@ def test_a_submit_while_the_broker_is_down_is_kept_queued_for_the_sweeper(
     tmp_path: Path, dataset_uri: str, local_root: Path
 ) -> None:
     from app.api.main import create_app
-    from tests.api.helpers import free_port, migrated_engine, new_key, service_settings
+    from tests.support.helpers import free_port, migrated_engine, new_key, service_settings
 
     # A Redis URL on a port where nothing listens: the broker is down.
     settings = service_settings(tmp_path, broker_url=f"redis://127.0.0.1:{free_port()}/0",

@@ -23,8 +23,8 @@ from app.core.db import make_session_factory, transaction
 from app.core.models import Job
 from app.core.settings import Settings
 from app.core.storage import open_store
-from tests.api.helpers import moto_s3_server, service_settings
-from tests.api.jobs_helpers import finish, start, store, submit
+from tests.support.helpers import moto_s3_server, service_settings
+from tests.support.jobs import finish, start, store, submit
 
 BUCKET = "cahp-artifacts"
 BLOB = os.urandom(300_000)

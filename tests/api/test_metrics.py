@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
 from app.core.settings import Settings
-from tests.api.jobs_helpers import finish, start, submit
+from tests.support.jobs import finish, start, submit
 
 
 def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from app.api.job_reader import PostgresReader, SqliteReader
 from app.api.main import create_app
 from app.core.settings import Settings
-from tests.api.helpers import migrated_engine, new_key, postgres_schema_url, service_settings
-from tests.api.jobs_helpers import finish, start, submit
+from tests.support.helpers import migrated_engine, new_key, postgres_schema_url, service_settings
+from tests.support.jobs import finish, start, submit
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

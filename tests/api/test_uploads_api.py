@@ -13,7 +13,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from app.core.settings import Settings
-from tests.api.helpers import job_body, tar_directory, write_tiny_dataset, write_tiny_model
+from tests.support.helpers import job_body, tar_directory, write_tiny_dataset, write_tiny_model
 
 
 def _problem(response: Any, status: int, code: str) -> str:
@@ -121,7 +121,7 @@ def test_unsafe_archives_are_refused_at_upload(client: TestClient, auth: dict[st
 
 def test_an_archive_bomb_is_refused_by_its_unpacked_size(tmp_path: Path) -> None:
     from app.api.main import create_app
-    from tests.api.helpers import migrated_engine, new_key, service_settings
+    from tests.support.helpers import migrated_engine, new_key, service_settings
 
     settings = service_settings(tmp_path, max_unpacked_bytes=100_000)
     engine = migrated_engine(settings)

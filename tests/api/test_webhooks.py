@@ -22,9 +22,9 @@ from app.api.dispatcher import _retry_after, backoff_s, dispatch_once
 from app.core.db import make_session_factory
 from app.core.models import JobStatus
 from app.core.settings import Settings
-from tests.api.helpers import service_settings
-from tests.api.jobs_helpers import finish, progress, start, submit
-from tests.receiver import Receiver
+from tests.support.helpers import service_settings
+from tests.support.jobs import finish, progress, start, submit
+from tests.support.receiver import Receiver
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from app.client import (
 from app.core.db import make_engine, make_session_factory
 from app.core.keys import authenticate
 from app.core.settings import get_settings
-from tests.api.helpers import free_port
+from tests.support.helpers import free_port
 
 
 @pytest.fixture

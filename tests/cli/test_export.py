@@ -20,7 +20,7 @@ from app.cli.export import EXPORT_FORMATS, export_command
 from cahp_engine.export import _onnx as export_module
 from cahp_engine.models import prune_heads, save_pruned
 from tests.cli.test_prune import write_dataset
-from tests.tiny_models import make_classifier, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_tokenizer
 
 
 def _checkpoint(directory: Path, family: str) -> Path:

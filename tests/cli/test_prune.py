@@ -16,7 +16,7 @@ from PIL import Image
 
 from cahp_engine.models import load_pruned
 from cahp_engine.recovery import count_parameters
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,6 +58,7 @@ def run(tmp_path_factory):
     return tmp, out, proc
 
 
+@pytest.mark.slow  # a whole `cahp prune` process
 def test_prune_writes_every_artifact_with_its_schema(run):
     tmp, out, proc = run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -140,6 +141,18 @@ def test_the_pruned_checkpoint_loads_and_is_smaller(run):
         assert pruned(input_ids=ids).logits.shape == (2, 3)
 
 
+@pytest.mark.slow  # a whole `cahp prune` process
+def test_the_output_directory_and_everything_in_it_can_be_read_by_a_server(run):
+    # A model directory is read by servers running as other users: no part of it may stay private
+    # (the staging directory it was written in is created 0700).
+    _tmp, out, proc = run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    private = [str(p.relative_to(out.parent)) for p in (out, *out.rglob("*"))
+               if p.stat().st_mode & (0o055 if p.is_dir() else 0o044) != (0o055 if p.is_dir() else 0o044)]
+    assert private == []
+
+
+@pytest.mark.slow  # a whole `cahp prune` process
 def test_json_flag_prints_the_report(tmp_path):
     model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=2)
     data = write_dataset(tmp_path / "data", num_classes=2, n_train=40, n_test=10)
@@ -246,6 +259,7 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
+@pytest.mark.slow  # a whole `cahp prune` process per family
 @pytest.mark.parametrize(
     "family", ["deberta-v2", "modernbert", "camembert", "data2vec-text", "roberta-prelayernorm", "xlm-roberta-xl"]
 )
@@ -274,6 +288,7 @@ def test_prune_runs_end_to_end_on_the_newer_encoder_layouts(tmp_path, family):
         assert torch.isfinite(pruned(input_ids=ids, attention_mask=torch.ones_like(ids)).logits).all()
 
 
+@pytest.mark.slow  # a whole `cahp prune` process
 def test_prune_reads_a_dataset_configuration_with_mnli_splits(tmp_path):
     from tests.engine.test_datasets_io import write_repository
 
@@ -295,6 +310,7 @@ def test_prune_reads_a_dataset_configuration_with_mnli_splits(tmp_path):
     assert refused.returncode == 2 and "--dataset-config" in refused.stderr
 
 
+@pytest.mark.slow  # a whole `cahp prune` process
 def test_a_missed_budget_exits_1_and_leaves_the_candidates_report(tmp_path):
     model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=3)
     data = write_dataset(tmp_path / "data", n_train=150)

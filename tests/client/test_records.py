@@ -44,7 +44,7 @@ USED_BY_THE_CLI: dict[type, set[str]] = {Job: {"id", "status", "stage", "progres
 @pytest.fixture(scope="module")
 def components(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from app.api.main import create_app
-    from tests.api.helpers import service_settings
+    from tests.support.helpers import service_settings
 
     spec = create_app(service_settings(Path(tmp_path_factory.mktemp("openapi")))).openapi()
     return spec["components"]["schemas"]
@@ -109,7 +109,7 @@ def test_a_page_reads_the_lists_envelope(item: type, page: str, components: dict
 def test_the_upload_answer_and_the_event_streams_data_are_the_schemas_the_records_read(
         components: dict[str, Any], tmp_path: Path) -> None:
     from app.api.main import create_app
-    from tests.api.helpers import service_settings
+    from tests.support.helpers import service_settings
 
     paths = create_app(service_settings(tmp_path)).openapi()["paths"]
     answer = paths["/v1/uploads"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]

@@ -17,8 +17,8 @@ import pytest
 from app.cli import main
 from cahp_engine import load_pruned
 from cahp_engine.run import ARTIFACT_FILES
-from tests.api.helpers import free_port, write_split, write_tiny_dataset, write_tiny_model
-from tests.e2e.conftest import child_env, group_alive, start, stop, wait_for
+from tests.support.helpers import free_port, write_split, write_tiny_dataset, write_tiny_model
+from tests.support.processes import child_env, group_alive, start, stop, wait_for
 
 
 def test_embedded_service_runs_a_job_from_the_command_line(

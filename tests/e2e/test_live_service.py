@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from standardwebhooks.webhooks import Webhook as Verifier
 
 from app.cli import main
-from tests.api.helpers import free_port, write_tiny_dataset, write_tiny_model
-from tests.e2e.conftest import child_env, start, stop, wait_for
-from tests.receiver import Receiver
+from tests.support.helpers import free_port, write_tiny_dataset, write_tiny_model
+from tests.support.processes import child_env, start, stop, wait_for
+from tests.support.receiver import Receiver
 
 
 def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -18,7 +18,7 @@ from app.api.main import create_app
 from app.core.settings import Settings
 from cahp_engine import load_pruned
 from cahp_engine.run import ARTIFACT_FILES
-from tests.api.helpers import (
+from tests.support.helpers import (
     job_body,
     migrated_engine,
     new_key,
@@ -27,7 +27,7 @@ from tests.api.helpers import (
     write_tiny_dataset,
     write_tiny_model,
 )
-from tests.e2e.conftest import child_env, poll_job, start, stop, wait_for
+from tests.support.processes import child_env, poll_job, start, stop, wait_for
 
 
 @dataclass

@@ -4,7 +4,7 @@ import transformers as tf
 
 from cahp_engine.errors import UnsupportedModelError
 from cahp_engine.models import SUPPORTED_FAMILIES, gate_heads, get_adapter, heads_per_layer
-from tests.tiny_models import FAMILIES, make_classifier
+from tests.support.tiny_models import FAMILIES, make_classifier
 
 
 @pytest.mark.parametrize("family", FAMILIES)

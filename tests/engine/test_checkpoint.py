@@ -11,7 +11,7 @@ import transformers as tf
 
 from cahp_engine.errors import ModelLoadError, UnsupportedModelError
 from cahp_engine.models import heads_per_layer, load_pruned, prune_heads, save_pruned
-from tests.tiny_models import FAMILIES, make_classifier, make_tokenizer
+from tests.support.tiny_models import FAMILIES, make_classifier, make_tokenizer
 
 KEPT = {0: [2], 1: [], 2: [0, 1, 3]}
 

@@ -19,7 +19,7 @@ from cahp_engine.selection import (
     select_heads,
     stratified_order,
 )
-from tests.tiny_models import WORDS, make_classifier, make_tokenizer
+from tests.support.tiny_models import WORDS, make_classifier, make_tokenizer
 
 
 def _texts(n: int, *, separated: bool, seed: int = 0) -> LabelledTexts:

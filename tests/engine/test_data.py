@@ -3,7 +3,7 @@ import pytest
 
 from cahp_engine.data import LabelledTexts, collate, draw_subset, encode, encode_labels, length_grouped_batches
 from cahp_engine.errors import DatasetError
-from tests.tiny_models import make_tokenizer
+from tests.support.tiny_models import make_tokenizer
 
 
 def test_integer_labels_must_be_zero_based_and_contiguous():

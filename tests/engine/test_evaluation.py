@@ -16,7 +16,7 @@ from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import InvalidInputError
 from cahp_engine.models import get_adapter, prune_heads
 from cahp_engine.recovery import compare_speed, count_parameters, evaluate, finetune, measure_latency, random_inputs
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 ATTENTION_NAMES = {
     "bert": r"attention\.(self\.(query|key|value)|output\.dense)\.",

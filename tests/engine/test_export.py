@@ -30,7 +30,7 @@ from cahp_engine.export import (
 )
 from cahp_engine.models import prune_heads
 from cahp_engine.recovery import evaluate
-from tests.tiny_models import FAMILIES, make_classifier, make_config, make_texts, make_tokenizer
+from tests.support.tiny_models import FAMILIES, make_classifier, make_config, make_texts, make_tokenizer
 
 # Uneven heads per layer, and layer 1 without any.
 KEPT = {0: [1, 3], 1: [], 2: [0, 1, 2]}

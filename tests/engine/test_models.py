@@ -12,7 +12,7 @@ import transformers as tf
 
 from cahp_engine.errors import InvalidInputError, ModelLoadError, UnsupportedModelError
 from cahp_engine.models import LoadedClassifier, heads_per_layer, load_classifier, prune_heads, save_pruned
-from tests.tiny_models import FAMILIES, make_classifier, make_config, make_tokenizer
+from tests.support.tiny_models import FAMILIES, make_classifier, make_config, make_tokenizer
 
 
 def _save(model: torch.nn.Module, path: Path, *, tokenizer: bool = True) -> Path:

@@ -22,7 +22,7 @@ from cahp_engine.models import gate_heads, prune_heads
 from cahp_engine.recovery import _training as training
 from cahp_engine.selection import extract_signatures, gradient_salience, select_heads
 from tests.engine.test_surgery import KEPT, _batch, _gates, _model
-from tests.tiny_models import WORDS, make_classifier, make_tokenizer
+from tests.support.tiny_models import WORDS, make_classifier, make_tokenizer
 
 
 def _device() -> torch.device:

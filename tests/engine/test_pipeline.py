@@ -12,7 +12,7 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError, JobCancelledError
 from cahp_engine.selection import select_heads
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ SCRIPT = textwrap.dedent(
     from cahp_engine.config import PruningConfig
     from cahp_engine.data import LabelledTexts, encode
     from cahp_engine.selection._select_heads import select_heads
-    from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+    from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
     texts, labels = make_texts(700, num_classes=3, seed=4)  # past the first checkpoints of both rules
     data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
     model = make_classifier("bert", layers=4, heads=6, seed=2)

@@ -23,7 +23,7 @@ from cahp_engine.recovery import classification_metrics, distillation_loss, fine
 from cahp_engine.results import ClassificationMetrics
 from cahp_engine.run import RunReport, carve, run_pruning
 from cahp_engine.run import _steps as steps
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 RECIPE = {"lr": 5e-4, "batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0, "seed": 3}
 #: A small, fast run whose dense model learns the task (the saved random head counts as trained,

@@ -7,7 +7,7 @@ import torch
 from cahp_engine.data import LabelledTexts, collate, encode, iterate_batches, length_grouped_batches
 from cahp_engine.models import gate_heads, get_adapter
 from cahp_engine.selection import gradient_salience, minmax
-from tests.tiny_models import FAMILIES, make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import FAMILIES, make_classifier, make_texts, make_tokenizer
 
 
 def _data(n=24, num_classes=3, seed=0):

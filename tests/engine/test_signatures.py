@@ -6,7 +6,7 @@ from cahp_engine.data import LabelledTexts, collate, encode, iterate_batches, le
 from cahp_engine.errors import PipelineError
 from cahp_engine.models import eager_attention
 from cahp_engine.selection import ClassMoments, crop_and_resize, default_resolution, extract_signatures
-from tests.tiny_models import LAYOUTS, make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import LAYOUTS, make_classifier, make_texts, make_tokenizer
 
 
 def test_streaming_moments_equal_numpy_on_the_concatenated_data():

@@ -25,7 +25,7 @@ from cahp_engine.selection import (
     select_top_salience,
 )
 from cahp_engine.selection import _strategies as strategies
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 CONFIG = PruningConfig(resolution=6, seed=5)
 

@@ -18,7 +18,7 @@ from cahp_engine.models import (
     prune_heads,
     pruning_record,
 )
-from tests.tiny_models import FAMILIES, LAYOUTS, make_classifier, make_tokenizer
+from tests.support.tiny_models import FAMILIES, LAYOUTS, make_classifier, make_tokenizer
 
 LAYERS, HEADS, HEAD_DIM = 3, 4, 8
 HIDDEN = HEADS * HEAD_DIM

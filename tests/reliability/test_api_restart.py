@@ -18,7 +18,7 @@ from sqlalchemy import text
 from app.api.broker_probe import waiting_job_ids
 from app.core.db import make_session_factory
 from app.core.storage import open_store
-from tests.api.helpers import (
+from tests.support.helpers import (
     TINY_PARAMS,
     migrated_engine,
     new_key,
@@ -28,8 +28,8 @@ from tests.api.helpers import (
     write_tiny_dataset,
     write_tiny_model,
 )
-from tests.e2e.conftest import stop, wait_for
-from tests.reliability.conftest import Server, start_server
+from tests.support.processes import stop, wait_for
+from tests.support.stack import Server, start_server
 from worker.runner import Outcome, WorkerContext, execute_job
 
 

@@ -14,7 +14,7 @@ import io
 import json
 import tarfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,26 +23,24 @@ import transformers
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.api.main import create_app
 from app.core.db import make_session_factory
 from app.core.models import Job
 from app.core.settings import Settings
 from app.core.storage import open_store
-from tests.api.helpers import (
+from tests.support.helpers import (
     job_body,
-    new_key,
     write_split,
     write_tiny_dataset,
     write_tiny_model,
 )
-from tests.tiny_models import make_tokenizer
+from tests.support.tiny_models import make_tokenizer
 from worker.runner import Outcome, WorkerContext, execute_job
 
 
 @pytest.fixture
-def client(settings: Settings, engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {new_key(engine)}"}) as client:
-        yield client
+def api_key(key: str) -> str:
+    """The client sends a valid key."""
+    return key
 
 
 @pytest.fixture

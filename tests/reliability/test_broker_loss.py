@@ -17,9 +17,16 @@ from app.api.producer import JobQueue
 from app.api.sweeper import sweep_once
 from app.core.db import make_session_factory
 from app.core.storage import open_store
-from tests.api.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset, write_tiny_model
-from tests.e2e.conftest import stop, wait_for
-from tests.reliability.conftest import FAST_RECOVERY, TERMINAL, PrivateRedis, Server, settings_env, start, start_server
+from tests.support.helpers import (
+    job_body,
+    migrated_engine,
+    new_key,
+    service_settings,
+    write_tiny_dataset,
+    write_tiny_model,
+)
+from tests.support.processes import stop, wait_for
+from tests.support.stack import FAST_RECOVERY, TERMINAL, PrivateRedis, Server, settings_env, start, start_server
 
 
 def test_queued_jobs_outlive_a_broker_restart_and_an_api_restart(tmp_path: Path, private_redis: PrivateRedis) -> None:

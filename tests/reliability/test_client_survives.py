@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.cli import main
 from app.client import ApiClient, ServerError
 from app.http_headers import retry_after_s
-from tests.api.helpers import (
+from tests.support.helpers import (
     free_port,
     job_body,
     migrated_engine,
@@ -35,11 +35,11 @@ from tests.api.helpers import (
     write_tiny_dataset,
     write_tiny_model,
 )
-from tests.api.jobs_helpers import finish, start, store
-from tests.e2e.conftest import child_env, stop, wait_for
-from tests.e2e.conftest import start as start_process
-from tests.receiver import CuttingProxy
-from tests.reliability.conftest import SLOW_EPOCHS, settings_env, start_server
+from tests.support.jobs import finish, start, store
+from tests.support.processes import child_env, stop, wait_for
+from tests.support.processes import start as start_process
+from tests.support.receiver import CuttingProxy
+from tests.support.stack import SLOW_EPOCHS, settings_env, start_server
 
 
 def _wait_process(args: list[str], log: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:

@@ -16,9 +16,9 @@ from sqlalchemy import create_engine, text
 
 from app.api.broker_probe import job_id_of
 from app.core.settings import Settings
-from tests.api.helpers import job_body, migrated_engine, new_key, postgres_schema_url, service_settings
-from tests.e2e.conftest import stop
-from tests.reliability.conftest import start_server
+from tests.support.helpers import job_body, migrated_engine, new_key, postgres_schema_url, service_settings
+from tests.support.processes import stop
+from tests.support.stack import start_server
 
 
 @contextmanager

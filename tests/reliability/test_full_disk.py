@@ -23,7 +23,7 @@ from app.core.db import make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.run import run_pruning
-from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
+from tests.support.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from worker.runner import Outcome, WorkerContext, execute_job
 
 

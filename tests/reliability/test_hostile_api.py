@@ -35,7 +35,7 @@ from app.core.settings import Settings
 from app.core.storage import open_store
 from app.http_headers import retry_after_s
 from cahp_engine.run import run_pruning
-from tests.api.helpers import (
+from tests.support.helpers import (
     job_body,
     migrated_engine,
     new_key,
@@ -43,9 +43,9 @@ from tests.api.helpers import (
     write_tiny_dataset,
     write_tiny_model,
 )
-from tests.api.jobs_helpers import finish, progress, start, store, submit
-from tests.e2e.conftest import stop
-from tests.reliability.conftest import start_server
+from tests.support.jobs import finish, progress, start, store, submit
+from tests.support.processes import stop
+from tests.support.stack import start_server
 from worker.redaction import Redactor, job_redactor
 from worker.runner import Outcome, WorkerContext, execute_job
 
@@ -55,19 +55,14 @@ POLL_S = 0.05
 
 
 @pytest.fixture
+def api_key(alice: str) -> str:
+    """The client is alice's."""
+    return alice
+
+
+@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return service_settings(tmp_path, key_cache_s=KEY_CACHE_S, events_poll_s=POLL_S)
-
-
-@pytest.fixture
-def alice(engine: Engine) -> str:
-    return new_key(engine, "alice")
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine, alice: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {alice}"}) as client:
-        yield client
 
 
 def _problem(response: Any, status: int, code: str, *fragments: str) -> dict[str, Any]:

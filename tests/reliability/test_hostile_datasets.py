@@ -16,7 +16,6 @@ import json
 import os
 import tarfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from app.api.main import create_app
 from app.core.db import make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
-from tests.api.helpers import (
+from tests.support.helpers import (
     job_body,
     moto_s3_server,
     new_key,
@@ -49,19 +48,14 @@ MAX_ROWS = 100
 
 
 @pytest.fixture
+def api_key(alice: str) -> str:
+    """The client is alice's."""
+    return alice
+
+
+@pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return service_settings(tmp_path, max_dataset_rows=MAX_ROWS, hub_cache_dir=tmp_path / "hub-cache")
-
-
-@pytest.fixture
-def alice(engine: Engine) -> str:
-    return new_key(engine, "alice")
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine, alice: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {alice}"}) as client:
-        yield client
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.errors import ModelLoadError
 from cahp_engine.models import check_weight_files, load_classifier
-from tests.api.helpers import (
+from tests.support.helpers import (
     job_body,
     migrated_engine,
     moto_s3_server,
@@ -51,14 +51,9 @@ LIMITS = {"max_bytes": 10_000_000, "max_members": 1000}
 
 
 @pytest.fixture
-def alice(engine: Engine) -> str:
-    return new_key(engine, "alice")
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine, alice: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {alice}"}) as client:
-        yield client
+def api_key(alice: str) -> str:
+    """The client is alice's."""
+    return alice
 
 
 @pytest.fixture
@@ -451,7 +446,7 @@ def test_a_revoked_key_is_refused_at_once_and_keys_are_listed_without_secrets(
 ) -> None:
     import subprocess
 
-    from tests.e2e.conftest import child_env
+    from tests.support.processes import child_env
 
     assert client.get("/v1/jobs").status_code == 200
     env = child_env(data_dir=str(settings.data_dir), database_url=settings.resolved_database_url)

@@ -17,7 +17,6 @@ import json
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ import transformers as tf
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.api.main import create_app
 from app.cli import main as cahp
 from app.cli.exit_codes import ExitCode
 from app.core.db import make_session_factory
@@ -38,8 +36,8 @@ from app.core.storage import open_store
 from cahp_engine._torch import num_parameters
 from cahp_engine.errors import InvalidInputError, ModelLoadError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS, load_classifier, prune_heads, save_pruned
-from tests.api.helpers import job_body, new_key, write_tiny_dataset, write_tiny_model
-from tests.tiny_models import make_classifier, make_config, make_tokenizer
+from tests.support.helpers import job_body, write_tiny_dataset, write_tiny_model
+from tests.support.tiny_models import make_classifier, make_config, make_tokenizer
 from worker.runner import Outcome, WorkerContext, execute_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,6 +164,12 @@ REFUSED = {
 }
 
 
+@pytest.fixture
+def api_key(alice: str) -> str:
+    """The client is alice's."""
+    return alice
+
+
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every hostile model of :data:`REFUSED`, and the trusting control, loaded in one capped child."""
@@ -235,17 +239,6 @@ def test_the_cap_is_tight_enough_that_a_loader_trusting_the_config_runs_into_it(
 
 
 # --- through the service ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def alice(engine: Engine) -> str:
-    return new_key(engine, "alice")
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine, alice: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {alice}"}) as client:
-        yield client
 
 
 def _context(settings: Settings, engine: Engine) -> WorkerContext:

@@ -38,7 +38,7 @@ from app.core.db import make_session_factory, transaction, utcnow
 from app.core.errors import InvalidRequestError
 from app.core.models import ApiKey, Webhook, WebhookDelivery
 from app.core.settings import Settings
-from tests.api.helpers import (
+from tests.support.helpers import (
     free_port,
     job_body,
     migrated_engine,
@@ -47,8 +47,8 @@ from tests.api.helpers import (
     service_settings,
     write_tiny_dataset,
 )
-from tests.e2e.conftest import wait_for
-from tests.receiver import Receiver
+from tests.support.processes import wait_for
+from tests.support.receiver import Receiver
 
 #: Every delivery must be over within this (connect, send, status and headers), in these tests.
 DEADLINE_S = 2.0
@@ -59,12 +59,6 @@ def settings(tmp_path: Path) -> Settings:
     """Loopback receivers allowed (the tests' own), no dispatcher thread unless a test starts the app with one."""
     return service_settings(tmp_path, allowed_outbound_hosts=("127.0.0.1",), webhook_interval_s=0.0,
                             webhook_timeout_s=DEADLINE_S, webhook_retry_initial_s=60.0)
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as client:
-        yield client
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from app.core.db import make_engine, make_session_factory, transaction, upgrade_
 from app.core.models import Job, JobStatus
 from app.core.security import generate_key
 from app.core.settings import Settings
-from tests.api.helpers import postgres_schema_url
+from tests.support.helpers import postgres_schema_url
 from worker.lease import LeaseKeeper
 
 

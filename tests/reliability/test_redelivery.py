@@ -14,8 +14,8 @@ import json
 
 import redis
 
-from tests.e2e.conftest import wait_for
-from tests.reliability.conftest import SLOW_EPOCHS, TERMINAL, Stack, Worker, holder_pid, kill
+from tests.support.processes import wait_for
+from tests.support.stack import SLOW_EPOCHS, TERMINAL, Stack, Worker, holder_pid, kill
 
 STACK_SETTINGS = {"sweep_interval_s": 0.0}
 

@@ -33,7 +33,7 @@ from app.core.db import make_session_factory, transaction
 from app.core.models import JobStatus
 from app.core.repository import ArtifactRecord
 from app.core.storage import open_store
-from tests.api.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset
+from tests.support.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset
 
 EXAMPLES_PER_OPERATION = 25
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +32,17 @@ from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.models import load_classifier
-from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
-from tests.e2e.conftest import child_env
+from tests.support.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
+from tests.support.processes import child_env
 from worker.runner import Outcome, WorkerContext, execute_job
 
 SOURCE_ROOTS = ("cahp_engine", "app", "worker")
 
 
 @pytest.fixture
-def alice(engine: Engine) -> str:
-    return new_key(engine, "alice")
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine, alice: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {alice}"}) as client:
-        yield client
+def api_key(alice: str) -> str:
+    """The client is alice's."""
+    return alice
 
 
 @pytest.fixture

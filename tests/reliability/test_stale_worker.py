@@ -7,7 +7,6 @@ process; the take-over is what :func:`app.core.repository.claim_job` does once t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,21 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
-from app.api.main import create_app
 from app.core import repository
 from app.core.db import make_session_factory, transaction
 from app.core.models import Job
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.run import run_pruning
-from tests.api.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
+from tests.support.helpers import job_body, service_settings, write_tiny_dataset, write_tiny_model
 from worker import runner
 from worker.runner import Outcome, WorkerContext, execute_job
+
+
+@pytest.fixture
+def api_key(key: str) -> str:
+    """The client sends a valid key."""
+    return key
 
 
 @pytest.fixture
@@ -32,12 +36,6 @@ def settings(tmp_path: Path) -> Settings:
     # Progress and cancel checks are rare here, so only the heartbeat can notice a take-over.
     return service_settings(tmp_path, lease_s=3.0, heartbeat_interval_s=0.1, progress_interval_s=1000.0,
                             cancel_check_interval_s=1000.0)
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {new_key(engine)}"}) as client:
-        yield client
 
 
 @pytest.fixture

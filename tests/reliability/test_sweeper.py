@@ -25,7 +25,7 @@ from app.core.db import make_session_factory, transaction, utcnow
 from app.core.models import Job, Upload
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore, open_store
-from tests.api.helpers import free_port, job_body, migrated_engine, new_key, postgres_schema_url, service_settings
+from tests.support.helpers import free_port, job_body, migrated_engine, new_key, postgres_schema_url, service_settings
 
 
 @dataclass

@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 from standardwebhooks.webhooks import Webhook as Verifier
 
-from tests.api.helpers import job_body, migrated_engine, new_key, service_settings
-from tests.api.jobs_helpers import finish, start
-from tests.e2e.conftest import stop, wait_for
-from tests.receiver import Receiver
-from tests.reliability.conftest import start_server
+from tests.support.helpers import job_body, migrated_engine, new_key, service_settings
+from tests.support.jobs import finish, start
+from tests.support.processes import stop, wait_for
+from tests.support.receiver import Receiver
+from tests.support.stack import start_server
 
 
 def test_an_undelivered_event_is_delivered_after_a_restart_with_the_same_webhook_id(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tests.reliability.conftest import SLOW_EPOCHS, TERMINAL, Stack, holder_pid, kill
+from tests.support.stack import SLOW_EPOCHS, TERMINAL, Stack, holder_pid, kill
 
 STACK_SETTINGS = {"max_attempts": 2}
 

@@ -28,7 +28,7 @@ from app.core.db import make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.run import run_pruning
-from tests.api.helpers import (
+from tests.support.helpers import (
     free_port,
     job_body,
     migrated_engine,
@@ -158,7 +158,7 @@ def tiny_inputs(root: Path, *, layers: int = 2, heads: int = 4) -> tuple[Path, P
         if (layers, heads) == (2, 4):
             write_tiny_model(model)
         else:
-            from tests.tiny_models import make_classifier, make_tokenizer
+            from tests.support.tiny_models import make_classifier, make_tokenizer
 
             classifier: Any = make_classifier("bert", num_labels=3, layers=layers, heads=heads)
             classifier.save_pretrained(model)

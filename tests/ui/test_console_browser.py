@@ -14,7 +14,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 
-from tests.api.helpers import tar_directory
+from tests.support.helpers import tar_directory
 from tests.ui.console import Console, console, running_job, tiny_inputs
 from tests.ui.pages import Watched, assert_key_kept_secret, sign_in
 from worker.runner import Outcome, execute_job

@@ -14,15 +14,9 @@ from sqlalchemy import Engine
 from app.api.console.routes import MEDIA_TYPES, STATIC_DIR
 from app.api.main import create_app
 from app.core.settings import Settings
-from tests.api.helpers import migrated_engine, service_settings
+from tests.support.helpers import migrated_engine, service_settings
 
 ASSETS = sorted(p.name for p in STATIC_DIR.iterdir() if p.suffix in MEDIA_TYPES and p.name != "index.html")
-
-
-@pytest.fixture
-def client(settings: Settings, engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
-        yield test_client
 
 
 @pytest.fixture

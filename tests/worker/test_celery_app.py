@@ -9,7 +9,7 @@ from kombu import Connection
 from app.api.producer import JobQueue
 from app.core.queue import TASK_NAME, celery_config
 from app.core.settings import Settings
-from tests.api.helpers import service_settings
+from tests.support.helpers import service_settings
 from worker.celery_app import make_celery
 
 

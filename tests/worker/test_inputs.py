@@ -16,7 +16,7 @@ from app.core.errors import InvalidReferenceError, InvalidUploadError
 from app.core.inputs import InputFetcher
 from app.core.settings import Settings
 from app.core.storage import open_store
-from tests.api.helpers import moto_s3_server, tar_directory, write_tiny_dataset, write_tiny_model
+from tests.support.helpers import moto_s3_server, tar_directory, write_tiny_dataset, write_tiny_model
 
 
 def _fetcher(settings: Settings, sessions: sessionmaker[Session], owner: str, workdir: Path) -> InputFetcher:

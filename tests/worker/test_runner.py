@@ -22,7 +22,7 @@ from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.models import load_pruned
 from cahp_engine.run import ARTIFACT_FILES, run_pruning
-from tests.api.helpers import job_body, write_split, write_tiny_dataset
+from tests.support.helpers import job_body, write_split, write_tiny_dataset
 from worker.runner import Outcome, WorkerContext, execute_job
 
 

@@ -75,7 +75,7 @@ SELECTIONS: tuple[dict[str, Any], ...] = (
 
 
 def _write_split(path: Path, n: int, *, seed: int) -> None:
-    from tests.tiny_models import make_texts
+    from tests.support.tiny_models import make_texts
 
     texts, labels = make_texts(n, num_classes=3, seed=seed)
     with path.open("w", newline="") as handle:
@@ -86,7 +86,7 @@ def _write_split(path: Path, n: int, *, seed: int) -> None:
 
 def write_inputs(root: Path) -> tuple[Path, Path]:
     """A random 3x4-head BERT with its tokenizer, and a three-class train/test CSV dataset."""
-    from tests.tiny_models import make_classifier, make_tokenizer
+    from tests.support.tiny_models import make_classifier, make_tokenizer
 
     model_dir, data_dir = root / "model", root / "data"
     make_classifier("bert", num_labels=3, layers=3, heads=4, seed=0).save_pretrained(model_dir)
@@ -101,7 +101,7 @@ def _selections() -> list[dict[str, Any]]:
     from cahp_engine.config import PruningConfig
     from cahp_engine.data import LabelledTexts, encode
     from cahp_engine.selection import select_heads
-    from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+    from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
     texts, labels = make_texts(90, num_classes=3, seed=3)
     data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.api.helpers import free_port
+from tests.support.helpers import free_port
 
 
 @dataclass

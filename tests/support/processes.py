@@ -1,4 +1,4 @@
-"""Real processes: a Celery worker against the local Redis, and ``cahp serve`` in embedded mode."""
+"""Real processes for the tests: start, stop and wait for them (``cahp serve``, ``cahp worker``, receivers)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import pytest
 
 REDIS_URL = os.environ.get("CAHP_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -80,14 +79,3 @@ def poll_job(client: httpx.Client | object, job_id: str, until: Callable[[dict],
 
     wait_for(check, timeout=timeout, what=f"job {job_id} (last seen {seen})", log=log)
     return seen
-
-
-@pytest.fixture(scope="session")
-def redis_available() -> str:
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"Redis at {REDIS_URL} is unreachable ({exc}); start it (see .ci/run) to run this")
-    return REDIS_URL

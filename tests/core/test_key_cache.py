@@ -12,7 +12,7 @@ from app.core.db import make_session_factory
 from app.core.keys import KeyCache, Principal, revoke_api_key
 from app.core.security import key_id_of
 from app.core.settings import Settings
-from tests.api.jobs_helpers import submit
+from tests.support.jobs import submit
 
 
 def test_entries_live_for_the_ttl_and_only_for_the_key_that_was_checked() -> None:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 from app.core.db import make_engine, make_session_factory, upgrade_database
 from app.core.keys import create_api_key
 from app.core.settings import Settings
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 
 def service_settings(tmp_path: Path, **overrides: Any) -> Settings:

@@ -13,7 +13,7 @@ import torch
 from bench import common, speed, stages
 from cahp_engine.models import heads_per_layer, save_pruned
 from studies import quality
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 
 def _write_split(path: Path, n: int, seed: int) -> None:

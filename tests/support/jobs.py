@@ -14,7 +14,7 @@ from app.core.models import JobStatus
 from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.storage import open_store
-from tests.api.helpers import job_body, write_tiny_dataset
+from tests.support.helpers import job_body, write_tiny_dataset
 from worker.artifacts import sha256_of
 
 

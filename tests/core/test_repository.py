@@ -19,7 +19,7 @@ from app.core.db import Base, make_engine, make_session_factory, transaction, up
 from app.core.models import Job, JobLog, JobStatus, Upload
 from app.core.repository import ArtifactRecord
 from app.core.security import generate_key
-from tests.api.helpers import postgres_schema_url
+from tests.support.helpers import postgres_schema_url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -9,7 +9,7 @@ from pathlib import Path
 from bench.onnx_speed import CANDIDATES, half_heads, measure
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.models import heads_per_layer, prune_heads
-from tests.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 
 def test_measure_exports_quantizes_scores_and_times_every_candidate(tmp_path: Path) -> None:

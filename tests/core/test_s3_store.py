@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.core.errors import NotFoundError
 from app.core.settings import Settings
 from app.core.storage import S3Store, open_store
-from tests.api.helpers import migrated_engine, moto_s3_server, new_key, service_settings
+from tests.support.helpers import migrated_engine, moto_s3_server, new_key, service_settings
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_the_api_stores_uploads_and_serves_artifacts_from_s3(s3_settings: Settin
     from app.core import repository
     from app.core.db import make_session_factory, transaction
     from app.core.models import JobStatus
-    from tests.api.helpers import job_body, write_tiny_dataset
+    from tests.support.helpers import job_body, write_tiny_dataset
     from worker.artifacts import store_artifacts
 
     engine = migrated_engine(s3_settings)

@@ -57,7 +57,7 @@ def hub_source(
     # The repository's cards name the files datasets opens; a hostile card could name files on this
     # machine (absolute paths, globs, other URLs). Checked before datasets resolves a pattern, and the
     # files it resolved are checked again before any is read.
-    _check_hub_cards(ref, revision=revision, token=token)
+    revision = _check_hub_cards(ref, revision=revision, token=token)
     _check_config(datasets, ref, config, revision=revision, cache_dir=cache_dir, token=token)
     try:
         builder = datasets.load_dataset_builder(ref, name=config, revision=revision, cache_dir=cache_dir,
@@ -78,22 +78,27 @@ def hub_source(
     return _dict_source(datasets, loaded, f"hub dataset {ref!r}{_named(config)}", max_rows)
 
 
-def _check_hub_cards(ref: str, *, revision: str | None, token: str | None) -> None:
+def _check_hub_cards(ref: str, *, revision: str | None, token: str | None) -> str | None:
     """Read the hub repository's ``README.md`` and ``.huggingface.yaml`` and check their ``configs``.
 
-    A card that cannot be fetched (offline with nothing cached, no such file) is left to
-    ``load_dataset``, which reports the dataset as unreachable; :func:`check_hub_data_files` still
-    checks what it resolves.
+    Returns the commit the checked cards were read at, so that ``datasets`` reads the same one (the
+    repository could change between the check and the read); ``revision`` itself when no card could
+    be fetched (offline with nothing cached, no such file), which leaves the dataset to
+    ``load_dataset``'s own reporting, and :func:`check_hub_data_files` still checks what it resolves.
     """
     from huggingface_hub import hf_hub_download
 
+    pinned = revision
     for name in CARD_FILES:
         try:
-            path = hf_hub_download(ref, name, repo_type="dataset", revision=revision, token=token)
+            path = Path(hf_hub_download(ref, name, repo_type="dataset", revision=pinned, token=token))
         except Exception:  # offline, not found, gated: nothing to read here
             continue
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        if path.parent.parent.name == "snapshots":  # <cache>/datasets--org--name/snapshots/<commit>/<file>
+            pinned = path.parent.name
+        text = path.read_text(encoding="utf-8", errors="replace")
         check_card_text(name, text, where=f"hub dataset {ref!r} ({name})")
+    return pinned
 
 
 def check_hub_data_files(ref: str, data_files: Any) -> None:

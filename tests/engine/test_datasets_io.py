@@ -525,20 +525,26 @@ def test_a_hub_id_carries_its_configuration_to_the_hub_reader(
     # The hub is not reachable here: its id is answered from the local copy of the same repository, so
     # that what is checked is what cahp asks of `datasets` for a hub id (the configuration by name).
     datasets = pytest.importorskip("datasets")
-    hub_id, asked = "cahp-tests/glue-like", []
-    load, names = datasets.load_dataset, datasets.get_dataset_config_names
+    from cahp_engine import dataset_hub
+
+    hub_id, asked, checked = "cahp-tests/glue-like", [], []
+    builder, names = datasets.load_dataset_builder, datasets.get_dataset_config_names
 
     def from_the_local_copy(ref, *args, **kwargs):
         assert ref == hub_id
         asked.append(kwargs.get("name"))
-        return load(str(repository), *args, **{k: v for k, v in kwargs.items() if k not in ("revision", "token")})
+        return builder(str(repository), *args, **{k: v for k, v in kwargs.items() if k not in ("revision", "token")})
 
-    monkeypatch.setattr(datasets, "load_dataset", from_the_local_copy)
+    monkeypatch.setattr(datasets, "load_dataset_builder", from_the_local_copy)
     monkeypatch.setattr(datasets, "get_dataset_config_names", lambda ref, **_: names(str(repository)))
+    # The local copy's files are local paths, which a real hub dataset's never are: record that the
+    # resolved files are checked against the hub id rather than refusing them.
+    monkeypatch.setattr(dataset_hub, "check_hub_data_files", lambda ref, files: checked.append((ref, len(files))))
     monkeypatch.chdir(tmp_path)  # no local folder of the hub id's name answers instead
     options = DatasetOptions(config="mnli", text_column="premise", text_pair_column="hypothesis")
     splits = load_splits(hub_id, options, cache_dir=str(tmp_path / "cache"))
     assert asked == ["mnli"] and splits.format == "hub" and splits.eval_split == "validation_matched"
+    assert checked == [(hub_id, 4)]  # train, validation_matched, validation_mismatched, test_matched
     assert splits.train.text_pairs is not None and len(splits.train) == 12
     with pytest.raises(DatasetError, match=r"several configurations \(mnli, sst2\).*--dataset-config"):
         load_splits(hub_id, DatasetOptions(text_column="sentence"), cache_dir=str(tmp_path / "cache"))

@@ -525,7 +525,7 @@ def test_a_hub_id_carries_its_configuration_to_the_hub_reader(
     # The hub is not reachable here: its id is answered from the local copy of the same repository, so
     # that what is checked is what cahp asks of `datasets` for a hub id (the configuration by name).
     datasets = pytest.importorskip("datasets")
-    from cahp_engine import dataset_hub
+    from cahp_engine.data import _hub as dataset_hub
 
     hub_id, asked, checked = "cahp-tests/glue-like", [], []
     builder, names = datasets.load_dataset_builder, datasets.get_dataset_config_names

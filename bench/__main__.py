@@ -6,9 +6,7 @@ experiments (the quality grids and the studies run on them) are ``python -m stud
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
+from bench.dispatch import run_named
 
 BENCHMARKS = {
     "stages": "bench.stages",
@@ -22,13 +20,7 @@ BENCHMARKS = {
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
-        print("usage: python -m bench {" + "|".join(BENCHMARKS) + "} [options]\n"
-              "(research experiments: python -m studies)", file=sys.stderr)
-        sys.exit(2)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    importlib.import_module(BENCHMARKS[sys.argv[1]]).main(sys.argv[2:])
+    run_named(BENCHMARKS, prog="python -m bench", other="research experiments: python -m studies")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ committed, and the quality study retrains the dense model and checks it against 
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
+from bench.dispatch import run_named
 
 STUDIES = {
     "quality": "studies.quality",
@@ -24,13 +22,7 @@ STUDIES = {
 
 
 def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in STUDIES:
-        print("usage: python -m studies {" + "|".join(STUDIES) + "} [options]\n"
-              "(repeatable measurements: python -m bench)", file=sys.stderr)
-        sys.exit(2)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    importlib.import_module(STUDIES[sys.argv[1]]).main(sys.argv[2:])
+    run_named(STUDIES, prog="python -m studies", other="repeatable measurements: python -m bench")
 
 
 if __name__ == "__main__":

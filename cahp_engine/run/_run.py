@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -228,14 +229,8 @@ def _run(
                            if export.onnx_int8 is not None and export.onnx_int8.accuracy is not None else None),
             int8_speedup=export.speedup_at(INT8_PRUNED),
         ),
-        model=_model_info(inputs, model_name, revision),
-        dataset=_dataset_info(inputs, options, dataset_name, dataset_ref),
-        config=config,
-        seed=config.seed,
-        device=str(run.device),
-        environment=_environment(),
-        dense_finetune=dense,
-        selection=_selection_record(result, config),
+        **_shared_records(run, inputs, options, dense, result, model_name=model_name, dataset_name=dataset_name,
+                          dataset_ref=dataset_ref, revision=revision),
         metrics=RunMetrics(dense=dense_metrics, pruned_before_recovery=done.before, pruned=after),
         parameters=done.parameters,
         speed=speed,
@@ -303,6 +298,24 @@ def _dataset_info(inputs: steps.Inputs, options: DatasetOptions, dataset_name: s
     )
 
 
+def _shared_records(
+    run: steps.RunContext, inputs: steps.Inputs, options: DatasetOptions, dense: DenseFinetuneRecord,
+    result: SelectionResult, *, model_name: str, dataset_name: str, dataset_ref: str, revision: str | None,
+) -> dict[str, Any]:
+    """The records :class:`RunReport` and :class:`FailedRunReport` share, by field name."""
+    config = run.config
+    return {
+        "model": _model_info(inputs, model_name, revision),
+        "dataset": _dataset_info(inputs, options, dataset_name, dataset_ref),
+        "config": config,
+        "seed": config.seed,
+        "device": str(run.device),
+        "environment": _environment(),
+        "dense_finetune": dense,
+        "selection": _selection_record(result, config),
+    }
+
+
 def _write_failure(
     work: Path, run: steps.RunContext, exc: AccuracyBudgetError, *, result: SelectionResult, inputs: steps.Inputs,
     options: DatasetOptions, dense: DenseFinetuneRecord, dense_metrics: ClassificationMetrics, warnings: list[str],
@@ -321,14 +334,8 @@ def _write_failure(
         status="failed",
         error=RunError(code=exc.code, message=str(exc)),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        model=_model_info(inputs, model_name, revision),
-        dataset=_dataset_info(inputs, options, dataset_name, dataset_ref),
-        config=config,
-        seed=config.seed,
-        device=str(run.device),
-        environment=_environment(),
-        dense_finetune=dense,
-        selection=_selection_record(result, config),
+        **_shared_records(run, inputs, options, dense, result, model_name=model_name, dataset_name=dataset_name,
+                          dataset_ref=dataset_ref, revision=revision),
         metrics=FailedRunMetrics(dense=dense_metrics),
         budget=budget,
         timings_s=dict(run.monitor.timings),

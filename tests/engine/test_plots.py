@@ -169,7 +169,7 @@ def test_plotting_leaves_the_global_backend_and_pyplot_alone(tmp_path: Path) -> 
         import matplotlib
         matplotlib.use("svg")  # a caller's own choice, which the engine must keep
         import numpy as np
-        from cahp_engine import plots
+        from cahp_engine.run import _plots as plots
         kept = np.eye(3, dtype=bool)
         plots.plot_mss_curve([2, 3, 4], [0.1, 0.5, 0.6], {{2: 3, 3: None}}, 3, r"{tmp_path}/m.png")
         plots.plot_head_map(kept, np.ones((3, 3)), np.arange(9), r"{tmp_path}/h.png")

@@ -24,7 +24,7 @@ COPY pyproject.toml README.md ./
 RUN mkdir -p cahp_engine app worker migrations \
     && touch cahp_engine/__init__.py app/__init__.py worker/__init__.py migrations/__init__.py \
     && if [ -n "$TORCH_INDEX_URL" ]; then pip install --index-url "$TORCH_INDEX_URL" "torch>=2.4,<2.14"; fi \
-    && pip install ".[hub]" \
+    && pip install ".[hub,mlflow]" \
     && pip uninstall -y cahp
 
 COPY cahp_engine ./cahp_engine

@@ -12,10 +12,12 @@ BENCHMARKS = {
     "stages": "bench.stages",
     "sst5-selection": "bench.sst5_selection",
     "selection-sampling": "bench.selection_sampling",
+    "consensus-cost": "bench.consensus_cost",
     "speed": "bench.speed",
     "onnx-speed": "bench.onnx_speed",
     "load": "bench.load",
     "gpu-check": "bench.gpu_check",
+    "preflight": "bench.preflight",
 }
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from cahp_engine._validation import Amount, Constraint, Device, Interval, OffOr, Options, TupleOf
+from cahp_engine._validation import Amount, Constraint, Device, Interval, OffOr, Options, SubsetOf, TupleOf
 from cahp_engine.selection import STRATEGIES
 
 if TYPE_CHECKING:
@@ -36,10 +36,14 @@ ExportFormat = Literal["onnx", "none"]
 Quantize = Literal["none", "int8"]
 RecoveryLoss = Literal["ce", "distill"]
 BudgetMetric = Literal["accuracy", "macro_f1"]
+ClassWeight = Literal["none", "balanced"]
 
 DENSE_FINETUNE_MODES: tuple[str, ...] = get_args(DenseFinetune)
 RECOVERY_LOSSES: tuple[str, ...] = get_args(RecoveryLoss)
 BUDGET_METRICS: tuple[str, ...] = get_args(BudgetMetric)
+CLASS_WEIGHTS: tuple[str, ...] = get_args(ClassWeight)
+#: The strategies whose choices are an accuracy budget's candidates unless the user names others.
+BUDGET_STRATEGIES: tuple[str, ...] = ("cahp", "salience")
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 QUANTIZE_MODES: tuple[str, ...] = get_args(Quantize)
 #: Polynomial degrees reported in ``knees_by_degree`` (the paper's sweep, Section IV-B.2).
@@ -136,6 +140,11 @@ def parse_fraction_or_auto(text: str) -> float | str:
         raise ValueError(f"expected auto or a fraction like 0.25, got {text!r}") from None
 
 
+def parse_name_list(text: str) -> tuple[str, ...]:
+    """Names separated by commas (``cahp,salience``)."""
+    return tuple(part.strip() for part in text.split(","))
+
+
 def parse_int_list(text: str) -> tuple[int, ...]:
     """Integers separated by commas (``2,3,4``)."""
     try:
@@ -168,7 +177,9 @@ SETTINGS: tuple[Setting, ...] = (
             "stop once the class differences of the signatures are mostly signal", group="selection",
             parse=parse_sample_amount),
     Setting("strategy", "cahp", Options(STRATEGIES),
-            "cahp is the paper's method; the others are baselines keeping as many heads", group="selection"),
+            "cahp is the paper's method; salience and random are baselines keeping as many heads; "
+            "coassociation, stability-selection and mean-distance are consensus choices over CAHP's "
+            "leave-one-shard-out analyses (they need stability_shards)", group="selection"),
     Setting("seed", 42, Interval("integer", 0, 2**32 - 1),
             "seeds every random choice: sample draws, t-SNE, FasterPAM, baselines and fine-tuning"),
     Setting("batch_size", 32, Interval("integer", 1, 4096),
@@ -197,13 +208,33 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("distill_alpha", 0.5, _UNIT, "weight of the labels in the distillation loss", group="fine-tuning"),
     Setting("distill_temperature", 4.0, Interval("real", 0.0, 100.0, closed="right"),
             "softmax temperature of the distillation loss", group="fine-tuning"),
+    Setting("class_weight", "none", Options(CLASS_WEIGHTS),
+            "balanced: recovery weighs each class's loss by n / (C * n_c) of the training split, so a rare class "
+            "counts as much as a common one", group="fine-tuning"),
+    Setting("early_stopping_patience", 0, Interval("integer", 0, 1000),
+            "recovery scores the validation split before training and at every evaluation, keeps the best "
+            "weights and stops after this many evaluations without gain; 0 turns it off (without an accuracy "
+            "budget: the paper's fixed epochs on the whole training split, no validation)", group="fine-tuning"),
+    Setting("eval_steps", 0, Interval("integer", 0, 10_000_000),
+            "recovery scores the validation split every this many optimiser steps", "after every epoch",
+            group="fine-tuning", metavar="N"),
     Setting("max_accuracy_drop", None, Interval("real", 0.0, 100.0),
             "keep the fewest heads whose validation score stays within P points of the dense model's "
             "(tries candidate head counts; off by default)", nullable=True, group="accuracy budget", metavar="P"),
-    Setting("budget_metric", "accuracy", Options(BUDGET_METRICS), "the validation score the budget compares",
+    Setting("budget_metric", "accuracy", Options(BUDGET_METRICS),
+            "the validation score the budget compares and recovery's early stopping watches",
             group="accuracy budget"),
     Setting("budget_screen_epochs", 1.0, Interval("real", 0.0, 1000.0, closed="right"),
-            "recovery epochs of each candidate while searching", group="accuracy budget"),
+            "recovery epochs every candidate of a round gets before the more promising half gets more "
+            "(successive halving's first rung; each candidate keeps the full recovery's schedule)",
+            group="accuracy budget"),
+    Setting("budget_strategies", BUDGET_STRATEGIES, SubsetOf(STRATEGIES),
+            "the strategies whose choices are candidates at each head count", group="accuracy budget",
+            metavar="S,S,...", parse=parse_name_list),
+    Setting("budget_confidence", None, Interval("real", 0.5, 1.0, closed="neither"),
+            "accept a candidate only when the upper bound of its drop at this confidence (paired bootstrap "
+            "over the validation rows) is within P, e.g. 0.9", "the measured drop itself must be within P",
+            nullable=True, group="accuracy budget"),
     Setting("device", "auto", Device(), "auto, cpu, cuda or cuda:N", surfaces=frozenset({"cli"})),
     Setting("latency_warmup", 3, Interval("integer", 0, 1000),
             "untimed passes per model and batch size before the latency is measured"),

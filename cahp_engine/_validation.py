@@ -2,10 +2,11 @@
 
 A constraint is an :class:`Interval` (integer or real, each end open, closed or absent), an
 :class:`Options` set, or one of the named rules for settings that take more than one kind of value:
-:class:`Amount` (a count, a fraction or a word), :class:`OffOr` (0 or an interval), :class:`TupleOf`
-and :class:`Device`. :func:`check` raises :class:`~cahp_engine.errors.ConfigError` with the message
-"`name` must be <constraint>, got <value>", e.g. "`poly_degree` must be an integer between 1 and 10,
-got 0". Booleans are neither integers nor reals here, and a real must be finite.
+:class:`Amount` (a count, a fraction or a word), :class:`OffOr` (0 or an interval), :class:`TupleOf`,
+:class:`SubsetOf` (distinct names from a set) and :class:`Device`. :func:`check` raises
+:class:`~cahp_engine.errors.ConfigError` with the message "`name` must be <constraint>, got <value>",
+e.g. "`poly_degree` must be an integer between 1 and 10, got 0". Booleans are neither integers nor reals
+here, and a real must be finite.
 
 References
 ----------
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeGuard
 
@@ -184,6 +186,24 @@ class TupleOf:
 
 
 @dataclass(frozen=True)
+class SubsetOf:
+    """A non-empty tuple (or list) of distinct names, each one of ``values`` ("cahp,salience")."""
+
+    values: tuple[str, ...]
+
+    def __contains__(self, value: object) -> bool:
+        return (isinstance(value, tuple | list) and len(value) > 0 and len(set(value)) == len(value)
+                and all(isinstance(v, str) and v in self.values for v in value))
+
+    def describe(self, value: object) -> str:
+        """The whole rule."""
+        return str(self)
+
+    def __str__(self) -> str:
+        return f"a non-empty list of distinct names from {', '.join(self.values)}"
+
+
+@dataclass(frozen=True)
 class Device:
     """A device name the engine accepts, spelled as :func:`parse_device` reads it."""
 
@@ -252,3 +272,19 @@ def is_plain_file_name(name: Any) -> TypeGuard[str]:
     name cannot lead anywhere else.
     """
     return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\x00")
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``"; did you mean X?"`` (or ``X or Y``) for the names in ``known`` nearest to ``word``; "" when none is near.
+
+    Underscores and dashes count as the same character, as do upper and lower case (``--poly_degree``
+    is ``--poly-degree`` misspelt), so each surface can append it to its "unknown name" message.
+    """
+    import difflib
+
+    folded = {name.replace("_", "-").lower(): name for name in sorted(set(known))}
+    target = word.replace("_", "-").lower()
+    if target in folded and folded[target] != word:
+        return f"; did you mean {folded[target]}?"
+    close = difflib.get_close_matches(target, list(folded), n=2, cutoff=0.7)
+    return "; did you mean " + " or ".join(folded[c] for c in close) + "?" if close else ""

@@ -16,6 +16,8 @@ from typing import Any
 
 from cahp_engine._spec import (
     BUDGET_METRICS,
+    BUDGET_STRATEGIES,
+    CLASS_WEIGHTS,
     DEFAULTS,
     DENSE_FINETUNE_MODES,
     EXPORT_FORMATS,
@@ -25,6 +27,7 @@ from cahp_engine._spec import (
     SETTINGS,
     BudgetMetric,
     CalibrationAmount,
+    ClassWeight,
     DenseFinetune,
     ExportFormat,
     Quantize,
@@ -41,17 +44,20 @@ from cahp_engine._validation import (
     Interval,
     OffOr,
     Options,
+    SubsetOf,
     TupleOf,
     check,
+    did_you_mean,
     parse_device,
 )
 from cahp_engine.errors import ConfigError
 
 __all__ = [
-    "BUDGET_METRICS", "DEFAULTS", "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES",
+    "BUDGET_METRICS", "BUDGET_STRATEGIES", "CLASS_WEIGHTS", "ClassWeight", "SubsetOf", "DEFAULTS",
+    "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES",
     "REPORTED_DEGREES", "SETTINGS", "Amount", "BudgetMetric", "CalibrationAmount", "Constraint", "DenseFinetune",
     "Device", "ExportFormat", "Interval", "OffOr", "Options", "PruningConfig", "Quantize", "RecoveryLoss",
-    "SampleAmount", "Setting", "Strategy", "TupleOf", "parse_device", "settings_for",
+    "SampleAmount", "Setting", "Strategy", "TupleOf", "did_you_mean", "parse_device", "settings_for",
 ]
 
 
@@ -76,12 +82,16 @@ class PruningConfig:
         paper: 0.25) turns the rule off and is used exactly.
     signature_samples : int, float, "all" or "auto", default "auto"
         Training samples profiled for signatures. ``"auto"``: a seeded stratified stream that stops
-        once the class differences of the signatures are mostly signal (noise share <= 0.2), with a
-        floor per class and every row as the cap (:mod:`cahp_engine.selection._convergence`). A count, a
-        fraction in (0, 1] (``1.0`` is every row) or ``"all"`` turns the rule off and is used exactly.
-    strategy : {"cahp", "salience", "random"}
-        ``cahp`` is the paper's method; the others are baselines that keep the same number of heads
-        (``heads_to_keep`` if given, otherwise the count CAHP would keep).
+        once the class differences of the signatures are mostly signal (noise share <= 0.2), or have
+        stopped becoming more so (a plateau), with a floor per class and every row as the cap
+        (:mod:`cahp_engine.selection._convergence`). A count, a fraction in (0, 1] (``1.0`` is every
+        row) or ``"all"`` turns the rule off and is used exactly.
+    strategy : {"cahp", "salience", "random", "coassociation", "stability-selection", "mean-distance"}
+        ``cahp`` is the paper's method; ``salience`` and ``random`` are baselines that keep the same
+        number of heads (``heads_to_keep`` if given, otherwise the count CAHP would keep); the
+        consensus strategies combine CAHP's analysis with its ``stability_shards`` leave-one-shard-out
+        analyses into a steadier choice of k heads (plus layer safety), and make CAHP's own choice
+        when there are none (:mod:`cahp_engine.selection._consensus`).
     seed : int
         Seeds every random choice: sample draws, t-SNE, FasterPAM, baselines and fine-tuning.
     batch_size : int, default 32
@@ -113,14 +123,34 @@ class PruningConfig:
         Weight of the labels' cross-entropy in the distillation loss (1 is plain cross-entropy).
     distill_temperature : float > 0, default 4.0
         Temperature of the distillation loss's softmaxes.
+    class_weight : {"none", "balanced"}, default "none"
+        ``balanced``: recovery weighs each class's loss by ``n / (C * n_c)`` of the training split
+        (scikit-learn's rule), so a rare class is not given up for the common ones.
+    early_stopping_patience : int >= 0, default 0
+        Recovery watches a validation split (the dataset's own, else a seeded stratified 10 % carved
+        from the training split and left out of selection and training): it scores it before
+        training and at every evaluation, keeps the best weights (``budget_metric``; an evaluation
+        that loses a class the dense model recalled ranks below any that keeps them all), stops
+        after this many evaluations without gain and returns the best. 0 turns early stopping off;
+        without an accuracy budget it also turns the validation off (the paper's fixed epochs on the
+        whole training split, the last weights returned).
+    eval_steps : int >= 0, default 0
+        Evaluate every this many optimiser steps (0: after every epoch).
     max_accuracy_drop : float or None
-        An accuracy budget in points (0-100): try candidate head counts from the smallest and keep
-        the smallest whose validation score after recovery is within this many points of the dense
-        model's (:mod:`cahp_engine.run._budget`). None (the default): one run at the knee.
+        An accuracy budget in points (0-100): search the head counts for the smallest whose
+        recovered validation score is within this many points of the dense model's, with no class
+        lost (:mod:`cahp_engine.run._budget`). None (the default): one run at the knee.
     budget_metric : {"accuracy", "macro_f1"}, default "accuracy"
-        The validation score the budget compares.
+        The validation score the budget compares and recovery's early stopping watches.
     budget_screen_epochs : float, default 1.0
-        Recovery epochs of each candidate while searching; the chosen one then gets ``epochs``.
+        Successive halving's first rung: every candidate of a round trains this many epochs (of its
+        full ``epochs`` schedule) before the more promising half trains on.
+    budget_strategies : tuple of str, default ("cahp", "salience")
+        The strategies whose choices are the budget's candidates at each head count.
+    budget_confidence : float in (0.5, 1) or None
+        Accept a candidate only when the one-sided upper bound of its validation drop at this
+        confidence (paired bootstrap over the validation rows) is within P. None: the measured drop.
+        Without ``max_accuracy_drop`` it has no effect, as the other ``budget_*`` settings.
     device : str
         ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     export : {"onnx", "none"}, default "onnx"
@@ -159,9 +189,14 @@ class PruningConfig:
     recovery_loss: RecoveryLoss = DEFAULTS["recovery_loss"]
     distill_alpha: float = DEFAULTS["distill_alpha"]
     distill_temperature: float = DEFAULTS["distill_temperature"]
+    class_weight: ClassWeight = DEFAULTS["class_weight"]
+    early_stopping_patience: int = DEFAULTS["early_stopping_patience"]
+    eval_steps: int = DEFAULTS["eval_steps"]
     max_accuracy_drop: float | None = DEFAULTS["max_accuracy_drop"]
     budget_metric: BudgetMetric = DEFAULTS["budget_metric"]
     budget_screen_epochs: float = DEFAULTS["budget_screen_epochs"]
+    budget_strategies: tuple[Strategy, ...] = DEFAULTS["budget_strategies"]
+    budget_confidence: float | None = DEFAULTS["budget_confidence"]
     device: str = DEFAULTS["device"]
     latency_warmup: int = DEFAULTS["latency_warmup"]
     latency_repeats: int = DEFAULTS["latency_repeats"]
@@ -186,8 +221,7 @@ class PruningConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready mapping of every field."""
         out = dataclasses.asdict(self)
-        out["reported_degrees"] = list(self.reported_degrees)
-        return out
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PruningConfig:
@@ -195,9 +229,12 @@ class PruningConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known settings: {', '.join(sorted(known))}")
+            hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}{hint}; known settings: "
+                              f"{', '.join(sorted(known))}")
         values = dict(values)
-        if "reported_degrees" in values and isinstance(values["reported_degrees"], list):
-            values["reported_degrees"] = tuple(values["reported_degrees"])
+        for name in ("reported_degrees", "budget_strategies"):
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
         return cls(**values)
 

@@ -133,16 +133,25 @@ class Latency(JsonRecord):
     warmup: int
     repeats: int
     device: str
+    #: The spread of the timed runs: their 25th and 75th percentiles (None in reports written before).
+    p25_ms: float | None = None
+    p75_ms: float | None = None
 
 
 @dataclass(frozen=True)
 class SpeedRow(JsonRecord):
-    """Dense and pruned latency at one batch size; ``speedup`` is dense p50 / pruned p50."""
+    """Dense and pruned latency at one batch size; ``speedup`` is dense p50 / pruned p50.
+
+    ``speedup_low`` and ``speedup_high`` bound its 95 % interval over the interleaved rounds (see
+    :func:`cahp_engine.recovery.speedup_interval`); None in reports written before it was measured.
+    """
 
     batch_size: int
     dense: Latency
     pruned: Latency
     speedup: float
+    speedup_low: float | None = None
+    speedup_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,24 @@ class SpeedComparison(JsonRecord):
         """The speed-up at ``batch_size``, else at the first batch size measured, else None."""
         speedups = {row.batch_size: row.speedup for row in self.results}
         return speedups.get(batch_size, next(iter(speedups.values()), None))
+
+
+@dataclass(frozen=True)
+class ValidationPoint(JsonRecord):
+    """One evaluation on the validation split during a fine-tuning.
+
+    Made after ``step`` optimiser steps (``epoch`` passes over the training data; step 0 is before
+    training). ``score`` is the watched metric (accuracy or macro-F1, in [0, 1]); ``lost_classes``
+    the classes the dense model recalls on that split and this model recalls none of (empty when the
+    caller does not compare with a dense model).
+    """
+
+    step: int
+    epoch: float
+    score: float
+    accuracy: float
+    macro_f1: float
+    lost_classes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,6 +211,19 @@ class TrainingResult(JsonRecord):
     temperature: float | None = None
     #: The teacher's pass over the training split (None for ``ce``).
     teacher: TeacherRecord | None = None
+    #: Each class's weight in the loss (class-balanced recovery), None when every class weighs 1.
+    class_weights: tuple[float, ...] | None = None
+    #: The evaluations on the validation split, in order (the first before training); empty when the
+    #: fine-tuning watched no validation split (the paper's fixed epochs).
+    validation: tuple[ValidationPoint, ...] = ()
+    #: The evaluation whose weights were kept and returned: its step and epoch (None without validation).
+    best_step: int | None = None
+    best_epoch: float | None = None
+    #: True when ``early_stopping_patience`` evaluations in a row brought no gain and training stopped
+    #: before its last step (or when an accuracy budget's search stopped it: see ``budget.candidates``).
+    stopped_early: bool = False
+    #: Evaluations without gain that stop the fine-tuning (0: never stops early).
+    early_stopping_patience: int = 0
 
 
 @dataclass(frozen=True)
@@ -200,9 +240,10 @@ class SamplingRecord(JsonRecord):
     """How many training samples one pass of head selection read, and why it stopped there.
 
     ``mode`` is ``auto`` (a stopping rule decided) or ``fixed`` (an explicit amount, used exactly).
-    ``stopped`` is ``converged`` (the rule was met), ``cap`` (every row was read before it was) or
-    ``requested`` (a fixed amount). ``checkpoints`` are the sample counts at which the rule looked and
-    ``measures`` its measure (the noise share) at each of them.
+    ``stopped`` is ``converged`` (the rule was met), ``plateau`` (the noise share stopped falling
+    before it was), ``cap`` (every row was read before either) or ``requested`` (a fixed amount).
+    ``checkpoints`` are the sample counts at which the rule looked and ``measures`` its measure (the
+    noise share) at each of them.
     """
 
     mode: str
@@ -237,27 +278,103 @@ class StabilityRecord(JsonRecord):
 
 
 @dataclass(frozen=True)
-class BudgetCandidate(JsonRecord):
-    """One head count the accuracy budget tried, scored on the validation split.
+class ConsensusRecord(JsonRecord):
+    """How a consensus strategy combined the K + 1 analyses of one selection (the full one and K
+    leave-one-shard-out ones) into its choice.
 
-    ``k`` clusters keep ``heads_kept`` heads; ``*_before`` is the pruned model before recovery,
-    ``*_after`` after ``screen_epochs`` of recovery; ``within_budget`` compares ``after`` on the
-    budget's metric with the threshold; ``seconds`` is the candidate's pruning, recovery and scoring.
-    ``accuracy_final`` / ``macro_f1_final`` are the chosen candidate's scores after the full recovery
-    (None for the others, and when the screening already was the full recovery).
+    ``method`` is the strategy (``coassociation``, ``stability-selection``, ``mean-distance``);
+    ``runs`` is K + 1; ``k`` the number of clusters every run was cut at (the run's k*).
+    ``mean_jaccard`` and ``min_jaccard`` are over every pair of CAHP's K + 1 single-run choices at
+    ``k``: how much the runs agreed before the consensus; ``jaccard_to_single_run`` compares the
+    consensus with CAHP's choice on the full analysis; ``kept_frequency[l][h]`` is the share of the
+    K + 1 single-run choices that kept head h of layer l; ``seconds`` what the consensus cost (no
+    sample is read again).
     """
 
+    method: str
+    runs: int
+    k: int
+    mean_jaccard: float
+    min_jaccard: float
+    jaccard_to_single_run: float
+    kept_frequency: tuple[tuple[float, ...], ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DropInterval(JsonRecord):
+    """How far a candidate's validation score fell below the dense model's, with the noise of that figure.
+
+    Every figure is in points (100 x the metric). ``drop`` is dense minus candidate on the validation
+    split; ``low`` and ``high`` bound its 95 % paired-bootstrap interval (``resamples`` resamples of
+    the split's rows, each scoring the dense and the candidate's predictions on the same rows) and
+    ``half_width`` is half its width. ``upper`` is the one-sided ``confidence`` bound of the drop
+    (None without ``budget_confidence``).
+    """
+
+    drop: float
+    low: float
+    high: float
+    half_width: float
+    resamples: int
+    confidence: float | None = None
+    upper: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetCandidate(JsonRecord):
+    """One pruned model the accuracy budget recovered and scored on the validation split.
+
+    Attributes
+    ----------
+    strategy : str
+        The strategy that chose its heads (``cahp``, ``salience``, ...).
+    k : int
+        Clusters of the analysis the strategy chose at; ``heads_kept`` heads.
+    round : int
+        The search's round that tried it (0 first): one head count per round.
+    accuracy_before, macro_f1_before : float
+        The pruned model before recovery (the curve's first point).
+    accuracy_best, macro_f1_best : float
+        At its best evaluation (the weights it keeps).
+    epochs : float
+        Recovery epochs it trained, of the protocol's ``epochs``.
+    curve : tuple of ValidationPoint
+        Every evaluation, the first before training.
+    drop : DropInterval
+        At its best evaluation.
+    within_budget : bool
+        An evaluation met the budget: score >= threshold, no class lost and, with
+        ``budget_confidence``, the drop's upper bound within P.
+    stopped : str
+        Why it stopped: ``within_budget``, ``halved`` (successive halving gave its round's more
+        promising half the next epochs), ``cannot_reach`` (its curve could no longer reach the
+        threshold), ``no_gain`` (early stopping), ``completed`` (every epoch, below the budget) or
+        ``round_decided`` (another candidate of its round met the budget first).
+    reason : str
+        The same in words, with the figures that decided it.
+    seconds : float
+        Its pruning, recovery and evaluations.
+    chosen : bool
+        The run's result; it then trained to the end of the protocol, ``epochs`` and ``curve`` included.
+    """
+
+    strategy: str
     k: int
     heads_kept: int
+    round: int
     accuracy_before: float
     macro_f1_before: float
-    accuracy_after: float
-    macro_f1_after: float
-    screen_epochs: float
+    accuracy_best: float
+    macro_f1_best: float
+    epochs: float
+    curve: tuple[ValidationPoint, ...]
+    drop: DropInterval
     within_budget: bool
+    stopped: str
+    reason: str
     seconds: float
-    accuracy_final: float | None = None
-    macro_f1_final: float | None = None
+    chosen: bool = False
 
 
 @dataclass(frozen=True)
@@ -281,18 +398,34 @@ class BudgetRecord(JsonRecord):
         The dense model's score on that split, in the budget's metric.
     threshold : float
         ``dense_validation - P / 100``: a candidate must reach it.
+    strategies : tuple of str
+        The strategies whose choices were candidates at each head count (``budget_strategies``).
+    confidence : float or None
+        ``budget_confidence``: the drop's one-sided upper bound at this confidence must be within P.
+    ladder : tuple of int
+        The head counts the search could try, fewest first (CAHP's count at each k of the ladder).
     candidates : tuple of BudgetCandidate
-        In the order tried (fewest heads first); the search stops at the first within the budget.
+        Every candidate tried, in the order tried.
     chosen : int or None
         ``heads_kept`` of the candidate returned (None when none met the budget).
+    chosen_strategy : str or None
+        Its strategy.
+    strategy_margin : float or None
+        The chosen candidate's best score minus the best of the other strategies' candidates at the
+        same head count, each over the evaluations both reached, in points (None when it had no rival).
+    noise_half_width : float or None
+        Half the width of the 95 % interval of the chosen candidate's drop (on failure: of the
+        candidate that came closest), in points: what the validation split can resolve.
+    epochs_trained : float
+        Recovery epochs of every candidate together, the chosen one's whole recovery included.
     search_seconds : float
-        Every candidate's pruning, screening recovery and scoring.
+        Every candidate's pruning, recovery and evaluations until the search decided.
     final_recovery_seconds : float
-        The chosen candidate's full recovery (0 when the screening was the full recovery).
+        The chosen candidate's remaining epochs after the search decided (its recovery goes on; it is
+        not started again).
     cost_vs_single_run : float or None
-        ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is the recovery of one
-        candidate with ``epochs`` (measured, or estimated from the screening time per epoch): what
-        the budget cost against a run at the knee.
+        ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is ``epochs`` at the
+        candidates' median seconds per epoch: what the budget cost against one recovery at a knee.
     """
 
     max_accuracy_drop: float
@@ -302,8 +435,15 @@ class BudgetRecord(JsonRecord):
     validation_rows: int
     dense_validation: float
     threshold: float
+    strategies: tuple[str, ...]
+    confidence: float | None
+    ladder: tuple[int, ...]
     candidates: tuple[BudgetCandidate, ...]
     chosen: int | None
+    chosen_strategy: str | None
+    strategy_margin: float | None
+    noise_half_width: float | None
+    epochs_trained: float
     search_seconds: float
     final_recovery_seconds: float
     cost_vs_single_run: float | None

@@ -18,6 +18,8 @@ STUDIES = {
     "distill-study": "studies.distill_study",
     "convergence-study": "studies.convergence_study",
     "mnli-synth": "studies.mnli_synth",
+    "budget": "studies.budget_study",
+    "agreement": "studies.agreement",
 }
 
 

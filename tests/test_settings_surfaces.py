@@ -29,6 +29,7 @@ from cahp_engine.config import (
     Options,
     PruningConfig,
     Setting,
+    SubsetOf,
     TupleOf,
     settings_for,
 )
@@ -63,6 +64,9 @@ def _probes(rule: Any, json_type: str) -> list[Any]:
     if json_type == "string":
         words = rule.values if isinstance(rule, Options) else rule.words if isinstance(rule, Amount) else ()
         return [*words, "auto", "all", "nope", ""]
+    if json_type == "array" and isinstance(rule, SubsetOf):
+        first, *rest = rule.values
+        return [[], [first], [first, *rest[:1]], list(rule.values), [first, first], ["nope"], [first, "nope"]]
     if json_type == "array":
         return [[], *([v] for v in _probes(rule, "integer")), [2, 0], [2, 11]]
     raise AssertionError(json_type)
@@ -200,7 +204,7 @@ def test_each_flag_reaches_the_config_and_is_checked_by_the_same_rule(
     kinds = {"integer"} if isinstance(setting.rule, OffOr) else {i.kind for i in _intervals(setting.rule)}
     values: list[Any] = [v for kind in kinds for v in _probes(setting.rule, "integer" if kind == "integer"
                                                                else "number")]
-    if isinstance(setting.rule, TupleOf):
+    if isinstance(setting.rule, TupleOf | SubsetOf):
         values = [v for v in _probes(setting.rule, "array") if v]
     if isinstance(setting.rule, Amount):
         values += setting.rule.words

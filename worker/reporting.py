@@ -6,12 +6,17 @@ each time would load the database for nothing, so progress is written when the s
 cancel flag is read at most every ``cancel_check_interval_s``. Each write also tells whether this
 worker still holds the job; a worker that lost it (or whose heartbeat, :mod:`worker.lease`, says so)
 stops, as it would for a cancel, and its log lines are dropped with everything else it would write.
+A worker that is shutting down (:mod:`worker.shutdown`) stops the same way, to hand the job back.
+Each progress write carries ``eta_s``: the time the attempt still needs at its pace of the last ten
+minutes.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
@@ -25,7 +30,13 @@ logger = logging.getLogger(__name__)
 
 #: Longest log line kept; longer ones are cut (a stray tensor print should not fill the database).
 MAX_LOG_LINE = 4000
-StopReason = Literal["cancel_requested", "time_limit", "lost"]
+StopReason = Literal["cancel_requested", "time_limit", "lost", "shutdown"]
+#: The pace behind ``eta_s`` is measured over this much of the attempt's recent past, in seconds.
+ETA_WINDOW_S = 600.0
+#: No estimate before the attempt has been measured this long, in seconds.
+ETA_MIN_S = 30.0
+#: The longest a running job's log stays quiet, in seconds (:meth:`JobReporter.keep_alive`).
+KEEP_ALIVE_S = 30.0
 
 
 class JobReporter:
@@ -41,6 +52,7 @@ class JobReporter:
         cancel_check_interval_s: float,
         time_limit_s: float,
         lease_lost: Callable[[], bool] = lambda: False,
+        shutting_down: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         redact: Callable[[str], str] = str,
     ) -> None:
@@ -51,6 +63,8 @@ class JobReporter:
         self._cancel_interval = cancel_check_interval_s
         self._clock = clock
         self._lease_lost = lease_lost
+        self._shutting_down = shutting_down
+        self._paces: deque[tuple[float, float]] = deque()
         self.redact = redact
         self._deadline = clock() + time_limit_s
         self._stage: str | None = None
@@ -59,30 +73,50 @@ class JobReporter:
         self._last_write = float("-inf")
         self._last_check = float("-inf")
         self._pending: list[str] = []
+        self._last_line = clock()
+        self._drained = False
+        # The keep-alive thread (keep_alive) logs too: one writer at a time.
+        self._lock = threading.RLock()
         self.stop_reason: StopReason | None = None
 
     # --- hooks the engine calls --------------------------------------------------------------------
 
     def progress(self, stage: str, fraction: float) -> None:
-        now = self._clock()
-        changed = stage != self._stage
-        if changed:
-            self.end_stage(now)
-            self._stage_started = now
-        self._stage, self._fraction = stage, fraction
-        if changed or now - self._last_write >= self._progress_interval:
-            self._write(now)
+        with self._lock:
+            now = self._clock()
+            changed = stage != self._stage
+            if changed:
+                self.end_stage(now)
+                self._stage_started = now
+            self._stage, self._fraction = stage, fraction
+            if changed or now - self._last_write >= self._progress_interval:
+                self._write(now)
 
     def log(self, message: str) -> None:
-        for line in self.redact(str(message)).splitlines() or [""]:
-            self._pending.append(line if len(line) <= MAX_LOG_LINE else line[:MAX_LOG_LINE] + " [...]")
-        if self._clock() - self._last_write >= self._progress_interval:
-            self._write(self._clock())
+        with self._lock:
+            for line in self.redact(str(message)).splitlines() or [""]:
+                self._pending.append(line if len(line) <= MAX_LOG_LINE else line[:MAX_LOG_LINE] + " [...]")
+            self._last_line = self._clock()
+            if self._clock() - self._last_write >= self._progress_interval:
+                self._write(self._clock())
+
+    def keep_alive(self, quiet_s: float = KEEP_ALIVE_S) -> None:
+        """A line when the log has been quiet for ``quiet_s`` (a step that reports nothing: loading, an
+        export, a teacher pass), so that a slow job never looks like a hung one. Called from a thread."""
+        with self._lock:
+            now = self._clock()
+            if (self._drained or self._stage is None or self._stage_started is None
+                    or now - self._last_line < quiet_s):
+                return
+            self.log(f"{self._stage}: still working, {now - self._stage_started:.0f} s into this stage "
+                     f"({self._fraction:.0%} of the job done)")
 
     def should_cancel(self) -> bool:
         now = self._clock()
         if self.stop_reason is None and self._lease_lost():
             self.stop_reason = "lost"
+        if self.stop_reason is None and self._shutting_down():
+            self.stop_reason = "shutdown"
         if self.stop_reason is None and now >= self._deadline:
             self.stop_reason = "time_limit"
         if self.stop_reason is None and now - self._last_check >= self._cancel_interval:
@@ -94,17 +128,23 @@ class JobReporter:
 
     # --- plumbing ----------------------------------------------------------------------------------
 
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        return self._sessions
+
     def flush(self) -> None:
         """Write buffered log lines now (while the job is still held)."""
-        if self._pending:
-            self._write(self._clock())
+        with self._lock:
+            if self._pending:
+                self._write(self._clock())
 
     def still_held(self) -> bool:
         """Write progress and buffered lines now, and say whether this worker still holds the job."""
         if self._lease_lost():
             self.stop_reason = "lost"
         else:
-            self._write(self._clock())
+            with self._lock:
+                self._write(self._clock())
         return self.stop_reason != "lost"
 
     def end_stage(self, now: float | None = None) -> None:
@@ -116,15 +156,28 @@ class JobReporter:
 
     def drain(self) -> list[str]:
         """Take the buffered log lines, to be written with the job's end (:func:`repository.finish_job`)."""
-        lines, self._pending = self._pending, []
+        with self._lock:
+            lines, self._pending = self._pending, []
+            self._drained = True  # the end is being recorded: keep_alive adds nothing after it
         return lines
+
+    def eta_s(self, now: float) -> float | None:
+        """Seconds the attempt still needs at the pace of its last :data:`ETA_WINDOW_S` (None: not measured yet)."""
+        self._paces.append((now, self._fraction))
+        while len(self._paces) > 2 and now - self._paces[1][0] >= ETA_WINDOW_S:
+            self._paces.popleft()
+        then, before = self._paces[0]
+        if now - then < ETA_MIN_S or self._fraction - before <= 1e-4:
+            return None
+        return (1.0 - self._fraction) * (now - then) / (self._fraction - before)
 
     def _write(self, now: float) -> None:
         lines, self._pending = self._pending, []
+        eta = self.eta_s(now)
         with transaction(self._sessions) as session:
             ack = repository.report_progress(
                 session, job_id=self.job_id, worker_id=self.worker_id, stage=self._stage, progress=self._fraction,
-                messages=lines,
+                messages=lines, eta_s=eta,
             )
         self._last_write = self._last_check = now
         self._note(ack)

@@ -14,7 +14,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core import repository
 from app.core.archives import storage_error
 from app.core.db import transaction
-from app.core.errors import ServiceError
+from app.core.errors import RegistryError, ServiceError
 from app.core.inputs import InputFetcher, refuse_custom_code
 from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, QUEUE_WAIT
 from app.core.models import JobStatus
 from app.core.params import dataset_options, run_config
+from app.core.periodic import Periodic
 from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.sources.hf import check_revision
@@ -35,7 +36,11 @@ from app.core.storage import ArtifactStore
 from cahp_engine.errors import AccuracyBudgetError, CahpError, JobCancelledError, PipelineError
 from cahp_engine.models import check_weight_files
 from cahp_engine.run import RunReport
+from worker import shutdown
 from worker.artifacts import store_artifacts
+from worker.checkpoints import StoreCheckpoints
+from worker.delivery import event_details, register, run_identity
+from worker.handback import hand_back, job_ended
 from worker.lease import LeaseKeeper
 from worker.redaction import job_redactor
 from worker.reporting import JobReporter
@@ -51,6 +56,8 @@ class Outcome(enum.StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
+    #: The worker is shutting down: the job is queued again, with its checkpoints, for any worker to resume.
+    handed_back = "handed_back"
 
 
 @dataclass(frozen=True)
@@ -68,12 +75,16 @@ def new_worker_id() -> str:
 
 
 class _FailedWithArtifacts(Exception):
-    """An engine failure that still left files the worker stored (a missed accuracy budget's report and plots)."""
+    """A failure that still left files the worker stored: a missed accuracy budget's report and plots, or a
+    model whose registration failed (then with the run's ``result`` and the failed ``registration``)."""
 
-    def __init__(self, cause: CahpError, artifacts: list[ArtifactRecord]) -> None:
+    def __init__(self, cause: CahpError | ServiceError, artifacts: list[ArtifactRecord], *,
+                 result: dict[str, Any] | None = None, registration: dict[str, Any] | None = None) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.artifacts = artifacts
+        self.result = result
+        self.registration = registration
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,11 @@ class _Claimed:
     model: dict[str, Any]
     dataset: dict[str, Any]
     params: dict[str, Any]
+    name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    model_name: str | None = None
+    dataset_name: str | None = None
+    register: dict[str, Any] | None = None
 
 
 def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | None = None) -> Outcome:
@@ -115,7 +131,9 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
             return Outcome.skipped
         claimed = _Claimed(job_id=job.id, owner_id=job.owner_id, attempt=job.attempts,
                            model={"uri": job.model_uri, "revision": job.model_revision},
-                           dataset=dict(job.dataset), params=dict(job.params))
+                           dataset=dict(job.dataset), params=dict(job.params), name=job.name,
+                           labels=dict(job.labels or {}), model_name=job.model_name, dataset_name=job.dataset_name,
+                           register=dict(job.register) if job.register else None)
         if job.started_at is not None:
             QUEUE_WAIT.observe(max(0.0, (job.started_at - job.created_at).total_seconds()))
     lease = LeaseKeeper(context.sessions, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
@@ -128,13 +146,16 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         cancel_check_interval_s=settings.cancel_check_interval_s,
         time_limit_s=settings.job_time_limit_s,
         lease_lost=lambda: lease.lost,
+        shutting_down=lambda: shutdown.requested(settings.resolved_work_dir),
         redact=redact,
     )
+    # No silence longer than KEEP_ALIVE_S in the job's log, whatever the engine is doing.
+    talker = Periodic(reporter.keep_alive, interval_s=5.0, name=f"log-{job_id[:8]}").start()
     _remove_earlier_workdirs(settings.resolved_work_dir, job_id)
     shutil.rmtree(workdir, ignore_errors=True)
     try:
         reporter.log(f"attempt {claimed.attempt} on worker {context.worker_id}, device {settings.device}")
-        report, artifacts = _run(claimed, context, reporter, workdir, pipeline)
+        report, artifacts, registration = _run(claimed, context, reporter, workdir, pipeline)
     except JobCancelledError as exc:
         return _finish_stopped(context, reporter, claimed, exc)
     except (CahpError, ServiceError, _FailedWithArtifacts) as exc:
@@ -145,8 +166,10 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         reporter.log(f"failed: {error.code}: {message}")
         if stored:
             reporter.log("stored " + ", ".join(a.name for a in stored))
+        failed = exc if isinstance(exc, _FailedWithArtifacts) else None
         return _finish(context, reporter, claimed, JobStatus.failed, code=error.code, message=message,
-                       artifacts=stored)
+                       artifacts=stored, result=failed.result if failed else None,
+                       registration=failed.registration if failed else None)
     except Exception as exc:
         full = storage_error(exc, "running the job") if isinstance(exc, OSError) else None
         if full is not None:
@@ -161,11 +184,13 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         reporter.log(f"failed: internal_error: {message}")
         return _finish(context, reporter, claimed, JobStatus.failed, code="internal_error", message=message)
     finally:
+        talker.stop()
         lease.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     result = report.summary.to_dict()
     reporter.log("succeeded; stored " + ", ".join(a.name for a in artifacts))
-    return _finish(context, reporter, claimed, JobStatus.succeeded, result=result, artifacts=artifacts)
+    return _finish(context, reporter, claimed, JobStatus.succeeded, result=result, artifacts=artifacts,
+                   registration=registration, report=report)
 
 
 def _log_skip(session: Session, job_id: str) -> None:
@@ -188,7 +213,7 @@ def _remove_earlier_workdirs(work_dir: Path, job_id: str) -> None:
 
 def _run(
     claimed: _Claimed, context: WorkerContext, reporter: JobReporter, workdir: Path, pipeline: Pipeline | None
-) -> tuple[RunReport, list[ArtifactRecord]]:
+) -> tuple[RunReport, list[ArtifactRecord], dict[str, Any] | None]:
     settings = context.settings
     # Settings and options first: they are checked again here (a row may predate a rule), before any
     # of them is used as a file name.
@@ -208,7 +233,8 @@ def _run(
 
         pipeline = run_pruning
     try:
-        report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter)
+        report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter,
+                       StoreCheckpoints(context.store, job_id=claimed.job_id, local=workdir / "checkpoints"))
     except AccuracyBudgetError as exc:
         # The one failure that leaves artifacts: the report and plots of the candidates it tried.
         if not (output.is_dir() and reporter.still_held()):
@@ -226,11 +252,24 @@ def _run(
     files = sorted(p.name for p in output.iterdir() if p.is_file())
     artifacts = store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
                                 attempt=claimed.attempt, redact=reporter.redact)
-    return report, artifacts
+    registration = None
+    if claimed.register is not None:
+        reporter.log(f"registering the model as {claimed.register.get('model_name')!r} in the MLflow registry")
+        outcome, error = register(settings, output=output, job_id=claimed.job_id, spec=claimed.register,
+                                  labels=claimed.labels, name=claimed.name)
+        registration = outcome.to_dict()
+        if error is not None:
+            # One code for every way registration fails (the registry, the outbound guard, its settings).
+            cause = error if isinstance(error, RegistryError) else RegistryError(
+                f"the model could not be registered: {error}")
+            raise _FailedWithArtifacts(cause, list(artifacts), result=report.summary.to_dict(),
+                                       registration=registration)
+        reporter.log(f"registered {outcome.model_uri} (run {outcome.run_id})")
+    return report, artifacts, registration
 
 
 def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: Any, claimed: _Claimed,
-          settings: Settings, reporter: JobReporter) -> RunReport:
+          settings: Settings, reporter: JobReporter, checkpoints: StoreCheckpoints) -> RunReport:
     return pipeline(
         inputs.model_ref, inputs.dataset_ref, output, config,
         dataset_options=options,
@@ -239,17 +278,25 @@ def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: A
         model_name=claimed.model["uri"],
         dataset_name=claimed.dataset["uri"],
         revision=claimed.model.get("revision"),
+        identity=run_identity(job_id=claimed.job_id, name=claimed.name, labels=claimed.labels,
+                              model_uri=claimed.model["uri"], dataset_uri=claimed.dataset["uri"],
+                              model_name=claimed.model_name, dataset_name=claimed.dataset_name),
         hub_token=settings.hub_token.get_secret_value() if settings.hub_token else None,
         cache_dir=str(settings.hub_cache_dir) if settings.hub_cache_dir else None,
         progress=reporter.progress,
         should_cancel=reporter.should_cancel,
         log=reporter.log,
+        # Each stage and fine-tuning stop saved to the artifact store; an earlier attempt's resumed.
+        checkpoints=checkpoints,
+        checkpoint_interval_s=settings.checkpoint_interval_s,
     )
 
 
 def _finish_stopped(
     context: WorkerContext, reporter: JobReporter, claimed: _Claimed, exc: JobCancelledError
 ) -> Outcome:
+    if reporter.stop_reason == "shutdown" and hand_back(reporter, attempt=claimed.attempt):
+        return Outcome.handed_back
     if reporter.stop_reason == "time_limit":
         limit = context.settings.job_time_limit_s
         message = f"the job ran longer than the limit of {limit} s (CAHP_JOB_TIME_LIMIT_S) and was stopped"
@@ -273,14 +320,24 @@ def _finish(
     message: str | None = None,
     result: dict[str, Any] | None = None,
     artifacts: list[ArtifactRecord] | None = None,
+    registration: dict[str, Any] | None = None,
+    report: RunReport | None = None,
 ) -> Outcome:
     reporter.end_stage()
+    # The event's receivers fetch the model through these links, without the submitter's key, and
+    # read what the model is and how it was made.
+    details = event_details(context.settings, context.store, job_id=claimed.job_id, artifacts=artifacts or (),
+                            report=report)
     with transaction(context.sessions) as session:
         recorded = repository.finish_job(
             session, job_id=claimed.job_id, worker_id=context.worker_id, status=status, error_code=code,
             error_message=message, result=result, artifacts=artifacts or (), messages=reporter.drain(),
+            registration=registration, event_details=details,
         )
+        ended = repository.get_job(session, job_id=claimed.job_id) if recorded else None
+        created_at = ended.created_at if ended is not None else None
     if recorded:
+        job_ended(context.store, job_id=claimed.job_id, status=status, created_at=created_at)
         JOBS_FINISHED.labels(status.value).inc()
         if status is JobStatus.failed:
             JOB_FAILURES.labels(code or "unknown").inc()

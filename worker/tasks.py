@@ -2,22 +2,28 @@
 
 The message carries only the job id. Everything the task needs is re-read from the job row, so a
 redelivered or duplicated message is harmless (see :func:`execute_job`), and a job's definition
-cannot differ between the database and the queue.
+cannot differ between the database and the queue. A job handed back by a worker that is shutting
+down (:mod:`worker.shutdown`) is sent again at once, for another worker to resume.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init, worker_shutting_down
 
-from app.core.db import make_engine, make_session_factory
+from app.core import repository
+from app.core.db import make_engine, make_session_factory, transaction
 from app.core.queue import TASK_NAME
 from app.core.settings import Settings
 from app.core.storage import open_store
+from worker import shutdown
 from worker.lifecycle import watch_parent
-from worker.runner import WorkerContext, execute_job, new_worker_id
+from worker.runner import Outcome, WorkerContext, execute_job, new_worker_id
+
+logger = logging.getLogger(__name__)
 
 
 def _watch_worker_main(**_kwargs: object) -> None:
@@ -39,7 +45,33 @@ def register_tasks(app: Celery, settings: Settings) -> None:
     of the worker would otherwise leave its pool children running jobs nobody holds a lease for).
     """
     worker_process_init.connect(_watch_worker_main, weak=False)
+    work_dir = settings.resolved_work_dir
+
+    def started(**_kwargs: object) -> None:
+        shutdown.clear(work_dir)
+
+    def stopping(**_kwargs: object) -> None:
+        # The main process, at SIGTERM (or SIGINT): the job under way hands itself back (worker.shutdown).
+        shutdown.request(work_dir)
+
+    worker_init.connect(started, weak=False)
+    worker_shutting_down.connect(stopping, weak=False)
 
     @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
     def run_job(job_id: str) -> str:
-        return execute_job(job_id=job_id, context=worker_context(settings)).value
+        context = worker_context(settings)
+        outcome = execute_job(job_id=job_id, context=context)
+        if outcome is Outcome.handed_back:
+            requeue(app, context, job_id)
+        return outcome.value
+
+
+def requeue(app: Celery, context: WorkerContext, job_id: str) -> None:
+    """Send a handed-back job's message now, for another worker; if that fails the sweeper sends it."""
+    try:
+        app.send_task(TASK_NAME, args=[job_id], queue=context.settings.queue)
+    except Exception as exc:
+        logger.warning("job %s was handed back but its message could not be sent (%s); the sweeper sends it",
+                       job_id, exc)
+        with transaction(context.sessions) as session:
+            repository.mark_not_enqueued(session, job_id=job_id)

@@ -17,7 +17,7 @@ from app.api.metrics import MetricsMiddleware, database_registry
 from app.api.metrics import router as metrics_router
 from app.api.problems import install_problem_handlers
 from app.api.producer import JobQueue
-from app.api.routes import health, jobs, uploads, webhooks
+from app.api.routes import artifacts, health, jobs, uploads, webhooks
 from app.api.sweeper import Sweeper
 from app.core.db import make_engine, make_session_factory, transaction
 from app.core.keys import KeyCache
@@ -86,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(uploads.router)
+    app.include_router(artifacts.router)
     app.include_router(webhooks.router)
     app.include_router(metrics_router)
     app.include_router(console_router)

@@ -8,6 +8,8 @@ snake_case name clients branch on (the same codes a failed job carries). Validat
 from __future__ import annotations
 
 import logging
+import typing
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,15 +22,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.core.errors import (
     AuthenticationError,
     ConflictError,
+    ForbiddenError,
     GoneError,
     InsufficientStorageError,
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
     RangeNotSatisfiableError,
+    RegistryError,
     ServiceError,
     UnavailableError,
 )
+from cahp_engine.config import did_you_mean
 from cahp_engine.errors import InvalidInputError
 
 logger = logging.getLogger(__name__)
@@ -43,12 +48,14 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404
 #: HTTP status of each domain error class; a subclass takes its nearest listed ancestor's.
 STATUS_OF: dict[type[ServiceError], int] = {
     AuthenticationError: 401,
+    ForbiddenError: 403,
     NotFoundError: 404,
     ConflictError: 409,
     GoneError: 410,
     PayloadTooLargeError: 413,
     RangeNotSatisfiableError: 416,
     InvalidRequestError: 422,
+    RegistryError: 502,
     UnavailableError: 503,
     InsufficientStorageError: 507,
     ServiceError: 500,
@@ -85,25 +92,48 @@ def _engine_input_error(_request: Request, exc: Exception) -> JSONResponse:
     return problem(status=422, code=exc.code, title="Invalid job settings", detail=str(exc))
 
 
-def _advice(error: dict[str, Any]) -> str:
-    """One validation error as a sentence that says what to change."""
+def _advice(error: dict[str, Any], known: Callable[[list[Any]], list[str]] = lambda _loc: []) -> str:
+    """One validation error as a sentence that says what to change; ``known(loc)``: the fields beside ``loc``."""
     where = ".".join(str(p) for p in error["loc"])
     if error["type"] == "json_invalid":
         at = error["loc"][-1] if error["loc"] and isinstance(error["loc"][-1], int) else "?"
         return (f"the body is not valid JSON (it breaks at character {at}); send one JSON object, "
                 'like {"model": {"uri": ...}, "dataset": {"uri": ...}, "params": {...}}')
     if error["type"] == "extra_forbidden":
-        return f"`{where}` is not a field this API knows; remove it (the schema is at /docs)"
+        hint = did_you_mean(str(error["loc"][-1]), known(list(error["loc"])))
+        return f"`{where}` is not a field this API knows{hint or '; remove it'} (the schema is at /docs)"
     if error["type"] == "missing":
         return f"`{where}` is required; add it"
     return f"`{where}`: {error['msg']}"
 
 
-def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+def _fields_beside(request: Request) -> Callable[[list[Any]], list[str]]:
+    """``loc -> the field names of the body model that holds loc's last part`` for this request's route."""
+
+    def known(loc: list[Any]) -> list[str]:
+        route = request.scope.get("route")
+        model = getattr(getattr(getattr(route, "body_field", None), "field_info", None), "annotation", None)
+        if not loc or loc[0] != "body":
+            return []
+        for part in loc[1:-1]:
+            fields = getattr(model, "model_fields", None)
+            if not isinstance(fields, dict) or part not in fields:
+                return []
+            model = fields[part].annotation
+            # `X | None`: the model among the union's members.
+            model = next((m for m in typing.get_args(model) if hasattr(m, "model_fields")), model)
+        fields = getattr(model, "model_fields", None)
+        return list(fields) if isinstance(fields, dict) else []
+
+    return known
+
+
+def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
               for e in exc.errors()]
-    shown = "; ".join(_advice(e) for e in errors[:5])
+    known = _fields_beside(request)
+    shown = "; ".join(_advice(e, known) for e in errors[:5])
     return problem(status=422, code="invalid_request", title="Invalid request",
                    detail=shown or "the request is not valid", errors=errors)
 

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from app.api.registration_schemas import RegisterSpec, RegistrationPublic
 from app.core.labels import MAX_LABELS, check_labels
 from app.core.models import JobStatus
 from cahp_engine.config import (
     Amount,
     BudgetMetric,
     CalibrationAmount,
+    ClassWeight,
     Constraint,
     DenseFinetune,
     ExportFormat,
@@ -33,6 +35,7 @@ from cahp_engine.config import (
     RecoveryLoss,
     SampleAmount,
     Strategy,
+    SubsetOf,
     TupleOf,
     settings_for,
 )
@@ -128,6 +131,8 @@ def _add_bounds(rule: Constraint, schema: dict[str, Any]) -> None:
         elif isinstance(rule, TupleOf) and kind == "array":
             branch["minItems"] = 1
             branch["items"].update(_interval_bounds(rule.item))
+        elif isinstance(rule, SubsetOf) and kind == "array":
+            branch.update(minItems=1, uniqueItems=True)
 
 
 def _interval_bounds(interval: Interval) -> dict[str, Any]:
@@ -170,9 +175,14 @@ class JobParams(BaseModel):
     recovery_loss: RecoveryLoss | None = param_field("recovery_loss")
     distill_alpha: float | None = param_field("distill_alpha")
     distill_temperature: float | None = param_field("distill_temperature")
+    class_weight: ClassWeight | None = param_field("class_weight")
+    early_stopping_patience: int | None = param_field("early_stopping_patience")
+    eval_steps: int | None = param_field("eval_steps")
     max_accuracy_drop: float | None = param_field("max_accuracy_drop")
     budget_metric: BudgetMetric | None = param_field("budget_metric")
     budget_screen_epochs: float | None = param_field("budget_screen_epochs")
+    budget_strategies: list[Strategy] | None = param_field("budget_strategies")
+    budget_confidence: float | None = param_field("budget_confidence")
     latency_warmup: int | None = param_field("latency_warmup")
     latency_repeats: int | None = param_field("latency_repeats")
     export: ExportFormat | None = param_field("export")
@@ -187,9 +197,20 @@ def given_params(params: JobParams) -> dict[str, Any]:
 
 
 class JobCreate(_Input):
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
+
     model: ModelSpec
     dataset: DatasetSpec
     params: JobParams = Field(default_factory=JobParams)
+    name: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="What to call the pruned model: the model cards' title, the console's and the registry's name",
+        examples=["sst5-minilm-pruned"],
+    )
+    # "register" would shadow BaseModel.register: the attribute has another name, the JSON field this one.
+    register_: RegisterSpec | None = Field(
+        default=None, alias="register",
+        description="Also register the pruned model in the server's MLflow model registry")
     labels: dict[str, str] = Field(
         default_factory=dict, max_length=MAX_LABELS,
         description=f"Your metadata, e.g. commit, branch, model name: at most {MAX_LABELS} labels; keys 1-63 "
@@ -206,6 +227,13 @@ class JobCreate(_Input):
     @classmethod
     def _check_labels(cls, value: dict[str, str]) -> dict[str, str]:
         return check_labels(value)
+
+
+class JobCheck(BaseModel):
+    """What ``POST /v1/jobs/check`` (and every submit) checked before the job would wait for a worker."""
+
+    checked: list[str] = Field(description="What was checked and found usable")
+    skipped: list[str] = Field(description="What only the worker can check (hf:// and s3:// inputs...), and why")
 
 
 class JobError(BaseModel):
@@ -234,6 +262,25 @@ class JobResult(BaseModel):
                                         "split; null without `quantize=int8`")
     int8_speedup: float | None = Field(default=None, description="Dense PyTorch p50 over `onnx-int8/` p50 (CPU, "
                                        "batch 32); null without `quantize=int8`")
+    base_model: str | None = Field(default=None, description="The dense model by name: its hub id, its checkpoint's "
+                                   "`_name_or_path`, else the uploaded directory's or archive's name")
+    dataset: str | None = Field(default=None, description="The dataset by name")
+    dense_macro_f1: float | None = Field(default=None, description="Macro-F1 of the dense model (evaluation split)")
+    pruned_macro_f1: float | None = Field(default=None, description="Macro-F1 of the pruned model after recovery")
+    onnx_accuracy: float | None = Field(default=None, description="Accuracy of `onnx/` in onnxruntime")
+    onnx_macro_f1: float | None = Field(default=None, description="Macro-F1 of `onnx/` in onnxruntime")
+    int8_macro_f1: float | None = Field(default=None, description="Macro-F1 of `onnx-int8/`")
+    int8_max_abs_diff: float | None = Field(default=None, description="The int8 graph's largest absolute logit "
+                                            "difference from the pruned PyTorch model (measured; int8 is not exact)")
+    speedup_low: float | None = Field(default=None, description="95 % interval of `speedup` (low end); an interval "
+                                      "holding 1 is no measurable change")
+    speedup_high: float | None = Field(default=None, description="95 % interval of `speedup` (high end)")
+    onnx_speedup_low: float | None = Field(default=None, description="95 % interval of `onnx_speedup` (low end)")
+    onnx_speedup_high: float | None = Field(default=None, description="95 % interval of `onnx_speedup` (high end)")
+    int8_speedup_low: float | None = Field(default=None, description="95 % interval of `int8_speedup` (low end)")
+    int8_speedup_high: float | None = Field(default=None, description="95 % interval of `int8_speedup` (high end)")
+    warnings: tuple[str, ...] | None = Field(default=None, description="Every warning of the run; quality warnings "
+                                             "(a class never predicted, macro-F1 near chance, too large a drop) first")
 
 
 class JobLinks(BaseModel):
@@ -246,10 +293,14 @@ class JobLinks(BaseModel):
 
 
 class JobPublic(BaseModel):
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
     id: str
     status: JobStatus
     stage: str | None
     progress: float = Field(ge=0, le=1)
+    eta_s: float | None = Field(default=None, description="Seconds the running attempt still needs, by its measured "
+                                "pace so far; null when not known yet or not running")
     cancel_requested: bool
     model: ModelSpec
     dataset: DatasetSpec
@@ -263,6 +314,13 @@ class JobPublic(BaseModel):
     notify_url: str | None
     artifacts_expired: bool = Field(description="The retention sweep removed the artifacts (routes answer 410)")
     links: JobLinks
+    name: str | None = Field(default=None, description="The name given at submit")
+    model_name: str | None = Field(default=None, description="The model by name: `result.base_model` once the job "
+                                   "succeeded, else the hub id, the uploaded archive's or the directory's name")
+    dataset_name: str | None = Field(default=None, description="The dataset by name")
+    register_: RegisterSpec | None = Field(default=None, alias="register",
+                                           description="The MLflow registration asked for at submit")
+    registration: RegistrationPublic | None = Field(default=None, description="How the last registration went")
 
 
 class Page(BaseModel, Generic[T]):
@@ -286,7 +344,11 @@ class ArtifactPublic(BaseModel):
     size: int
     sha256: str
     media_type: str
-    url: str
+    url: str = Field(description="The download route (needs the API key)")
+    signed_url: str | None = Field(
+        default=None, description="A link that downloads the artifact without a key until `signed_url_expires_at` "
+        "(S3 presigned with an S3 store); null when the server gives out none (`CAHP_SIGNED_URL_TTL_S=0`)")
+    signed_url_expires_at: dt.datetime | None = None
 
 
 class WebhookCreate(_Input):

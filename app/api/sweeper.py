@@ -34,11 +34,11 @@ from app.api.producer import JobQueue
 from app.core import repository
 from app.core.db import transaction, utcnow
 from app.core.errors import UnavailableError
-from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, LEASE_TAKEOVERS
+from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, LEASE_TAKEOVERS, observe_job_end
 from app.core.models import JobStatus
 from app.core.periodic import Periodic
 from app.core.settings import Settings
-from app.core.storage import ArtifactStore, job_prefix
+from app.core.storage import ArtifactStore, checkpoint_prefix, job_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,10 @@ def sweep_once(
             LEASE_TAKEOVERS.labels({JobStatus.queued: "requeued"}.get(status, status.value)).inc()
             if status.finished:
                 JOBS_FINISHED.labels(status.value).inc()
+                with transaction(sessions) as session:
+                    ended = repository.get_job(session, job_id=job.id)
+                    observe_job_end(status.value, ended.created_at if ended is not None else None)
+                _remove_checkpoints(store, job.id)
             if status is JobStatus.failed:
                 JOB_FAILURES.labels("worker_lost").inc()
     sent = _send_queued(sessions=sessions, queue=queue, settings=settings)
@@ -86,6 +90,14 @@ def sweep_once(
     return SweepReport(requeued=tuple(outcome[JobStatus.queued]), failed=tuple(outcome[JobStatus.failed]),
                        cancelled=tuple(outcome[JobStatus.cancelled]), sent=tuple(sent),
                        uploads_removed=tuple(uploads), spool_files_removed=spool, artifacts_expired=tuple(expired))
+
+
+def _remove_checkpoints(store: ArtifactStore, job_id: str) -> None:
+    """The checkpoints of a job the sweeper ended (a requeued one keeps them for its next attempt)."""
+    try:
+        store.delete_prefix(checkpoint_prefix(job_id))
+    except Exception as exc:  # deleted with the job, or by the retention rule, later
+        logger.warning("sweeper: cannot delete the checkpoints of job %s: %s", job_id, exc)
 
 
 def _expire_artifacts(*, sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> list[str]:

@@ -2,7 +2,8 @@
 
 Server side (read the ``CAHP_*`` settings; :mod:`app.cli.server`): ``serve``, ``worker``,
 ``db upgrade``, ``keys create|list|revoke``. Client side (read ``CAHP_URL`` and ``CAHP_API_KEY``;
-:mod:`app.cli.client_commands`): ``upload``, ``submit``, ``status``, ``wait``, ``download``. Local
+:mod:`app.cli.client_commands`): ``upload``, ``submit``, ``status``, ``wait``, ``download``, and
+``register`` (:mod:`app.cli.registry_commands`). Local
 runs without the service: ``prune`` (:mod:`app.cli.prune`) and ``export`` (:mod:`app.cli.export`).
 
 Exit codes are :class:`app.cli.exit_codes.ExitCode`; an exception a command ends with is mapped to
@@ -16,17 +17,20 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli import client_commands, export, prune, server
+from app.cli import client_commands, export, prune, registry_commands, server
 from app.cli.exit_codes import ExitCode, exit_code_for, fail
+from app.cli.parser import CahpParser
 
 __all__ = ["ExitCode", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cahp", description="Complementary Attention Head Pruning")
+    # Subparsers are made with the class of their parent: every parser of the command is a CahpParser.
+    parser = CahpParser(prog="cahp", description="Complementary Attention Head Pruning")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     server.register(sub)
     client_commands.register(sub)
+    registry_commands.register(sub)
     prune.register(sub)
     export.register(sub)
     return parser

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 from app.cli.dataset_flags import add_dataset_flags
 from app.cli.exit_codes import ExitCode, fail
 from app.cli.output import print_json
+from app.cli.parser import shared_flags
 from cahp_engine.data import DATASET_OPTION_FIELDS
 
 if TYPE_CHECKING:  # the client is imported when a command runs, not when the parser is built
-    from app.client import ApiClient, Job, LogLine
+    from app.client import ApiClient, Job, JobCheck, LogLine
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: How long a client command keeps trying an unreachable or busy server (``--timeout``).
@@ -36,24 +37,24 @@ DEFAULT_TIMEOUT_S = 30.0
 
 def register(sub: Any) -> None:
     """Add the client subcommands to ``sub`` (an argparse subparsers object)."""
-    client = argparse.ArgumentParser(add_help=False)
+    client = shared_flags()
     client.add_argument("--url", default=os.environ.get("CAHP_URL", DEFAULT_URL),
                         help="server URL (default: CAHP_URL, else %(default)s)")
     client.add_argument("--api-key", default=os.environ.get("CAHP_API_KEY"), help="default: CAHP_API_KEY")
 
-    timed = argparse.ArgumentParser(add_help=False)
+    timed = shared_flags()
     timed.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                        help="keep trying an unreachable or busy server this many seconds (default %(default)s)")
 
     upload = sub.add_parser("upload", parents=[client, timed],
                             help="upload a file or directory; prints its upload:// URI")
-    upload.add_argument("path")
-    upload.add_argument("--json", action="store_true")
+    upload.add_argument("path", help="a dataset split file, an archive, or a directory (packed as .tar.gz)")
+    upload.add_argument("--json", action="store_true", help="print the whole upload record as JSON")
     upload.set_defaults(func=cmd_upload)
 
     submit = sub.add_parser("submit", parents=[client, timed], help="submit a job; prints its id")
     submit.add_argument("--model", required=True, help="URI, or a local directory/archive to upload")
-    submit.add_argument("--revision")
+    submit.add_argument("--revision", help="hub revision (branch, tag or commit) of an hf:// model")
     submit.add_argument("--dataset", required=True, help="URI, or a local directory/archive/file to upload")
     submit.add_argument("--eval-dataset", help="the evaluation split file, when --dataset is a single file")
     add_dataset_flags(submit, with_defaults=False)
@@ -67,16 +68,22 @@ def register(sub: Any) -> None:
     submit.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                         help="a label, e.g. --label git/commit=$CI_COMMIT_SHA (repeatable)")
     submit.add_argument("--notify-url", help="also POST this job's events here (Standard Webhooks, signed)")
+    submit.add_argument("--name", help="what to call the pruned model (its cards' title, the console's name)")
+    submit.add_argument("--register", metavar="MODEL_NAME",
+                        help="also register the pruned model in the server's MLflow registry under this name")
     submit.add_argument("--json", action="store_true", help="print the whole job as JSON")
+    submit.add_argument("--check", action="store_true",
+                        help="only check the job as a submit would (model, dataset, settings), queue nothing: "
+                        "exit 0 and say what was checked, or exit 2 with what to change")
     submit.set_defaults(func=cmd_submit)
 
     status = sub.add_parser("status", parents=[client, timed], help="print a job's status")
-    status.add_argument("job")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("job", help="the job id")
+    status.add_argument("--json", action="store_true", help="print the whole job as JSON")
     status.set_defaults(func=cmd_status)
 
     wait = sub.add_parser("wait", parents=[client], help="wait for a job; exit 0 only if it succeeded")
-    wait.add_argument("job")
+    wait.add_argument("job", help="the job id")
     wait.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 4)")
     wait.add_argument("--interval", type=float, default=2.0, help="seconds between polls")
     wait.add_argument("--quiet", action="store_true", help="do not print status changes")
@@ -87,21 +94,22 @@ def register(sub: Any) -> None:
 
     download = sub.add_parser("download", parents=[client, timed],
                               help="download a job's artifacts, resuming broken transfers, checking sha256")
-    download.add_argument("job")
+    download.add_argument("job", help="the job id")
     download.add_argument("name", nargs="?", help="one artifact (default: all)")
     download.add_argument("-o", "--output", default=".", help="directory to write into")
     download.set_defaults(func=cmd_download)
 
     jobs = sub.add_parser("jobs", parents=[client, timed], help="list jobs, newest first")
     jobs.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="only jobs with this label")
-    jobs.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"])
-    jobs.add_argument("--limit", type=int, default=20)
-    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"],
+                      help="only jobs with this status")
+    jobs.add_argument("--limit", type=int, default=20, help="at most this many jobs (default %(default)s)")
+    jobs.add_argument("--json", action="store_true", help="print the jobs as JSON")
     jobs.set_defaults(func=cmd_jobs)
 
     delete = sub.add_parser("delete", parents=[client, timed],
                             help="delete a finished job with its log and artifacts")
-    delete.add_argument("job")
+    delete.add_argument("job", help="the job id")
     delete.set_defaults(func=cmd_delete)
 
 
@@ -131,8 +139,9 @@ def _reference(value: str, client: ApiClient) -> str:
     path = Path(value).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{value!r} is neither a URI (hf://, file://, upload://, s3://) nor a local path")
-    upload = client.upload(path)
-    print(f"cahp: uploaded {path} as {upload.uri}", file=sys.stderr)
+    upload, sent = client.ensure_uploaded(path)
+    done = "uploaded" if sent else "is already uploaded (same sha256); nothing sent"
+    print(f"cahp: {path} {done} as {upload.uri}", file=sys.stderr)
     return upload.uri
 
 
@@ -152,6 +161,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not sep:
             return fail(f"--param takes NAME=VALUE, got {item!r}")
         params[name.strip()] = _param_value(value)
+    unknown = _unknown_param(params)
+    if unknown:
+        return fail(unknown)
     try:
         labels = _pairs(args.label, "--label")
     except ValueError as exc:
@@ -169,6 +181,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
             body["labels"] = labels
         if args.notify_url:
             body["notify_url"] = args.notify_url
+        if args.name:
+            body["name"] = args.name
+        if args.register:
+            body["register"] = {"model_name": args.register}
+        if args.check:
+            return _print_check(client.check(body), as_json=args.json)
         job = client.submit(body, idempotency_key=args.idempotency_key or f"cahp-{uuid.uuid4().hex}")
     if args.json:
         print_json(job.raw)
@@ -177,13 +195,49 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(job: Job) -> str:
+def _print_check(check: JobCheck, *, as_json: bool) -> int:
+    if as_json:
+        print_json(check.raw)
+        return 0
+    for line in check.checked:
+        print(f"checked {line}")
+    for line in check.skipped:
+        print(f"left to the worker: {line}")
+    return 0
+
+
+def _unknown_param(params: dict[str, Any]) -> str | None:
+    """A message for the first setting name no job takes, with the nearest names; None when all are known.
+
+    Checked before anything is uploaded; the server checks again (and says the same).
+    """
+    from cahp_engine.config import did_you_mean, settings_for
+
+    known = [setting.name for setting in settings_for("api")]
+    for name in params:
+        if name not in known:
+            return (f"--param {name}: no job setting has this name{did_you_mean(name, known)} "
+                    "(`cahp prune --help` lists them, with --flag-names for name_with_underscores)")
+    return None
+
+
+def _describe(job: Job, *, eta: bool = True) -> str:
     text = f"{job.id} {job.status}"
     if job.stage:
         text += f" {job.stage} {100 * job.progress:.0f}%"
+    if eta and job.eta_s is not None and not job.finished:
+        text += f", about {_duration(job.eta_s)} left"
     if job.error:
         text += f": {job.error.code}: {job.error.message}"
     return text
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``2 h 05 min``: a remaining time to the precision it deserves."""
+    if seconds < 90:
+        return f"{max(0, round(seconds))} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -200,10 +254,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
     last: list[str] = []
 
     def show(job: Job) -> None:
-        line = _describe(job)
-        if not args.quiet and line not in last:
-            print(line, file=sys.stderr)
-            last[:] = [line]
+        # A new line when the status, stage or whole percent changes (with the time left then), not
+        # at every new estimate.
+        key = _describe(job, eta=False)
+        if not args.quiet and key not in last:
+            print(_describe(job), file=sys.stderr)
+            last[:] = [key]
 
     def log(line: LogLine) -> None:
         # The log is the output of `wait --follow`; with --json it goes to stderr, keeping stdout JSON.
@@ -217,6 +273,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
             job = client.wait(args.job, timeout=args.timeout, interval=args.interval, on_update=show)
     if args.json:
         print_json(job.raw)
+    # Quality warnings (a class never predicted, macro-F1 near chance, too large a drop) are not missed in CI logs.
+    for warning in (job.result.warnings if job.result is not None else None) or ():
+        print(f"cahp: warning: job {job.id}: {warning}", file=sys.stderr)
     if job.status == "succeeded":
         return 0
     code, detail = (job.error.code, job.error.message) if job.error else (job.status, "")

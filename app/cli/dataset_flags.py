@@ -12,6 +12,9 @@ from typing import Any
 from cahp_engine.data import DATASET_OPTION_FIELDS, DatasetOptions
 
 _HELP = {
+    "text_column": "the column holding the text (default: text)",
+    "label_column": "the column holding the class label (default: label)",
+    "train_split": "the split to select heads and fine-tune on (default: train)",
     "text_pair_column": "second text of sentence-pair tasks (e.g. MNLI's hypothesis)",
     "eval_split": "default: the first labelled one of test, validation, validation_matched, dev, test_matched",
     "config": "configuration of a hub dataset, e.g. mnli for glue",

@@ -47,7 +47,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="refuse a checkpoint whose architecture (before pruning) has more parameters than this, "
                    "counted from its config before it is loaded (default %(default)s)")
     p.add_argument("--samples", type=int, default=64, help="samples compared for parity (default 64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the random token ids compared without --data "
+                   "(default %(default)s)")
     p.add_argument("--latency-repeats", type=int, default=20, help="timed passes per runtime and batch size; "
                    "0 skips timing")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout instead of a summary")

@@ -21,8 +21,9 @@ from app.cli.exit_codes import ExitCode
 from cahp_engine.config import Options, PruningConfig, Setting, settings_for
 from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError, CahpError, InvalidInputError, JobCancelledError
+from cahp_engine.export import describe_speedup
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
-from cahp_engine.progress import STAGE_SPAN
+from cahp_engine.progress import STAGE_SPAN, skipped_stages, stage_spans
 
 if TYPE_CHECKING:
     from cahp_engine.run import RunReport
@@ -100,6 +101,7 @@ class _Bars:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
+        self.spans = STAGE_SPAN
         self.tty = sys.stderr.isatty()
         self.stage: str | None = None
         self.bar: Any = None
@@ -110,7 +112,7 @@ class _Bars:
             return
         from tqdm import tqdm
 
-        lo, hi = STAGE_SPAN.get(stage, (0.0, 1.0))
+        lo, hi = self.spans.get(stage, (0.0, 1.0))
         within = min(1.0, max(0.0, (overall - lo) / (hi - lo) if hi > lo else 1.0))
         if stage != self.stage:
             self.close()
@@ -143,6 +145,7 @@ def run_command(args: argparse.Namespace) -> int:
     bars = _Bars(enabled=not args.json)
     try:
         config, options = config_from_args(args)
+        bars.spans = stage_spans(skipped_stages(config))  # the spans run_pruning places this run's stages in
         report = run_pruning(
             args.model, args.dataset, args.output, config, dataset_options=options,
             max_dataset_rows=args.max_dataset_rows, max_model_params=args.max_model_params, revision=args.revision,
@@ -202,26 +205,42 @@ def format_summary(report: RunReport, output: Path) -> str:
         f"pruned before recovery {m.pruned_before_recovery.accuracy:.4f}, "
         f"after recovery {m.pruned.accuracy:.4f}",
         f"  macro-F1: dense {m.dense.macro_f1:.4f}, pruned {m.pruned.macro_f1:.4f}",
-        _recovery_line(report),
+        *_recovery_lines(report),
         f"  parameters: {report.parameters.dense.total:,} -> {report.parameters.pruned.total:,}",
     ]
     for row in speed.results:
         lines.append(
-            f"  latency batch {row.batch_size:>2} x {speed.seq_len} tokens on {report.device}: "
-            f"p50 {row.dense.p50_ms:.2f} ms -> {row.pruned.p50_ms:.2f} ms (x{row.speedup:.2f})"
+            f"  latency batch {row.batch_size:>2} x {speed.seq_len} tokens on {speed.device}: "
+            f"p50 {row.dense.p50_ms:.2f} ms -> {row.pruned.p50_ms:.2f} ms "
+            f"({describe_speedup(row.speedup, row.speedup_low, row.speedup_high)})"
         )
     lines += _budget_lines(report)
     lines += _export_lines(report)
     lines.append(f"  wall time {report.wall_time_s:.1f} s; artifacts in {output}")
+    flagged = report.quality.messages if report.quality is not None else ()
     for warning in report.warnings:
-        lines.append(f"  warning: {warning}")
+        lines.append(f"  {'QUALITY WARNING' if warning in flagged else 'warning'}: {warning}")
     return "\n".join(lines)
 
 
-def _recovery_line(report: RunReport) -> str:
+def _recovery_lines(report: RunReport) -> list[str]:
+    """The recovery's recipe, and what it kept of its validation curve."""
     r = report.recovery
     how = f"distillation (alpha {r.alpha:g}, T {r.temperature:g})" if r.loss == "distill" else "cross-entropy"
-    return f"  recovery: {r.epochs:g} epochs, {how}, {r.wall_s:.1f} s"
+    if r.class_weights is not None:
+        how += ", class-balanced"
+    lines = [f"  recovery: {r.epochs:g} epochs, {how}, {r.wall_s:.1f} s"]
+    v = report.validation
+    if v is None or not r.validation or r.best_epoch is None:
+        return lines
+    where = f"{v.rows} rows carved from '{v.split}'" if v.carved else f"split '{v.split}', {v.rows} rows"
+    dense = v.dense.accuracy if v.metric == "accuracy" else v.dense.macro_f1
+    curve = ", ".join(f"{p.epoch:g}: {p.score:.4f}" + ("*" if p.step == r.best_step else "") for p in r.validation)
+    lines.append(f"  validation {v.metric} ({where}; dense {dense:.4f}) by epoch: {curve}")
+    end = (f"stopped early: {r.early_stopping_patience} evaluation(s) without gain" if r.stopped_early
+           else "trained every epoch")
+    lines.append(f"    kept the weights of epoch {r.best_epoch:g} (*); {end}")
+    return lines
 
 
 def _budget_lines(report: RunReport) -> list[str]:
@@ -230,14 +249,22 @@ def _budget_lines(report: RunReport) -> list[str]:
     if b is None:
         return []
     where = f"{b.validation_rows} rows carved from '{b.split}'" if b.carved else f"split '{b.split}'"
+    strict = "" if b.confidence is None else f", upper bound at {b.confidence:g} within P"
     lines = [f"  accuracy budget: validation {b.metric} within {b.max_accuracy_drop:g} points of the dense "
-             f"{b.dense_validation:.4f} (>= {b.threshold:.4f}) on {where}"]
+             f"{b.dense_validation:.4f} (>= {b.threshold:.4f}{strict}) on {where}; strategies "
+             f"{', '.join(b.strategies)}; head counts {list(b.ladder)}"]
     for c in b.candidates:
-        after = c.accuracy_after if b.metric == "accuracy" else c.macro_f1_after
-        lines.append(f"    {c.heads_kept:>4} heads (k={c.k}): {after:.4f} after {c.screen_epochs:g} epoch(s)"
-                     + ("  <- chosen" if c.within_budget else ""))
+        best = c.accuracy_best if b.metric == "accuracy" else c.macro_f1_best
+        lines.append(f"    round {c.round}: {c.heads_kept:>4} heads {c.strategy:<10} best {best:.4f} after "
+                     f"{c.epochs:g} epoch(s), drop {c.drop.drop:+.2f} points (95 % {c.drop.low:+.2f} to "
+                     f"{c.drop.high:+.2f}): {c.stopped}" + ("  <- chosen" if c.chosen else ""))
+    if b.chosen is not None:
+        margin = "" if b.strategy_margin is None else (
+            f", {b.strategy_margin:+.2f} points against the other strategies at that head count")
+        lines.append(f"    chosen: {b.chosen} heads by {b.chosen_strategy}{margin}")
     if b.cost_vs_single_run is not None:
-        lines.append(f"    search {b.search_seconds:.1f} s + final recovery {b.final_recovery_seconds:.1f} s "
+        lines.append(f"    {len(b.candidates)} candidates, {b.epochs_trained:g} recovery epochs in all; search "
+                     f"{b.search_seconds:.1f} s + the chosen one's last epochs {b.final_recovery_seconds:.1f} s "
                      f"= x{b.cost_vs_single_run:.2f} a single run's recovery")
     return lines
 
@@ -247,10 +274,14 @@ def _export_lines(report: RunReport) -> list[str]:
     export, s = report.export, report.summary
     if export.onnx is None:
         return ["  ONNX export: off (--export none)"]
-    lines = [f"  ONNX (onnx/): max |logit difference| from PyTorch {s.onnx_max_abs_diff:.2e}"
-             + (f"; onnxruntime x{s.onnx_speedup:.2f} against dense PyTorch (CPU, batch 32)" if s.onnx_speedup else "")]
+    accuracy = f"accuracy {s.onnx_accuracy:.4f}; " if s.onnx_accuracy is not None else ""
+    lines = [f"  ONNX (onnx/): {accuracy}max |logit difference| from PyTorch {s.onnx_max_abs_diff:.2e}"
+             + (f"; onnxruntime {describe_speedup(s.onnx_speedup, s.onnx_speedup_low, s.onnx_speedup_high)} "
+                "against dense PyTorch (CPU, batch 32)" if s.onnx_speedup else "")]
     if export.onnx_int8 is not None:
         accuracy = f"accuracy {s.int8_accuracy:.4f}" if s.int8_accuracy is not None else "accuracy not measured"
-        lines.append(f"  int8 (onnx-int8/): {accuracy}"
-                     + (f"; x{s.int8_speedup:.2f} against dense PyTorch (CPU, batch 32)" if s.int8_speedup else ""))
+        deviation = f"; max |logit difference| {s.int8_max_abs_diff:.2g}" if s.int8_max_abs_diff is not None else ""
+        lines.append(f"  int8 (onnx-int8/): {accuracy}{deviation}"
+                     + (f"; {describe_speedup(s.int8_speedup, s.int8_speedup_low, s.int8_speedup_high)} against "
+                        "dense PyTorch (CPU, batch 32)" if s.int8_speedup else ""))
     return lines

@@ -23,21 +23,22 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 def register(sub: Any) -> None:
     """Add the server-side subcommands to ``sub`` (an argparse subparsers object)."""
     serve = sub.add_parser("serve", help="run the API (and, in embedded mode, a worker)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default %(default)s)")
     serve.add_argument("--no-auth", action="store_true", help="accept requests without an API key (loopback only)")
     serve.add_argument("--workers", type=int, default=None,
                        help="local worker processes to start (default: 1 with the embedded broker, else 0)")
-    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity (default %(default)s)")
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="run a worker that takes jobs from the broker")
     worker.add_argument("--device", help="cpu, cuda or cuda:N (default: CAHP_DEVICE, else auto)")
     worker.add_argument("--queue", help="queue to consume (default: CAHP_QUEUE, else cahp)")
-    worker.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"])
+    worker.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"],
+                        help="Celery pool: prefork runs each job in a child process (default %(default)s)")
     worker.add_argument("--concurrency", type=int, default=1, help="jobs at once; keep 1 per GPU")
     worker.add_argument("--name", help="Celery node name, e.g. gpu0@%%h (default: a random cahp-XXXXXX@host)")
-    worker.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    worker.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log verbosity (default %(default)s)")
     worker.add_argument("--metrics-port", type=int, default=None,
                         help="serve Prometheus metrics on this port (default: CAHP_WORKER_METRICS_PORT, else none)")
     worker.set_defaults(func=cmd_worker)
@@ -49,13 +50,13 @@ def register(sub: Any) -> None:
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     create = keys_sub.add_parser("create", help="create a key and print it (only once)")
-    create.add_argument("--name", required=True)
+    create.add_argument("--name", required=True, help="what the key is for, e.g. ci or alice")
     create.set_defaults(func=cmd_keys_create)
     listing = keys_sub.add_parser("list", help="list keys: id, name, created, last used, revoked (never the key)")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print the keys as JSON")
     listing.set_defaults(func=cmd_keys_list)
     revoke = keys_sub.add_parser("revoke", help="revoke a key by id, or by name when one live key has it")
-    revoke.add_argument("key", metavar="NAME_OR_ID")
+    revoke.add_argument("key", metavar="NAME_OR_ID", help="the key's id, or its name when one live key has it")
     revoke.set_defaults(func=cmd_keys_revoke)
 
 

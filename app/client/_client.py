@@ -13,15 +13,19 @@ import httpx
 from app.client._exceptions import (
     ClientError,
     InvalidResponseError,
+    NotFoundError,
     TransportError,
     WaitTimeoutError,
     httpx_errors,
     problem_from_response,
 )
-from app.client._records import Artifact, Job, LogLine, Page, Upload
+from app.client._records import Artifact, Job, JobCheck, LogLine, Page, Registration, Upload
 from app.client._retries import OUTAGE_S, Outage, retrying
 from app.client._sse import ServerSentEvent, parse_sse
-from app.client._transfers import download, multipart_file, packed
+from app.client._transfers import download, multipart_file, packed, sha256_of, upload_suffix
+
+#: How long ``register`` waits for the server, which uploads the model to the registry before answering.
+REGISTER_TIMEOUT_S = 900.0
 
 
 class ApiClient:
@@ -82,6 +86,10 @@ class ApiClient:
         a retried submit is safe: the server answers the first job again."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return Job.from_json(self._json("POST", "/v1/jobs", json=dict(body), headers=headers))
+
+    def check(self, body: Mapping[str, Any]) -> JobCheck:
+        """Check a job as a submit would (``POST /v1/jobs/check``) without queuing it; a 422 is a ProblemError."""
+        return JobCheck.from_json(self._json("POST", "/v1/jobs/check", json=dict(body)))
 
     def job(self, job_id: str, *, budget: float | None = None) -> Job:
         return Job.from_json(self._json("GET", f"/v1/jobs/{job_id}", budget=budget))
@@ -148,7 +156,8 @@ class ApiClient:
     def _events(self, job_id: str, last_id: str, deadline: float | None) -> Iterator[ServerSentEvent]:
         # The server sends a comment every 15 s, so a read silent for a minute is a dead connection.
         headers = {"Accept": "text/event-stream", "Last-Event-ID": last_id}
-        with httpx_errors(f"the event stream of {job_id} broke"), \
+        # Outage names the stream; the error says only what happened to it.
+        with httpx_errors("the connection broke"), \
                 self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as response:
             if response.status_code >= 400:
                 response.read()
@@ -162,6 +171,18 @@ class ApiClient:
         return max(0.0, min(OUTAGE_S, deadline - time.monotonic()))
 
     # --- artifacts and uploads ---------------------------------------------------------------------
+
+    def register(self, job_id: str, spec: Mapping[str, Any] | None = None) -> Registration:
+        """Register the job's model in the server's MLflow registry (``spec``: ``model_name``, ``tags``,
+        ``description``; without it, the ``register`` the job was submitted with)."""
+        kwargs: dict[str, Any] = {"json": dict(spec)} if spec is not None else {}
+        # One attempt, not retried: a retry after a lost answer would add a second version. The server
+        # uploads the model to the registry before it answers, which takes a while for a large model.
+        response = self._send("POST", f"/v1/jobs/{job_id}/register", timeout=REGISTER_TIMEOUT_S, **kwargs)
+        try:
+            return Registration.from_json(response.json())
+        except ValueError as exc:
+            raise InvalidResponseError(f"POST /v1/jobs/{job_id}/register: the answer is not JSON") from exc
 
     def artifacts(self, job_id: str) -> tuple[Artifact, ...]:
         """The job's artifact manifest."""
@@ -177,9 +198,29 @@ class ApiClient:
         return download(self._http, job_id, artifact, directory, timeout=self.timeout, on_retry=self._on_retry)
 
     def upload(self, path: Path) -> Upload:
-        """Upload a file, or a directory packed as ``<name>.tar.gz``."""
-        with packed(path) as file, multipart_file(file) as files:
-            return Upload.from_json(self._json("POST", "/v1/uploads", files_factory=files))
+        """Upload a file, or a directory packed as ``<name>.tar.gz``, unless this key already holds the same bytes."""
+        return self.ensure_uploaded(path)[0]
+
+    def ensure_uploaded(self, path: Path) -> tuple[Upload, bool]:
+        """``(upload, sent)``: the upload of ``path``'s bytes, and whether they were sent now.
+
+        A directory is packed deterministically (same files, same bytes), and the server is asked
+        first whether this key already holds those bytes (``GET /v1/uploads/sha256:<hex>``); if it
+        does, nothing is sent, so a re-run submit names the same ``upload://`` URIs as the first run.
+        """
+        with packed(path) as file:
+            found = self.find_upload(sha256_of(file))
+            if found is not None and upload_suffix(found.filename or "") == upload_suffix(file.name):
+                return found, False
+            with multipart_file(file) as files:
+                return Upload.from_json(self._json("POST", "/v1/uploads", files_factory=files)), True
+
+    def find_upload(self, sha256: str) -> Upload | None:
+        """This key's upload of the bytes whose sha256 is ``sha256`` (hex), or None; other keys' are never found."""
+        try:
+            return Upload.from_json(self._json("GET", f"/v1/uploads/sha256:{sha256}"))
+        except NotFoundError:
+            return None
 
 
 def _loads(event: ServerSentEvent) -> object:

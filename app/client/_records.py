@@ -117,12 +117,24 @@ class JobResult:
     onnx_speedup: float | None = None
     int8_accuracy: float | None = None
     int8_speedup: float | None = None
+    #: The dense model by name (hub id, its checkpoint's ``_name_or_path``, or the upload's name).
+    base_model: str | None = None
+    dense_macro_f1: float | None = None
+    pruned_macro_f1: float | None = None
+    #: Every warning of the run, quality warnings (a class never predicted, near chance, too large a drop) first.
+    warnings: tuple[str, ...] | None = None
 
     @classmethod
     def from_json(cls, data: object) -> JobResult:
         d = _object(data, "JobResult")
-        counts = {"k_star", "heads_total", "heads_kept"}
-        return cls(**{f.name: _field(d, f.name, "JobResult", _integer if f.name in counts else _number, None)
+        counts, texts = {"k_star", "heads_total", "heads_kept"}, {"base_model"}
+
+        def convert(name: str) -> Callable[[Any], Any]:
+            if name == "warnings":
+                return lambda value: tuple(_text(v) for v in value)
+            return _integer if name in counts else _text if name in texts else _number
+
+        return cls(**{f.name: _field(d, f.name, "JobResult", convert(f.name), f.default)
                       for f in dataclasses.fields(cls)})
 
 
@@ -162,6 +174,8 @@ class Job:
     status: str
     stage: str | None = None
     progress: float = 0.0
+    #: Seconds the running attempt still needs by its pace so far (None: not known yet, or not running).
+    eta_s: float | None = None
     cancel_requested: bool = False
     model: ModelSpec | None = None
     dataset: DatasetSpec | None = None
@@ -173,6 +187,9 @@ class Job:
     labels: Mapping[str, str] = dataclasses.field(default_factory=_empty)
     notify_url: str | None = None
     artifacts_expired: bool = False
+    #: The name given at submit, and the model by name (the base model's, once known).
+    name: str | None = None
+    model_name: str | None = None
     raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
 
     @property
@@ -189,12 +206,14 @@ class Job:
 
         return cls(
             id=get("id", _text, _REQUIRED), status=get("status", _text, _REQUIRED), stage=get("stage", _text),
-            progress=get("progress", _number, 0.0), cancel_requested=get("cancel_requested", _flag, False),
+            progress=get("progress", _number, 0.0), eta_s=get("eta_s", _number),
+            cancel_requested=get("cancel_requested", _flag, False),
             model=get("model", ModelSpec.from_json), dataset=get("dataset", DatasetSpec.from_json),
             created_at=get("created_at", _time), started_at=get("started_at", _time),
             finished_at=get("finished_at", _time), error=get("error", JobError.from_json),
             result=get("result", JobResult.from_json), labels=get("labels", _labels, _empty()),
             notify_url=get("notify_url", _text), artifacts_expired=get("artifacts_expired", _flag, False),
+            name=get("name", _text), model_name=get("model_name", _text),
             raw=MappingProxyType(dict(d)),
         )
 
@@ -282,3 +301,46 @@ def _items(value: Any) -> list[Any]:
     if not isinstance(value, list):
         raise TypeError(f"expected an array, got {type(value).__name__}")
     return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Registration:
+    """Where a job's model went in the MLflow registry (``RegistrationPublic``)."""
+
+    status: str
+    model_name: str
+    version: str | None = None
+    run_id: str | None = None
+    model_uri: str | None = None
+    tracking_uri: str | None = None
+    error: str | None = None
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: object) -> Registration:
+        d = _object(data, "Registration")
+
+        def get(name: str, default: Any = None) -> Any:
+            return _field(d, name, "Registration", _text, default)
+
+        return cls(status=get("status", _REQUIRED), model_name=get("model_name", _REQUIRED), version=get("version"),
+                   run_id=get("run_id"), model_uri=get("model_uri"), tracking_uri=get("tracking_uri"),
+                   error=get("error"), raw=MappingProxyType(dict(d)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobCheck:
+    """What ``POST /v1/jobs/check`` checked of a job without queuing it (``JobCheck``)."""
+
+    checked: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: object) -> JobCheck:
+        d = _object(data, "JobCheck")
+
+        def lines(name: str) -> tuple[str, ...]:
+            return tuple(_text(v) for v in _field(d, name, "JobCheck", _items, []))
+
+        return cls(checked=lines("checked"), skipped=lines("skipped"), raw=MappingProxyType(dict(d)))

@@ -8,6 +8,9 @@ records the ``code`` on a failed job.
 
     ServiceError                      every error the service raises on purpose
     ├── AuthenticationError       401 a missing, malformed or unknown API key
+    ├── ForbiddenError            403 a request this server refuses whoever sends it
+    │   ├── LinkInvalidError      403 a signed artifact link that was changed or not made here
+    │   └── LinkExpiredError      403 a signed artifact link past its expiry time
     ├── NotFoundError             404 no such job, upload or artifact *for this key*
     ├── ConflictError             409 the request contradicts the resource's state
     │   ├── JobFinishedError      409 cancelling a job that already succeeded or failed
@@ -19,9 +22,11 @@ records the ``code`` on a failed job.
     │   ├── InvalidReferenceError 422 a model or dataset URI that cannot be used
     │   ├── InvalidUploadError    422 an upload of an unknown kind, or a bad archive
     │   ├── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
+    │   ├── RegistryNotConfiguredError 422 ``register`` asked of a server without ``CAHP_MLFLOW_TRACKING_URI``
     │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
     │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
     ├── RangeNotSatisfiableError  416 a ``Range`` that starts past the end of the artifact
+    ├── RegistryError             502 the MLflow tracking server refused or failed a registration
     ├── UnavailableError          503 the database or the broker cannot be reached
     └── InsufficientStorageError  507 the server's disk filled up while storing or unpacking
 
@@ -44,6 +49,28 @@ class ServiceError(Exception):
 class AuthenticationError(ServiceError):
     code = "unauthenticated"
     title = "Authentication required"
+
+
+class ForbiddenError(ServiceError):
+    code = "forbidden"
+    title = "Forbidden"
+
+
+class LinkInvalidError(ForbiddenError):
+    code = "link_invalid"
+    title = "Invalid signed link"
+
+
+class LinkExpiredError(ForbiddenError):
+    code = "link_expired"
+    title = "Signed link expired"
+
+
+class RegistryError(ServiceError):
+    """The model registry (MLflow) failed a registration; a job ends with this code when its own did."""
+
+    code = "registration_failed"
+    title = "Model registration failed"
 
 
 class NotFoundError(ServiceError):
@@ -127,3 +154,10 @@ class InsufficientStorageError(ServiceError):
 
     code = "insufficient_storage"
     title = "Insufficient storage"
+
+
+class RegistryNotConfiguredError(InvalidRequestError):
+    """Not retryable by the caller: a job must drop ``register``, or the operator configure MLflow."""
+
+    code = "registry_not_configured"
+    title = "No model registry configured"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,7 +36,7 @@ from cahp_engine.errors import UnsupportedModelError
 
 DEFAULT_EVAL_SPLIT = "test"
 #: Files whose ``auto_map`` would name code shipped with the model.
-_CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json")
+CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json")
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,18 @@ def refuse_custom_code(directory: Path) -> None:
     UnsupportedModelError
         When ``config.json`` (or a tokenizer or processor config) has an ``auto_map`` entry.
     """
-    for name in _CODE_CONFIGS:
-        path = directory / name
-        if not path.is_file():
-            continue
+    refuse_code_configs(lambda name: (directory / name).read_text(encoding="utf-8")
+                        if (directory / name).is_file() else None)
+
+
+def refuse_code_configs(read: Callable[[str], str | None]) -> None:
+    """:func:`refuse_custom_code` over ``read(name)``: a top-level file's text, or None where there is none."""
+    for name in CODE_CONFIGS:
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
+            text = read(name)
+            if text is None:
+                continue
+            config = json.loads(text)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue  # the engine reports an unreadable config with its own message
         if isinstance(config, dict) and config.get("auto_map"):

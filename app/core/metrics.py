@@ -19,6 +19,7 @@ they are right however many processes write jobs.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -44,6 +45,12 @@ QUEUE_WAIT = Histogram("cahp_job_queue_wait_seconds", "Time from a job's submiss
                        buckets=_SLOW, registry=REGISTRY)
 STAGE_DURATION = Histogram("cahp_job_stage_duration_seconds", "Time a job spent in each stage of the pipeline",
                            ["stage"], buckets=_SLOW, registry=REGISTRY)
+JOBS_SUBMITTED = Counter("cahp_jobs_submitted_total",
+                         "Jobs created by POST /v1/jobs (a submit answered with an earlier job is not counted)",
+                         registry=REGISTRY)
+JOB_DURATION = Histogram("cahp_job_duration_seconds",
+                         "Time from a job's submission to its end, every attempt and wait included, by final status",
+                         ["status"], buckets=_SLOW, registry=REGISTRY)
 JOBS_FINISHED = Counter("cahp_jobs_finished_total", "Jobs that ended, by final status", ["status"], registry=REGISTRY)
 JOB_FAILURES = Counter("cahp_job_failures_total", "Failed jobs, by error code", ["code"], registry=REGISTRY)
 LEASE_TAKEOVERS = Counter("cahp_lease_takeovers_total",
@@ -82,3 +89,11 @@ def serve(port: int, *, host: str = "0.0.0.0") -> None:
     from prometheus_client import start_http_server
 
     start_http_server(port, addr=host, registry=process_registry())
+
+
+def observe_job_end(status: str, created_at: dt.datetime | None) -> None:
+    """``cahp_job_duration_seconds`` for a job that just ended, from its submission to now."""
+    if created_at is None:
+        return
+    created = created_at if created_at.tzinfo else created_at.replace(tzinfo=dt.UTC)
+    JOB_DURATION.labels(status).observe(max(0.0, (dt.datetime.now(dt.UTC) - created).total_seconds()))

@@ -60,6 +60,8 @@ class ApiKey(Base):
 
 class Upload(Base):
     __tablename__ = "uploads"
+    # A key's uploads are found by their content: a re-run submit asks for the sha256 before sending.
+    __table_args__ = (Index("ix_uploads_owner_sha256", "owner_id", "sha256"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     owner_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
@@ -76,6 +78,10 @@ class Upload(Base):
     # Set once the object is stored; until then the upload is invisible, and the sweeper removes
     # one left incomplete by a crash (row and object) after CAHP_UPLOAD_STALE_S.
     completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # What the upload holds, read when it arrived (app.core.upload_contents): an archive's files, its
+    # config.json and safetensors headers, its split files' columns and labels. Submit checks a job
+    # against it (app.core.preflight) without reading the object again. None: not indexed.
+    contents: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class Job(Base):
@@ -95,6 +101,8 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued.value, index=True)
     stage: Mapped[str | None] = mapped_column(String(32), default=None)
     progress: Mapped[float] = mapped_column(Float, default=0.0)
+    # Seconds the running attempt still needs, by its worker's measured pace (None: not known yet).
+    eta_s: Mapped[float | None] = mapped_column(Float, default=None)
     model_uri: Mapped[str] = mapped_column(Text)
     model_revision: Mapped[str | None] = mapped_column(String(255), default=None)
     # The dataset reference and its column/split options, as submitted (JobCreate.dataset).
@@ -127,6 +135,15 @@ class Job(Base):
     notify_url: Mapped[str | None] = mapped_column(Text, default=None)
     # Set when the retention sweep (CAHP_ARTIFACT_TTL_DAYS) removed the artifacts; routes answer 410.
     artifacts_expired: Mapped[bool] = mapped_column(Boolean, default=False)
+    # What the model is called: the caller's optional name for it, and the display names of the model
+    # and dataset references worked out at submit (a hub id, an uploaded archive's or a directory's name).
+    name: Mapped[str | None] = mapped_column(String(200), default=None)
+    model_name: Mapped[str | None] = mapped_column(String(255), default=None)
+    dataset_name: Mapped[str | None] = mapped_column(String(255), default=None)
+    # The MLflow registration the job asked for (JobCreate.register), and how the last one went
+    # (app.core.registry.Registration as a dict: status, model, version, run id, error).
+    register: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class JobLog(Base):

@@ -83,6 +83,9 @@ class Settings(BaseSettings):
         Hugging Face token and cache directory for ``hf://`` references.
     progress_interval_s, cancel_check_interval_s : float
         Least time between two progress writes, and between two reads of a job's cancel flag.
+    checkpoint_interval_s : float
+        A running fine-tuning's state is saved to the artifact store at its epoch ends, no more often than
+        this (0: every epoch); a worker lost or redeployed costs the job at most this plus one epoch.
     work_dir : Path or None
         Worker scratch space for inputs and outputs of running jobs; None means ``data_dir/work``.
     no_auth : bool
@@ -139,6 +142,26 @@ class Settings(BaseSettings):
     worker_metrics_port : int or None
         Port on which ``cahp worker`` serves its Prometheus metrics (all its pool processes); None
         serves none (workers started by ``cahp serve`` report through the API's ``/metrics``).
+    signed_url_ttl_s : int
+        How long the signed artifact links of the manifest and of webhook payloads work (default one
+        hour, at most 7 days, S3's own limit); 0 gives out none. Deleting a job revokes its links.
+    signing_key : SecretStr or None
+        The HMAC key of signed ``/v1/artifacts/...`` links (local artifact store). Every API process
+        must share it; None keeps a random key in ``data_dir/signing.key``, made on first use.
+    public_url : str or None
+        The service's address as deployers reach it (``https://cahp.internal``): signed links in webhook
+        payloads are absolute with it; None leaves them relative there (API answers use the request's).
+    s3_public_endpoint_url : str or None
+        The S3 endpoint deployers reach, when it differs from ``s3_endpoint_url`` (MinIO behind a
+        proxy): presigned URLs are made for it. None: ``s3_endpoint_url``.
+    mlflow_tracking_uri : str or None
+        The MLflow tracking server jobs register models in (``register`` in a job, ``cahp register``);
+        None turns registration off. Reached through the outbound guard, as webhook receivers are.
+    mlflow_tracking_username, mlflow_tracking_password, mlflow_tracking_token
+        The tracking server's credentials (basic auth or a bearer token): the operator's only; a job
+        names a model, never a server or a credential.
+    mlflow_experiment : str
+        The experiment that registration runs are logged under (default ``cahp``).
     """
 
     model_config = SettingsConfigDict(env_prefix="CAHP_", extra="ignore", frozen=True)
@@ -167,6 +190,7 @@ class Settings(BaseSettings):
     no_auth: bool = False
     lease_s: float = Field(default=DEFAULT_LEASE_S, gt=0)
     heartbeat_interval_s: float = Field(default=20.0, gt=0)
+    checkpoint_interval_s: float = Field(default=300.0, ge=0)
     sweep_interval_s: float = Field(default=30.0, ge=0)
     requeue_after_s: float = Field(default=60.0, ge=0)
     max_attempts: int = Field(default=DEFAULT_MAX_ATTEMPTS, ge=1, le=100)
@@ -184,6 +208,15 @@ class Settings(BaseSettings):
     webhook_max_in_flight: int = Field(default=16, ge=1, le=256)
     webhook_max_in_flight_per_key: int = Field(default=4, ge=1, le=256)
     worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    signed_url_ttl_s: int = Field(default=3600, ge=0, le=7 * 24 * 3600)
+    signing_key: SecretStr | None = None
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    s3_public_endpoint_url: str | None = None
+    mlflow_tracking_uri: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    mlflow_tracking_username: str | None = None
+    mlflow_tracking_password: SecretStr | None = None
+    mlflow_tracking_token: SecretStr | None = None
+    mlflow_experiment: str = Field(default="cahp", min_length=1, max_length=200)
 
     @field_validator("allowed_local_roots", mode="before")
     @classmethod
@@ -325,18 +358,24 @@ class Settings(BaseSettings):
             "CAHP_ALLOWED_LOCAL_ROOTS": os.pathsep.join(str(p) for p in self.allowed_local_roots),
             "CAHP_LEASE_S": str(self.lease_s),
             "CAHP_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
+            "CAHP_CHECKPOINT_INTERVAL_S": str(self.checkpoint_interval_s),
             "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
             "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
             "CAHP_ALLOWED_S3_PREFIXES": ",".join(self.allowed_s3_prefixes),
         }
         if self.broker_url is not None:
             env["CAHP_BROKER_URL"] = self.broker_url
-        for name in ("s3_endpoint_url", "s3_region", "hub_cache_dir"):
+        env["CAHP_SIGNED_URL_TTL_S"] = str(self.signed_url_ttl_s)
+        env["CAHP_MLFLOW_EXPERIMENT"] = self.mlflow_experiment
+        for name in ("s3_endpoint_url", "s3_region", "hub_cache_dir", "public_url", "s3_public_endpoint_url",
+                     "mlflow_tracking_uri", "mlflow_tracking_username"):
             value = getattr(self, name)
             if value is not None:
                 env[f"CAHP_{name.upper()}"] = str(value)
-        if self.hub_token is not None:
-            env["CAHP_HUB_TOKEN"] = self.hub_token.get_secret_value()
+        for secret in ("hub_token", "signing_key", "mlflow_tracking_password", "mlflow_tracking_token"):
+            value = getattr(self, secret)
+            if value is not None:
+                env[f"CAHP_{secret.upper()}"] = value.get_secret_value()
         return env
 
 

@@ -46,10 +46,19 @@ class ArtifactStore(Protocol):
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object whose key starts with ``prefix/``; returns how many there were."""
 
+    def presigned_url(self, key: str, *, expires_s: int, filename: str) -> str | None:
+        """A URL that reads the object without credentials for ``expires_s`` seconds, or None when the
+        store cannot make one (the API then signs its own links: :mod:`app.core.signing`)."""
+
 
 def job_prefix(job_id: str) -> str:
     """Where every attempt of a job stores its artifacts: ``jobs/<id>/<attempt>/<name>``."""
     return f"jobs/{job_id}"
+
+
+def checkpoint_prefix(job_id: str) -> str:
+    """Where a running job keeps its checkpoints (inside its own prefix: deleting the job deletes them)."""
+    return f"{job_prefix(job_id)}/checkpoints"
 
 
 def _check_key(key: str) -> str:
@@ -106,14 +115,22 @@ class LocalStore:
         shutil.rmtree(root, ignore_errors=True)
         return count
 
+    def presigned_url(self, key: str, *, expires_s: int, filename: str) -> str | None:
+        return None  # a directory has no URLs of its own: the API serves signed /v1/artifacts/... links
+
 
 class S3Store:
-    """A bucket (and key prefix) in any S3-compatible service: AWS, MinIO, Ceph, moto."""
+    """A bucket (and key prefix) in any S3-compatible service: AWS, MinIO, Ceph, moto.
 
-    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+    ``signer`` makes presigned URLs (a client of the endpoint deployers reach, when it differs from
+    the one the service uses; signing is local, it sends nothing).
+    """
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "", *, signer: Any = None) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        self.signer = signer if signer is not None else client
 
     def _key(self, key: str) -> str:
         _check_key(key)
@@ -161,6 +178,13 @@ class S3Store:
                 count += len(keys)
         return count
 
+    def presigned_url(self, key: str, *, expires_s: int, filename: str) -> str | None:
+        # The download names itself, as GET /v1/jobs/{id}/artifacts/{name} does.
+        params = {"Bucket": self.bucket, "Key": self._key(key),
+                  "ResponseContentDisposition": f'attachment; filename="{filename}"'}
+        url: str = self.signer.generate_presigned_url("get_object", Params=params, ExpiresIn=int(expires_s))
+        return url
+
 
 def _chunks(handle: Any, length: int | None = None) -> Iterator[bytes]:
     """Read an open file-like object in chunks, to the end or ``length`` bytes, closing it afterwards."""
@@ -193,8 +217,9 @@ def download_s3_object(client: Any, bucket: str, key: str, dest: Path) -> None:
         raise
 
 
-def make_s3_client(settings: Settings) -> Any:
-    """A boto3 S3 client for the configured endpoint; credentials come from boto3's usual chain.
+def make_s3_client(settings: Settings, *, endpoint_url: str | None = None) -> Any:
+    """A boto3 S3 client for the configured endpoint (or ``endpoint_url``); credentials come from
+    boto3's usual chain.
 
     Raises
     ------
@@ -207,18 +232,21 @@ def make_s3_client(settings: Settings) -> Any:
 
     from app.core.outbound import check_outbound_url
 
-    if settings.s3_endpoint_url is not None:
+    endpoint = endpoint_url or settings.s3_endpoint_url
+    if endpoint_url is None and settings.s3_endpoint_url is not None:
         check_outbound_url(settings.s3_endpoint_url, allowed_hosts=settings.allowed_outbound_hosts,
                            what="CAHP_S3_ENDPOINT_URL")
 
     return boto3.client(
         "s3",
-        endpoint_url=settings.s3_endpoint_url,
+        endpoint_url=endpoint,
         region_name=settings.s3_region,
         # Path-style addressing for self-hosted endpoints, whose DNS rarely resolves bucket subdomains.
         config=Config(
             retries={"max_attempts": 3, "mode": "standard"},
-            s3={"addressing_style": "path" if settings.s3_endpoint_url else "auto"},
+            s3={"addressing_style": "path" if endpoint else "auto"},
+            # Presigned URLs in the current scheme (SigV4), which every S3-compatible store accepts.
+            signature_version="s3v4",
         ),
     )
 
@@ -236,5 +264,8 @@ def open_store(settings: Settings) -> ArtifactStore:
     location = settings.resolved_artifact_store
     if location.startswith("s3://"):
         bucket, prefix = split_s3_uri(location)
-        return S3Store(make_s3_client(settings), bucket, prefix)
+        public = settings.s3_public_endpoint_url
+        # The public endpoint is only written into URLs, never connected to: no outbound check.
+        signer = make_s3_client(settings, endpoint_url=public) if public else None
+        return S3Store(make_s3_client(settings), bucket, prefix, signer=signer)
     return LocalStore(Path(location).expanduser().absolute())

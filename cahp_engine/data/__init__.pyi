@@ -1,6 +1,7 @@
 """Reading labelled datasets and turning them into token batches.
 
 Reading order: ``_options`` (which columns and splits) -> ``_files`` / ``_hub`` (the sources) -> ``_table``
+-> ``_profile`` (the checks of splits, columns and labels)
 -> ``_splits`` (``load_splits``) -> ``_encoding`` (tokenise, batch) -> ``_lazy`` (tokenise on read)."""
 
 from ._card import CARD_FILES, check_card_text, check_repository, has_card_configs
@@ -25,12 +26,15 @@ from ._options import (
     check_split_name,
 )
 from ._paths import SAVED_DICT, SAVED_STATE, check_saved_dataset, data_file_problem
+from ._profile import DatasetProfile, SplitProfile, check_splits, profile_directory
 from ._splits import DatasetSplits, load_splits
 
 __all__ = [
     "CARD_FILES", "DATASET_OPTION_FIELDS", "DEFAULT_EVAL_SPLITS", "DEFAULT_MAX_ROWS", "FILE_SUFFIXES", "SAVED_DICT",
     "SAVED_STATE", "check_card_text", "check_hub_data_files", "check_repository", "check_saved_dataset",
-    "check_split_name", "collate", "data_file_problem", "DatasetOptions", "DatasetSplits", "draw_subset", "encode",
+    "check_split_name", "check_splits", "collate", "data_file_problem", "DatasetOptions", "DatasetProfile",
+    "DatasetSplits", "draw_subset", "encode",
     "encode_labels", "EncodedDataset", "has_card_configs", "iterate_batches", "LabelledTexts", "LazyEncodedDataset",
-    "length_grouped_batches", "load_splits", "row_lengths", "take_rows", "TrainRows",
+    "length_grouped_batches", "load_splits", "profile_directory", "row_lengths", "SplitProfile", "take_rows",
+    "TrainRows",
 ]

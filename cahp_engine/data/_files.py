@@ -9,14 +9,46 @@ import csv
 import io
 import json
 import re
+from collections.abc import Container
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from cahp_engine.data._options import FILE_SUFFIXES, DatasetOptions
+from cahp_engine.data._options import FILE_SUFFIXES
 from cahp_engine.data._table import Source, Table, check_rows, listed, too_many_rows
 from cahp_engine.errors import DatasetError
 
 _INTEGER = re.compile(r"^[+-]?\d+$")
+
+
+class Wanted(Protocol):
+    """Which columns a reader keeps (:class:`DatasetOptions`, or :data:`EVERY_COLUMN`) and which one holds labels."""
+
+    @property
+    def columns(self) -> Container[str]: ...
+
+    @property
+    def label_column(self) -> str | None: ...
+
+
+class _Everything:
+    """Every column, none of them read as labels (CSV values stay the text of the file)."""
+
+    class _All:
+        def __contains__(self, _name: object) -> bool:
+            return True
+
+    columns: Container[str] = _All()
+    label_column: str | None = None
+
+
+#: Read every column as it is in the file (for profiling a dataset before its options are known).
+EVERY_COLUMN: Wanted = _Everything()
+
+
+def read_split(path: Path, wanted: Wanted = EVERY_COLUMN, max_rows: int | None = None) -> Table:
+    """One split file (``.csv``, ``.jsonl`` or ``.parquet``) as a :class:`Table` of the ``wanted`` columns."""
+    readers = {".csv": _read_csv, ".jsonl": _read_jsonl, ".parquet": _read_parquet}
+    return readers[path.suffix.lower()](path, wanted, max_rows)
 
 
 def files_source(root: Path, max_rows: int | None = None) -> Source:
@@ -37,11 +69,7 @@ def files_source(root: Path, max_rows: int | None = None) -> Source:
             f"{root} holds no split files; expected files like train.csv and test.csv (suffixes "
             f"{', '.join(FILE_SUFFIXES)}; JSON Lines must end in .jsonl). It holds {listed(present)}"
         )
-    readers = {".csv": _read_csv, ".jsonl": _read_jsonl, ".parquet": _read_parquet}
-    return Source(
-        splits=tuple(by_split),
-        read=lambda split, options: readers[by_split[split].suffix.lower()](by_split[split], options, max_rows),
-    )
+    return Source(splits=tuple(by_split), read=lambda split, options: read_split(by_split[split], options, max_rows))
 
 
 def _decoded(path: Path) -> str:
@@ -59,7 +87,7 @@ def _decoded(path: Path) -> str:
     return text.removeprefix("\ufeff")  # a byte-order mark some editors write
 
 
-def _read_csv(path: Path, options: DatasetOptions, max_rows: int | None) -> Table:
+def _read_csv(path: Path, options: Wanted, max_rows: int | None) -> Table:
     # The csv module rather than pandas: pandas fills a row with too few fields with NaN without a
     # word, and its type guessing turns texts such as "NA" or "null" into missing values.
     reader = csv.reader(io.StringIO(_decoded(path), newline=""))
@@ -95,11 +123,11 @@ def _read_csv(path: Path, options: DatasetOptions, max_rows: int | None) -> Tabl
         raise DatasetError(f"{path} has a header but no rows; add at least one labelled row per class")
     values = {name: [r[i] for r in rows] for i, name in enumerate(header) if name in options.columns}
     if options.label_column in values:
-        values[options.label_column] = _csv_labels(values[options.label_column])
+        values[options.label_column] = csv_labels(values[options.label_column])
     return Table(str(path), tuple(header), values, len(rows), lines)
 
 
-def _csv_labels(raw: list[str]) -> list[Any]:
+def csv_labels(raw: list[str]) -> list[Any]:
     """CSV labels are text: whole numbers become ints, empty fields missing, anything else stays a string."""
     stripped = [v.strip() for v in raw]
     present = [v for v in stripped if v]
@@ -107,7 +135,7 @@ def _csv_labels(raw: list[str]) -> list[Any]:
     return [None if not v else int(v) if as_int else v for v in stripped]
 
 
-def _read_jsonl(path: Path, options: DatasetOptions, max_rows: int | None) -> Table:
+def _read_jsonl(path: Path, options: Wanted, max_rows: int | None) -> Table:
     names: dict[str, None] = {}  # insertion-ordered set
     records: list[dict[str, Any]] = []
     lines: list[int] = []
@@ -132,11 +160,11 @@ def _read_jsonl(path: Path, options: DatasetOptions, max_rows: int | None) -> Ta
         names.update(dict.fromkeys(record))
         records.append(record)
         lines.append(number)
-    values = {name: [r.get(name) for r in records] for name in options.columns if name in names}
+    values = {name: [r.get(name) for r in records] for name in names if name in options.columns}
     return Table(str(path), tuple(names), values, len(records), lines)
 
 
-def _read_parquet(path: Path, options: DatasetOptions, max_rows: int | None) -> Table:
+def _read_parquet(path: Path, options: Wanted, max_rows: int | None) -> Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -147,7 +175,7 @@ def _read_parquet(path: Path, options: DatasetOptions, max_rows: int | None) -> 
     check_rows(path.stem, str(path), parquet_rows(path), max_rows, declared=True)
     try:
         names = tuple(pq.read_schema(path).names)
-        table = pq.read_table(path, columns=[c for c in options.columns if c in names])
+        table = pq.read_table(path, columns=[c for c in names if c in options.columns])
     except (pa.ArrowException, OSError) as err:
         raise DatasetError(
             f"{path} cannot be read as Parquet ({err}); write it again, e.g. with DataFrame.to_parquet"

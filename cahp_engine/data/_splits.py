@@ -40,7 +40,8 @@ from cahp_engine.data._options import (
     DatasetOptions,
     check_split_name,
 )
-from cahp_engine.data._table import SHOWN, Source, Table, listed
+from cahp_engine.data._profile import SplitProfile, check_splits, profile_table
+from cahp_engine.data._table import SHOWN, Source, Table
 from cahp_engine.errors import DatasetError
 
 __all__ = [
@@ -155,44 +156,19 @@ def _no_config(options: DatasetOptions, ref: str, kind: str) -> None:
 
 def _assemble(source: Source, options: DatasetOptions, where: str, fmt: DatasetFormat) -> DatasetSplits:
     found = source.splits
-    listed = ", ".join(repr(s) for s in found)
-    if options.train_split not in found:
-        raise DatasetError(
-            f"{where} has no split {options.train_split!r}; its splits are {listed}. Set `train_split` to one of them"
-        )
-    eval_split = options.eval_split
-    test: Table | None = None
-    if eval_split is None:
-        unlabelled = []
-        for candidate in (s for s in DEFAULT_EVAL_SPLITS if s in found and s != options.train_split):
-            table = source.read(candidate, options)
-            if _all_unlabelled(table, options.label_column):
-                unlabelled.append(candidate)  # GLUE's test splits: every label is -1
-                continue
-            eval_split, test = candidate, table
-            break
-        if eval_split is None:
-            skipped = f" ({', '.join(unlabelled)} has no labels: every one is -1)" if unlabelled else ""
-            raise DatasetError(
-                f"{where} has none of the splits {', '.join(DEFAULT_EVAL_SPLITS)} with labels to evaluate on"
-                f"{skipped}; its splits are {listed}. Set `eval_split` to one of them"
-            )
-    elif eval_split not in found:
-        raise DatasetError(
-            f"{where} has no split {eval_split!r}; its splits are {listed}. Set `eval_split` to one of them"
-        )
+    tables: dict[str, Table] = {}
+    profiles: dict[str, SplitProfile] = {}
 
-    train = source.read(options.train_split, options)
-    if test is None:
-        test = source.read(eval_split, options)
-    for table in (train, test):
-        _check_columns(table, options)
-    if test.declared_labels != train.declared_labels and test.declared_labels is not None:
-        raise DatasetError(
-            f"{test.where} declares the classes {list(test.declared_labels)} but {train.where} declares "
-            f"{list(train.declared_labels or ())}; both splits must use the same class list"
-        )
+    def profile(split: str) -> SplitProfile:
+        if split not in profiles:
+            tables[split] = source.read(split, options)
+            profiles[split] = profile_table(tables[split])
+        return profiles[split]
 
+    # Every problem with the splits, columns, labels and texts is found here, in the words the job
+    # service also uses at submit (cahp_engine.data._profile); what follows cannot fail on them.
+    eval_split, _ = check_splits(found, profile, options, where)
+    train, test = tables[options.train_split], tables[eval_split]
     train_codes, eval_codes, names = _map_labels(train, test, options.label_column)
     pair = options.text_pair_column
 
@@ -213,27 +189,6 @@ def _assemble(source: Source, options: DatasetOptions, where: str, fmt: DatasetF
         splits_found=found,
         eval_split=eval_split,
     )
-
-
-def _all_unlabelled(table: Table, column: str) -> bool:
-    """True when every label of ``table`` is -1 (how GLUE marks the labels of its hidden test sets)."""
-    values = table.values.get(column) or []
-    return bool(values) and all(str(v).strip() == "-1" for v in values)
-
-
-def _check_columns(table: Table, options: DatasetOptions) -> None:
-    if table.rows == 0:
-        raise DatasetError(f"{table.where} has no rows; give it at least one labelled sample per class")
-    for key, column in (
-        ("text_column", options.text_column),
-        ("text_pair_column", options.text_pair_column),
-        ("label_column", options.label_column),
-    ):
-        if column is not None and column not in table.values:
-            raise DatasetError(
-                f"{table.where} has no column {column!r}; its columns are {listed(table.names)}. "
-                f"Set `{key}` to one of them"
-            )
 
 
 def _texts(table: Table, column: str) -> tuple[str, ...]:

@@ -24,8 +24,9 @@ from cahp_engine._output_dir import prepare_output_dir, staged_output
 from cahp_engine.data import DatasetOptions, EncodedDataset, encode, load_splits
 from cahp_engine.errors import ConfigError, DatasetError, ModelLoadError
 from cahp_engine.export import export_onnx
+from cahp_engine.export._card_facts import ModelCardInputs, SpeedFigure
 from cahp_engine.export._int8 import quantize_int8
-from cahp_engine.export._model_card import ModelCardInputs, SpeedFigure, write_model_card
+from cahp_engine.export._model_card import write_model_card
 from cahp_engine.export._onnx import PARITY_SAMPLES
 from cahp_engine.export._records import Int8Export, OnnxExport, Parity, RuntimeSpeed
 from cahp_engine.export._runtime import compare_runtimes, evaluate_onnx
@@ -156,6 +157,7 @@ def export_checkpoint(
                                          repeats=latency_repeats, seed=seed)
         config: Any = model.config
         adapter = get_adapter(model)
+        own = int8.deviation if int8 is not None else onnx_export.parity
         write_model_card(
             ModelCardInputs(
                 family=loaded.family,
@@ -171,6 +173,12 @@ def export_checkpoint(
                 speed=_speed_figures(speed),
                 speed_baseline="the PyTorch model",
                 onnx_max_abs_diff=onnx_export.parity.max_abs_diff,
+                # Each card quotes its own graph's parity: the int8 graph's deviation for onnx-int8.
+                variant=fmt,
+                parity_max_abs_diff=own.max_abs_diff if own is not None else None,
+                parity_agreement=own.prediction_agreement if own is not None else None,
+                pruned_macro_f1=accuracy[_TORCH].macro_f1 if accuracy else None,
+                int8_macro_f1=accuracy[fmt].macro_f1 if accuracy and int8 is not None else None,
             ),
             [stage],
             model_dir=str(checkpoint),
@@ -237,7 +245,9 @@ def _speed_figures(speed: RuntimeSpeed | None) -> tuple[SpeedFigure, ...]:
     runtime = {_TORCH: "PyTorch fp32", "onnx": "onnxruntime fp32", "onnx-int8": "onnxruntime int8"}
     return tuple(
         SpeedFigure(runtime=runtime.get(name, name), model="this model", batch_size=row.batch_size,
-                    seq_len=speed.seq_len, p50_ms=latency.p50_ms, speedup=row.speedup[name])
+                    seq_len=speed.seq_len, p50_ms=latency.p50_ms, speedup=row.speedup[name],
+                    speedup_low=row.speedup_low.get(name), speedup_high=row.speedup_high.get(name),
+                    p25_ms=latency.p25_ms, p75_ms=latency.p75_ms)
         for row in speed.results
         for name, latency in row.latency.items()
     )

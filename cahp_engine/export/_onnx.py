@@ -50,7 +50,7 @@ from cahp_engine.errors import (
 )
 from cahp_engine.export._records import OnnxExport, Parity
 from cahp_engine.export._runtime import ONNX_FILE, _feed, file_size, onnx_session, runtime_versions, session_inputs
-from cahp_engine.models import heads_per_layer
+from cahp_engine.models import export_attention, heads_per_layer
 from cahp_engine.recovery import max_positions
 
 #: The opset of exported graphs: the lowest the torch.export-based exporter writes.
@@ -141,7 +141,10 @@ def export_onnx(
     graph = out / ONNX_FILE
     for stale in MODEL_FILES:
         (out / stale).unlink(missing_ok=True)
-    _export_graph(_LogitsOnly(reference, names).eval(), _example_inputs(config, names), names, graph)
+    # Traced with the attention the exporter translates exactly (ModernBERT's sliding windows); the
+    # parity check below runs the model as it was given.
+    with export_attention(reference):
+        _export_graph(_LogitsOnly(reference, names).eval(), _example_inputs(config, names), names, graph)
     saved: Any = copy.deepcopy(model.config)
     saved.architectures = [type(model).__name__]
     saved.save_pretrained(out)

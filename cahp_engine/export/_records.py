@@ -6,7 +6,7 @@ read them); :mod:`cahp_engine.export` and :mod:`cahp_engine.export._runtime` pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cahp_engine.results import ClassificationMetrics, JsonRecord, Latency
 
@@ -47,7 +47,8 @@ class OnnxExport(JsonRecord):
     """An exported directory and what was checked about it.
 
     ``heads_per_layer`` is None for a model family without a head adapter. ``exporter`` names the
-    torch exporter; ``versions`` the ONNX stack's package versions.
+    torch exporter; ``versions`` the ONNX stack's package versions. ``accuracy`` scores the graph in
+    onnxruntime on the evaluation split, when a run gave one.
     """
 
     path: str
@@ -64,6 +65,7 @@ class OnnxExport(JsonRecord):
     exporter: str
     versions: dict[str, str | None]
     parity: Parity | None
+    accuracy: ClassificationMetrics | None = None
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,16 @@ class Int8Export(JsonRecord):
 class RuntimeLatencies(JsonRecord):
     """Latency of every candidate at one batch size.
 
-    ``speedup[name]`` is the baseline's p50 over ``name``'s p50 (the baseline itself is 1.0).
+    ``speedup[name]`` is the baseline's p50 over ``name``'s p50 (the baseline itself is 1.0);
+    ``speedup_low[name]`` and ``speedup_high[name]`` bound its 95 % interval over the interleaved
+    rounds (:func:`~cahp_engine.recovery.speedup_interval`; empty in reports written before).
     """
 
     batch_size: int
     latency: dict[str, Latency]
     speedup: dict[str, float]
+    speedup_low: dict[str, float] = field(default_factory=dict)
+    speedup_high: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,8 +135,9 @@ class ExportRecord(JsonRecord):
     onnx_int8 : Int8Export or None
         ``onnx-int8/`` (None unless ``quantize="int8"``).
     speed : RuntimeSpeed or None
-        CPU latency of the dense and pruned models in PyTorch and onnxruntime (and int8), timed
-        together; the baseline is the dense PyTorch model.
+        A pruning run's one latency measurement: CPU latency of the dense and pruned models in PyTorch
+        and onnxruntime (and int8), timed together; the baseline is the dense PyTorch model. With
+        ``export="none"`` the two PyTorch models alone.
     """
 
     onnx: OnnxExport | None
@@ -139,9 +146,32 @@ class ExportRecord(JsonRecord):
 
     def speedup_at(self, candidate: str, batch_size: int = 32) -> float | None:
         """The baseline's p50 over ``candidate``'s at ``batch_size`` (None when not timed)."""
+        row = self._row(batch_size)
+        return None if row is None else row.speedup.get(candidate)
+
+    def speedup_interval_at(self, candidate: str, batch_size: int = 32) -> tuple[float, float] | None:
+        """The 95 % interval of :meth:`speedup_at` (None when not timed)."""
+        row = self._row(batch_size)
+        if row is None or candidate not in row.speedup_low or candidate not in row.speedup_high:
+            return None
+        return row.speedup_low[candidate], row.speedup_high[candidate]
+
+    def _row(self, batch_size: int) -> RuntimeLatencies | None:
         if self.speed is None:
             return None
-        for row in self.speed.results:
-            if row.batch_size == batch_size:
-                return row.speedup.get(candidate)
-        return None
+        return next((row for row in self.speed.results if row.batch_size == batch_size), None)
+
+
+def describe_speedup(speedup: float | None, low: float | None = None, high: float | None = None) -> str:
+    """A speed-up in words: ``"x1.85 (95 % interval x1.71-x2.02)"``, or ``"no measurable change"``.
+
+    A speed-up whose interval holds 1 is inside its own measurement noise: it is reported as no
+    measurable change (with the figures after it), never as a slowdown or a gain.
+    """
+    if speedup is None:
+        return "not measured"
+    if low is None or high is None:
+        return f"x{speedup:.2f}"
+    if low <= 1.0 <= high:
+        return f"no measurable change (x{speedup:.2f}, 95 % interval x{low:.2f}-x{high:.2f})"
+    return f"x{speedup:.2f} (95 % interval x{low:.2f}-x{high:.2f})"

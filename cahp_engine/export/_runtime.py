@@ -28,8 +28,15 @@ from cahp_engine._validation import check_positive_int
 from cahp_engine.data import EncodedDataset, collate, length_grouped_batches
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError, ModelLoadError
 from cahp_engine.export._records import RuntimeLatencies, RuntimeSpeed
-from cahp_engine.recovery import check_counts, classification_metrics, max_positions, random_inputs
-from cahp_engine.results import ClassificationMetrics, Latency
+from cahp_engine.recovery import (
+    check_counts,
+    classification_metrics,
+    latency_of,
+    max_positions,
+    random_inputs,
+    speedup_interval,
+)
+from cahp_engine.results import ClassificationMetrics
 
 #: Name of the graph file in an exported directory, as Optimum names it.
 ONNX_FILE = "model.onnx"
@@ -226,7 +233,7 @@ def compare_runtimes(
                 inputs = random_inputs(holder, int(bs), seq_len, seed, torch.device("cpu"))
                 runners = {name: _torch_runner(m, inputs) for name, m in cpu_models.items()}
                 runners |= {name: _onnx_runner(s, inputs) for name, s in sessions.items()}
-                rows.append(_time_round(runners, int(bs), seq_len, warmup, repeats, chosen))
+                rows.append(_time_round(runners, int(bs), seq_len, warmup, repeats, chosen, seed))
     finally:
         torch.set_num_threads(previous_threads)
         for name, m in cpu_models.items():
@@ -259,7 +266,8 @@ def _onnx_runner(session: ort.InferenceSession, inputs: dict[str, torch.Tensor])
 
 
 def _time_round(
-    runners: dict[str, Callable[[], Any]], batch_size: int, seq_len: int, warmup: int, repeats: int, baseline: str
+    runners: dict[str, Callable[[], Any]], batch_size: int, seq_len: int, warmup: int, repeats: int, baseline: str,
+    seed: int,
 ) -> RuntimeLatencies:
     times: dict[str, list[float]] = {name: [] for name in runners}
     order = list(runners)
@@ -271,28 +279,16 @@ def _time_round(
             start = time.perf_counter()
             runners[name]()
             times[name].append(time.perf_counter() - start)
-    latency = {name: _latency(values, batch_size, seq_len, warmup) for name, values in times.items()}
+    latency = {name: latency_of(values, batch_size=batch_size, seq_len=seq_len, warmup=warmup, device="cpu")
+               for name, values in times.items()}
     reference = latency[baseline].p50_ms
+    intervals = {name: speedup_interval(times[baseline], values, seed=seed) for name, values in times.items()}
     return RuntimeLatencies(
         batch_size=batch_size,
         latency=latency,
         speedup={name: reference / lat.p50_ms for name, lat in latency.items()},
-    )
-
-
-def _latency(seconds: list[float], batch_size: int, seq_len: int, warmup: int) -> Latency:
-    ms = np.asarray(seconds) * 1e3
-    mean = float(ms.mean())
-    return Latency(
-        batch_size=batch_size,
-        seq_len=seq_len,
-        p50_ms=float(np.percentile(ms, 50)),
-        p95_ms=float(np.percentile(ms, 95)),
-        mean_ms=mean,
-        throughput_per_s=batch_size / (mean / 1e3),
-        warmup=warmup,
-        repeats=len(ms),
-        device="cpu",
+        speedup_low={name: low for name, (low, _) in intervals.items()},
+        speedup_high={name: high for name, (_, high) in intervals.items()},
     )
 
 

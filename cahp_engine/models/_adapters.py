@@ -1,8 +1,9 @@
 """Where each supported model family keeps its attention heads, and how to gate them.
 
-One small :class:`ModelAdapter` per family names the modules; the functions below (gating, eager
-switching) work on any adapter. Adding a family means adding one entry to ``_ADAPTERS`` and one
-parametrised test case.
+One small :class:`ModelAdapter` per family names the modules (:mod:`cahp_engine.models._families`, which
+needs no torch); the functions here (gating, eager switching, the attention an ONNX export traces) work
+on any adapter. Adding a family means adding one entry to ``_ADAPTERS`` there and one parametrised
+test case.
 """
 
 from __future__ import annotations
@@ -11,224 +12,22 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from cahp_engine.errors import PipelineError, UnsupportedModelError
+from cahp_engine.errors import PipelineError
+from cahp_engine.models._families import (
+    SUPPORTED_FAMILIES,
+    SUPPORTED_MODEL_TYPES,
+    AttentionParts,
+    ModelAdapter,
+    get_adapter,
+)
 
-
-@dataclass(frozen=True)
-class AttentionParts:
-    """The modules of one layer's multi-head attention.
-
-    Attributes
-    ----------
-    module : the module that computes the heads; a forward hook on it sees ``(heads, probabilities)``
-        and it holds the head count attributes, if the family keeps any
-    projections : the linear layers whose output rows are per-head blocks: query, key and value, and
-        DeBERTa's separate relative-position projections when the layer has them
-    output : the projection whose input is the concatenation of the heads' outputs, shape (B, T, H * d)
-    blocks : int
-        Row groups of ``H * d`` stacked in each projection: 3 for ModernBERT's fused ``Wqkv``
-        (q, k, v), 1 otherwise. Head ``h`` owns rows ``b*H*d + h*d : b*H*d + (h+1)*d`` of group ``b``.
-    """
-
-    module: nn.Module
-    projections: tuple[nn.Linear, ...]
-    output: nn.Linear
-    blocks: int = 1
-
-
-@dataclass(frozen=True)
-class ModelAdapter:
-    """Module paths of one family of ``*ForSequenceClassification`` models.
-
-    ``qkv_names`` are the per-head input projections of the attention module (one fused name when
-    ``fused_qkv``); ``position_names`` are relative-position projections sliced like them when the
-    module has them (DeBERTa with ``share_att_key=False``). ``heads_attr`` is None for a module
-    that infers its head count from its weights (ModernBERT). ``probs_flag`` names a forward
-    argument the attention module needs set to return its probabilities even under eager
-    attention (DeBERTa's ``output_attentions``). ``pad_offset_positions`` marks RoBERTa-style
-    position ids, which start after the padding index.
-    """
-
-    family: str
-    model_types: tuple[str, ...]
-    base_model_attr: str
-    layers_path: str
-    attention_path: str
-    qkv_names: tuple[str, ...]
-    output_path: str
-    heads_attr: str | None
-    config_heads_attr: str
-    config_layers_attr: str
-    config_hidden_attr: str
-    all_head_size_attr: str | None = None
-    position_names: tuple[str, ...] = ()
-    fused_qkv: bool = False
-    config_head_dim_attr: str | None = None
-    probs_flag: str | None = None
-    pad_offset_positions: bool = False
-
-    def layers(self, model: nn.Module) -> list[nn.Module]:
-        """The encoder layers, in order."""
-        return list(_get(_get(model, self.base_model_attr), self.layers_path))
-
-    def attention(self, layer: nn.Module) -> AttentionParts:
-        """The attention modules of ``layer``."""
-        module = _get(layer, self.attention_path)
-        present = tuple(n for n in self.position_names if isinstance(getattr(module, n, None), nn.Linear))
-        names = self.qkv_names + present
-        return AttentionParts(
-            module=module,
-            projections=tuple(getattr(module, name) for name in names),
-            output=_get(layer, self.output_path),
-            blocks=3 if self.fused_qkv else 1,
-        )
-
-    def num_layers(self, config: Any) -> int:
-        return int(getattr(config, self.config_layers_attr))
-
-    def num_heads(self, config: Any) -> int:
-        """Heads per layer of the unpruned architecture."""
-        return int(getattr(config, self.config_heads_attr))
-
-    def head_dim(self, config: Any) -> int:
-        explicit = getattr(config, self.config_head_dim_attr, None) if self.config_head_dim_attr else None
-        if explicit:
-            return int(explicit)
-        return int(getattr(config, self.config_hidden_attr)) // self.num_heads(config)
-
-    def max_positions(self, config: Any) -> int:
-        """The longest input, in tokens, the position embeddings allow."""
-        limit = int(getattr(config, "max_position_embeddings", 512))
-        # RoBERTa-style embeddings number positions from padding_idx + 1, which costs that many slots.
-        if self.pad_offset_positions:
-            limit -= int(config.pad_token_id or 0) + 1
-        return limit
-
-    def set_head_count(self, parts: AttentionParts, heads: int, head_dim: int) -> None:
-        """Record a new head count on the attention module after its projections were sliced."""
-        if self.heads_attr is not None:
-            setattr(parts.module, self.heads_attr, heads)
-        if self.all_head_size_attr is not None:
-            setattr(parts.module, self.all_head_size_attr, heads * head_dim)
-
-
-def _get(obj: Any, dotted: str) -> Any:
-    for name in dotted.split("."):
-        obj = getattr(obj, name)
-    return obj
-
-
-def _bert_like(family: str, base: str, *, pad_offset_positions: bool = False) -> ModelAdapter:
-    return ModelAdapter(
-        family=family,
-        model_types=(family,),
-        base_model_attr=base,
-        layers_path="encoder.layer",
-        attention_path="attention.self",
-        qkv_names=("query", "key", "value"),
-        output_path="attention.output.dense",
-        heads_attr="num_attention_heads",
-        all_head_size_attr="all_head_size",
-        config_heads_attr="num_attention_heads",
-        config_layers_attr="num_hidden_layers",
-        config_hidden_attr="hidden_size",
-        pad_offset_positions=pad_offset_positions,
-    )
-
-
-def _roberta_like(family: str, base: str = "roberta") -> ModelAdapter:
-    # RoBERTa's self-attention and output projection, under the family's own model type. CamemBERT
-    # and data2vec-text are RoBERTa module for module; the pre-LayerNorm variants move the layer
-    # norms, which lie outside the modules an adapter touches.
-    return _bert_like(family, base, pad_offset_positions=True)
-
-
-_ADAPTERS: dict[str, ModelAdapter] = {
-    a.family: a
-    for a in (
-        _bert_like("bert", "bert"),
-        _roberta_like("roberta"),
-        _roberta_like("xlm-roberta"),
-        _roberta_like("camembert"),
-        _roberta_like("data2vec-text", "data2vec_text"),
-        _roberta_like("roberta-prelayernorm", "roberta_prelayernorm"),
-        _roberta_like("xlm-roberta-xl"),
-        _bert_like("electra", "electra"),
-        ModelAdapter(
-            family="distilbert",
-            model_types=("distilbert",),
-            base_model_attr="distilbert",
-            layers_path="transformer.layer",
-            attention_path="attention",
-            qkv_names=("q_lin", "k_lin", "v_lin"),
-            output_path="attention.out_lin",
-            heads_attr="n_heads",
-            config_heads_attr="n_heads",
-            config_layers_attr="n_layers",
-            config_hidden_attr="dim",
-        ),
-        ModelAdapter(
-            family="deberta-v2",
-            model_types=("deberta-v2",),
-            base_model_attr="deberta",
-            layers_path="encoder.layer",
-            attention_path="attention.self",
-            qkv_names=("query_proj", "key_proj", "value_proj"),
-            # With share_att_key the relative positions go through query_proj/key_proj instead.
-            position_names=("pos_key_proj", "pos_query_proj"),
-            output_path="attention.output.dense",
-            heads_attr="num_attention_heads",
-            all_head_size_attr="all_head_size",
-            config_heads_attr="num_attention_heads",
-            config_layers_attr="num_hidden_layers",
-            config_hidden_attr="hidden_size",
-            config_head_dim_attr="attention_head_size",
-            probs_flag="output_attentions",
-        ),
-        ModelAdapter(
-            family="modernbert",
-            model_types=("modernbert",),
-            base_model_attr="model",
-            layers_path="layers",
-            attention_path="attn",
-            qkv_names=("Wqkv",),
-            fused_qkv=True,
-            output_path="attn.Wo",
-            heads_attr=None,  # the module reads its head count off Wqkv's shape
-            config_heads_attr="num_attention_heads",
-            config_layers_attr="num_hidden_layers",
-            config_hidden_attr="hidden_size",
-        ),
-    )
-}
-
-SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_ADAPTERS)
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for a in _ADAPTERS.values() for t in a.model_types)
-
-
-def get_adapter(model_or_config: Any) -> ModelAdapter:
-    """Return the adapter for a model or its config.
-
-    Raises
-    ------
-    UnsupportedModelError
-        If the model type has no adapter; the message lists the supported model types.
-    """
-    config = getattr(model_or_config, "config", model_or_config)
-    model_type = getattr(config, "model_type", None)
-    for adapter in _ADAPTERS.values():
-        if model_type in adapter.model_types:
-            return adapter
-    raise UnsupportedModelError(
-        f"model type {model_type!r} is not supported; CAHP supports sequence classifiers of the "
-        f"model types {', '.join(SUPPORTED_MODEL_TYPES)}"
-    )
+__all__ = ["SUPPORTED_FAMILIES", "SUPPORTED_MODEL_TYPES", "AttentionParts", "ModelAdapter", "eager_attention",
+           "export_attention", "gate_heads", "get_adapter", "heads_per_layer"]
 
 
 def heads_per_layer(model: nn.Module) -> list[int]:
@@ -320,3 +119,54 @@ def _set_flag(
     bound = inspect.signature(type(module).forward).bind(module, *args, **kwargs)
     bound.arguments[flag] = True
     return bound.args[1:], bound.kwargs
+
+
+#: The attention implementation :func:`export_attention` registers with transformers.
+EXPORT_ATTENTION = "cahp_export_sdpa"
+
+
+def _sdpa_without_empty_rows(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """transformers' sdpa attention, with an explicit zero for a query that may attend to no key.
+
+    PyTorch's ``scaled_dot_product_attention`` returns zeros for such a row; the ONNX exporter's
+    translation of it, with a boolean mask, spreads the row evenly over every key instead. The row
+    exists only under a sliding window, for a padding position whose whole window is padding.
+    ``attention_mask`` is boolean, shape (B, 1, T_q, T_k); the output is (B, T_q, H, d).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        attends = attention_mask.any(dim=-1).any(dim=1)
+        output = output * attends[:, :, None, None].to(output.dtype)
+    return output, weights
+
+
+@contextlib.contextmanager
+def export_attention(model: nn.Module) -> Iterator[None]:
+    """Give ``model`` an attention the ONNX exporter translates exactly, while the context is open.
+
+    Only a model with sliding-window layers (ModernBERT's local attention) that runs transformers'
+    sdpa attention changes: a padding position whose window holds only padding attends to no key,
+    and PyTorch answers that row with zeros while the exported graph would average every key. The
+    position matters wherever the classifier reads it: ModernBERT's ``classifier_pooling="cls"``
+    reads position 0, padding under left padding. Inside the context the model runs sdpa with that
+    row set to zero explicitly (the same numbers in PyTorch), so the traced graph keeps it; the
+    previous implementation is restored on exit. Other models are left as they are.
+    """
+    config: Any = model.config
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    if not sliding or getattr(config, "_attn_implementation", None) != "sdpa":
+        yield
+        return
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(EXPORT_ATTENTION, _sdpa_without_empty_rows)
+    AttentionMaskInterface.register(EXPORT_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(EXPORT_ATTENTION)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_attn_implementation("sdpa")  # type: ignore[operator]

@@ -11,7 +11,6 @@ strictly. Weights are read from safetensors only: no pickle, no remote code.
 from __future__ import annotations
 
 import copy
-import json
 import types
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,18 @@ import torch
 import transformers
 from torch import nn
 
-from cahp_engine._validation import is_plain_file_name
 from cahp_engine.errors import CahpError, ModelLoadError
 from cahp_engine.models._adapters import get_adapter
 from cahp_engine.models._limits import DEFAULT_MAX_MODEL_PARAMS
+from cahp_engine.models._model_files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    check_declarations,
+    read_config,
+    refuse_pickled_weights,
+)
 from cahp_engine.models._preflight import (
     build_on_meta,
-    check_declarations,
     check_fit,
     check_heads,
     check_limit,
@@ -35,12 +39,6 @@ from cahp_engine.models._preflight import (
     weight_shapes,
 )
 from cahp_engine.models._surgery import RECORD_ATTR, prune_heads, pruning_record
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = f"{WEIGHTS_FILE}.index.json"
-# Weight files we refuse to read (pickle) but recognise, to say what to do instead.
-PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def save_pruned(model: nn.Module, tokenizer: Any, path: str | Path) -> None:
@@ -160,106 +158,6 @@ def _fill_unsaved_buffers(model: nn.Module) -> None:
     for tensor in saved.values():
         tensor._is_hf_initialized = True
     model.initialize_weights()  # type: ignore[operator]
-
-
-def read_config(config_file: Path) -> dict[str, Any]:
-    """The JSON object of ``config_file`` as written, before transformers parses (and acts on) it.
-
-    Raises
-    ------
-    ModelLoadError
-        If the file cannot be read or does not hold a JSON object.
-    """
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"cannot read {str(config_file)!r}: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{str(config_file)!r} must hold a JSON object")
-    return config
-
-
-def local_weight_files(directory: Path) -> list[Path]:
-    """The safetensors files ``from_pretrained`` reads in ``directory``: the index's shards, or the one file.
-
-    Call :func:`check_weight_files` first; this only lists.
-
-    Raises
-    ------
-    ModelLoadError
-        If the directory has neither an index nor ``model.safetensors``.
-    """
-    index = directory / WEIGHTS_INDEX
-    if index.is_file():
-        return [directory / shard for shard in check_weight_index_names(index)]
-    if (directory / WEIGHTS_FILE).is_file():
-        return [directory / WEIGHTS_FILE]
-    refuse_pickled_weights(directory)
-    raise ModelLoadError(
-        f"{str(directory)!r} has no {WEIGHTS_FILE} (nor a {WEIGHTS_INDEX}); cahp reads safetensors weights only"
-    )
-
-
-def check_weight_files(directory: Path) -> None:
-    """Refuse a model directory whose weights could lead a loader outside it, or to a pickle.
-
-    ``transformers`` follows the ``weight_map`` of ``model.safetensors.index.json`` to whatever file
-    names it lists and opens any that is not ``.safetensors`` with ``torch.load``. So, before
-    ``transformers`` sees the directory, every name in the index must be a plain file name (no
-    directory part, no ``..``) ending in ``.safetensors`` and naming a regular file in ``directory``.
-
-    Raises
-    ------
-    ModelLoadError
-        For an unreadable index, or one naming anything else; also for pickle-only weights.
-    """
-    refuse_pickled_weights(directory)
-    index = directory / WEIGHTS_INDEX
-    if not (index.exists() or index.is_symlink()):
-        return
-    for shard in check_weight_index_names(index):
-        if not (directory / shard).is_file():
-            raise ModelLoadError(f"the model's {WEIGHTS_INDEX} names {shard!r}, which is not a file in the model")
-
-
-def check_weight_index_names(index: Path) -> list[str]:
-    """The shard names of a safetensors index, each a plain ``*.safetensors`` file name.
-
-    Raises
-    ------
-    ModelLoadError
-        When the index is unreadable, has no ``weight_map``, or names a path or another format.
-    """
-    try:
-        content = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"the model's {WEIGHTS_INDEX} cannot be read as JSON ({type(exc).__name__})") from exc
-    weight_map = content.get("weight_map") if isinstance(content, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise ModelLoadError(f"the model's {WEIGHTS_INDEX} has no `weight_map` object")
-    shards = sorted({str(name) for name in weight_map.values()})
-    for shard in shards:
-        if not is_plain_file_name(shard) or not shard.endswith(".safetensors"):
-            raise ModelLoadError(
-                f"the model's {WEIGHTS_INDEX} names the weight file {shard!r}; cahp reads only .safetensors files "
-                "that sit next to the index, named without a directory"
-            )
-    return shards
-
-
-def refuse_pickled_weights(directory: Path) -> None:
-    """Raise when ``directory`` has no safetensors file but pickled PyTorch weights.
-
-    Unpickling runs arbitrary code, so such a checkpoint is refused with the way out.
-    """
-    if any(directory.glob("*.safetensors")):
-        return
-    if any((directory / name).is_file() for name in PICKLED_WEIGHTS):
-        raise ModelLoadError(
-            f"{str(directory)!r} holds only pickled PyTorch weights (pytorch_model.bin); cahp loads "
-            "safetensors only. Convert it where you trust the file: load the model with transformers "
-            f"and call save_pretrained, which writes {WEIGHTS_FILE}"
-        )
 
 
 def pruned_weights_file(directory: Path) -> Path:

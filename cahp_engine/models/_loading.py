@@ -24,21 +24,20 @@ from torch import nn
 
 from cahp_engine.errors import CahpError, InvalidInputError, ModelLoadError
 from cahp_engine.models._adapters import ModelAdapter, get_adapter
-from cahp_engine.models._checkpoint import (
+from cahp_engine.models._checkpoint import load_pruned, pruned_weights_file
+from cahp_engine.models._limits import DEFAULT_MAX_MODEL_PARAMS
+from cahp_engine.models._model_files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     WEIGHTS_INDEX,
+    check_declarations,
     check_weight_files,
     check_weight_index_names,
-    load_pruned,
     local_weight_files,
-    pruned_weights_file,
     read_config,
 )
-from cahp_engine.models._limits import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.models._preflight import (
     build_on_meta,
-    check_declarations,
     check_fit,
     check_heads,
     check_limit,

@@ -6,7 +6,8 @@ fit. A 100 KB checkpoint could so make a process allocate tens of gigabytes (hid
 1000 layers asked for one 17 GB tensor). Every load therefore passes these checks first, in an order
 in which nothing sized by the config exists yet:
 
-1. the raw ``config.json``, before transformers parses it (:func:`check_declarations`): the layers
+1. the raw ``config.json``, before transformers parses it
+   (:func:`~cahp_engine.models._model_files.check_declarations`): the layers
    it declares, which size Python lists and module lists, must be no more than the weight files
    hold (nor :data:`~cahp_engine.models._limits.MAX_LAYERS`), and ``num_labels``, which
    transformers expands into an ``id2label`` table, has a ceiling;
@@ -38,15 +39,14 @@ from torch import nn
 
 from cahp_engine._torch import num_parameters
 from cahp_engine.errors import InvalidInputError, ModelLoadError
-from cahp_engine.models._adapters import ModelAdapter
-from cahp_engine.models._limits import MAX_LAYERS, MAX_NUM_LABELS, MAX_UNSAVED_BUFFER_ELEMENTS
+from cahp_engine.models._families import ModelAdapter
+from cahp_engine.models._limits import MAX_UNSAVED_BUFFER_ELEMENTS
+from cahp_engine.models._model_files import is_count, safetensors_header
 
 #: How many offending tensors a refusal names.
 SHOWN = 3
 
 _LIMIT_NAMES = "the service's CAHP_MAX_MODEL_PARAMS; --max-model-params of cahp prune and cahp export"
-_LAYER_KEYS = ("num_hidden_layers", "n_layers")
-_DTYPES = ("float32", "float16", "bfloat16")
 # Old checkpoints persisted these buffers; transformers ignores them (see
 # PreTrainedModel._adjust_missing_and_unexpected_keys), so they are no sign of a misfit here either.
 _IGNORED_UNEXPECTED = (r"(^|\.)position_ids$", r"rotary_emb\.inv_freq")
@@ -54,7 +54,7 @@ _IGNORED_UNEXPECTED = (r"(^|\.)position_ids$", r"rotary_emb\.inv_freq")
 
 def check_limit(max_params: Any) -> None:
     """Refuse a parameter limit that is not a positive integer (it comes from a flag or a setting)."""
-    if not _is_count(max_params) or max_params < 1:
+    if not is_count(max_params) or max_params < 1:
         raise InvalidInputError(f"the parameter limit (`max_params`) must be an integer >= 1, got {max_params!r}")
 
 
@@ -68,6 +68,9 @@ def weight_shapes(files: Iterable[Path]) -> dict[str, tuple[int, ...]]:
     """
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
+        # The header's own checks first (what the job service also runs at submit, in the same words).
+        with open(path, "rb") as raw:
+            safetensors_header(raw, path.stat().st_size, name=path.name)
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():
@@ -77,58 +80,6 @@ def weight_shapes(files: Iterable[Path]) -> dict[str, tuple[int, ...]]:
                 f"{path.name!r} is not a readable safetensors file: {type(exc).__name__}: {exc}"
             ) from exc
     return shapes
-
-
-def check_declarations(raw: Mapping[str, Any], adapter: ModelAdapter, shapes: Mapping[str, Any], *, ref: str) -> None:
-    """Refuse a raw ``config.json`` that declares more layers than its weights hold, too many labels, or float64.
-
-    Parameters
-    ----------
-    raw : the ``config.json`` object as JSON gave it, before transformers parsed it
-    adapter : the family's adapter
-    shapes : the weights' tensor names (see :func:`weight_shapes`)
-    ref : how messages name the model
-
-    Notes
-    -----
-    This runs before transformers parses the config, because parsing already allocates by the
-    config's numbers: ModernBERT's config builds a list of ``num_hidden_layers`` entries, every config
-    an ``id2label`` table of ``num_labels`` entries, and :func:`build_on_meta` one module per layer.
-    """
-    held = weight_layers(shapes, adapter)
-    for key in dict.fromkeys((*_LAYER_KEYS, adapter.config_layers_attr)):
-        if key not in raw:
-            continue
-        value = raw[key]
-        if not _is_count(value):
-            raise ModelLoadError(f"{ref!r}: `{key}` in config.json must be a non-negative integer, got {value!r}")
-        if value > held:
-            raise ModelLoadError(
-                f"{ref!r}: config.json declares {value} layers (`{key}`) but its weights hold {held}; "
-                "the config does not describe these weights"
-            )
-        if value > MAX_LAYERS:
-            raise ModelLoadError(
-                f"{ref!r}: config.json declares {value} layers (`{key}`); cahp loads at most {MAX_LAYERS}"
-            )
-    for key in ("dtype", "torch_dtype"):
-        # The model is built in the config's dtype: float64 would hold a float16 file in four times its size.
-        if raw.get(key) not in (None, *_DTYPES):
-            raise ModelLoadError(
-                f"{ref!r}: `{key}` in config.json must be one of {', '.join(_DTYPES)}, got {raw[key]!r}"
-            )
-    if "num_labels" in raw:
-        labels = raw["num_labels"]
-        if not _is_count(labels) or not 1 <= labels <= MAX_NUM_LABELS:
-            raise ModelLoadError(
-                f"{ref!r}: `num_labels` in config.json must be an integer in [1, {MAX_NUM_LABELS:,}], got {labels!r}"
-            )
-
-
-def weight_layers(shapes: Iterable[str], adapter: ModelAdapter) -> int:
-    """How many distinct encoder layers (``<layers_path>.<i>.``) the tensor names cover."""
-    pattern = re.compile(r"(?:^|\.)" + re.escape(adapter.layers_path) + r"\.(\d{1,9})\.")
-    return len({match.group(1) for name in shapes if (match := pattern.search(name))})
 
 
 def check_heads(config: Any, adapter: ModelAdapter, *, ref: str) -> None:
@@ -256,10 +207,6 @@ def _listed(items: Sequence[tuple[str, tuple[int, ...]]]) -> str:
 
 def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _base(model: nn.Module) -> tuple[str, nn.Module | None]:

@@ -1,8 +1,12 @@
 """Training a classifier, dense or pruned, and measuring it: fine-tuning, distillation, evaluation.
 
-Reading order: ``_distillation`` (the teacher's logits and loss) -> ``_training`` (``finetune``)
--> ``_evaluation`` (accuracy, size, speed)."""
+Reading order: ``_distillation`` (the teacher's logits and loss) -> ``_recipe`` (checks, parameter groups,
+loss) -> ``_best`` (the best weights and early stopping) -> ``_training`` (``FineTuning``, ``finetune``)
+-> ``_resume`` (a fine-tuning's state on disk) -> ``_evaluation`` (accuracy, size, speed)
+-> ``_bootstrap`` (the noise of a drop in score)."""
 
+from ._best import BestWeights, Rank, Validator, default_rank
+from ._bootstrap import BOOTSTRAP_RESAMPLES, drop_interval, metric_of_predictions
 from ._distillation import TeacherLogits, distillation_loss, teacher_logits
 from ._evaluation import (
     check_counts,
@@ -10,14 +14,23 @@ from ._evaluation import (
     compare_speed,
     count_parameters,
     evaluate,
+    latency_of,
     max_positions,
     measure_latency,
+    predict,
     random_inputs,
+    speedup_interval,
 )
-from ._training import AuxiliaryLoss, finetune
+from ._recipe import AuxiliaryLoss, balanced_class_weights
+from ._resume import load_training_state, save_training_state
+from ._training import FineTuning, finetune
 
 __all__ = [
-    "AuxiliaryLoss", "check_counts", "classification_metrics", "compare_speed", "count_parameters",
-    "distillation_loss", "evaluate", "finetune", "max_positions", "measure_latency", "random_inputs",
-    "teacher_logits", "TeacherLogits",
+    "AuxiliaryLoss", "balanced_class_weights", "BestWeights", "BOOTSTRAP_RESAMPLES", "check_counts",
+    "classification_metrics", "compare_speed", "count_parameters", "default_rank", "distillation_loss",
+    "drop_interval", "evaluate", "FineTuning", "finetune", "latency_of", "load_training_state", "max_positions",
+    "measure_latency",
+    "metric_of_predictions", "predict", "random_inputs", "Rank", "save_training_state", "speedup_interval",
+    "teacher_logits",
+    "TeacherLogits", "Validator",
 ]

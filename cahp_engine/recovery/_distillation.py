@@ -83,7 +83,7 @@ def teacher_logits(model: nn.Module, data: EncodedDataset, *, batch_size: int,
 
 
 def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, *, alpha: float,
-                      temperature: float) -> torch.Tensor:
+                      temperature: float, class_weights: torch.Tensor | None = None) -> torch.Tensor:
     """``alpha * CE(student, labels) + (1 - alpha) * T^2 * KL(p_teacher^T || p_student^T)``.
 
     Parameters
@@ -94,6 +94,9 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torc
     alpha : float in [0, 1]
         Weight of the cross-entropy with the labels; 1 is plain cross-entropy.
     temperature : float > 0
+    class_weights : Tensor of shape (C,), optional
+        Each class's weight (class-balanced recovery): both terms become averages over the batch's
+        rows weighted by their label's weight, as ``F.cross_entropy(weight=...)`` weighs the first.
 
     Returns
     -------
@@ -101,10 +104,16 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torc
         The scalar loss, averaged over the batch.
     """
     student = student.float()
-    hard = F.cross_entropy(student, labels)
+    hard = F.cross_entropy(student, labels, weight=class_weights)
     if alpha >= 1.0:
         return hard
     t = float(temperature)
-    soft = F.kl_div(F.log_softmax(student / t, dim=-1), F.log_softmax(teacher.float() / t, dim=-1),
-                    reduction="batchmean", log_target=True)
+    if class_weights is None:
+        soft = F.kl_div(F.log_softmax(student / t, dim=-1), F.log_softmax(teacher.float() / t, dim=-1),
+                        reduction="batchmean", log_target=True)
+    else:
+        per_row = F.kl_div(F.log_softmax(student / t, dim=-1), F.log_softmax(teacher.float() / t, dim=-1),
+                           reduction="none", log_target=True).sum(dim=-1)
+        w = class_weights[labels]
+        soft = (per_row * w).sum() / w.sum()
     return alpha * hard + (1.0 - alpha) * (t * t) * soft

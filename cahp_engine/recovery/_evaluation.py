@@ -35,10 +35,12 @@ __all__ = [
     "count_parameters",
     "evaluate",
     "check_counts",
+    "latency_of",
     "max_positions",
     "measure_latency",
     "model_inputs",
     "random_inputs",
+    "speedup_interval",
 ]
 
 _AT_LEAST_ONE = Interval("integer", 1, None, closed="left")
@@ -68,24 +70,35 @@ def evaluate(
         Macro-F1 averages over the classes that occur in the labels or the predictions
         (scikit-learn's default), counting an undefined F1 as 0.
     """
+    return classification_metrics(data.labels, predict(model, data, batch_size=batch_size, device=device),
+                                  data.num_classes)
+
+
+def predict(
+    model: nn.Module, data: EncodedDataset, *, batch_size: int = 64, device: torch.device | str = "cpu"
+) -> np.ndarray:
+    """The class ``model`` predicts for each row of ``data``, as :func:`evaluate` runs it.
+
+    Returns
+    -------
+    ndarray of shape (n,), int64
+        Row ``i`` is sample ``i``'s prediction (argmax of the logits).
+    """
     check("batch_size", batch_size, _AT_LEAST_ONE)
     if len(data) == 0:
         raise DatasetError("the evaluation split has no rows; give at least one labelled sample")
     dev = as_device(device)
     was_training = model.training
     model.to(dev).eval()
-    order: list[np.ndarray] = []
-    predictions: list[np.ndarray] = []
+    out = np.empty(len(data), dtype=np.int64)
     batches = length_grouped_batches(data.lengths, np.arange(len(data)), batch_size)
     try:
         with torch.no_grad():
             for idx, batch in zip(batches, iterate_batches(data, batches, dev), strict=True):
-                logits = model(**model_inputs(model, batch)).logits
-                predictions.append(logits.argmax(dim=-1).cpu().numpy())
-                order.append(idx)
+                out[idx] = model(**model_inputs(model, batch)).logits.argmax(dim=-1).cpu().numpy()
     finally:
         model.train(was_training)
-    return classification_metrics(data.labels[np.concatenate(order)], np.concatenate(predictions), data.num_classes)
+    return out
 
 
 def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> ClassificationMetrics:
@@ -181,19 +194,59 @@ class _Timer:
             self.times_s.append(time.perf_counter() - start)
 
     def result(self, batch_size: int, seq_len: int, warmup: int) -> Latency:
-        ms = np.asarray(self.times_s) * 1e3
-        mean = float(ms.mean())
-        return Latency(
-            batch_size=batch_size,
-            seq_len=seq_len,
-            p50_ms=float(np.percentile(ms, 50)),
-            p95_ms=float(np.percentile(ms, 95)),
-            mean_ms=mean,
-            throughput_per_s=batch_size / (mean / 1e3),
-            warmup=warmup,
-            repeats=len(ms),
-            device=str(self.dev),
-        )
+        return latency_of(self.times_s, batch_size=batch_size, seq_len=seq_len, warmup=warmup, device=str(self.dev))
+
+
+def latency_of(seconds: Sequence[float], *, batch_size: int, seq_len: int, warmup: int, device: str) -> Latency:
+    """The :class:`Latency` of timed passes of ``seconds`` each: median, spread (p25, p75), p95, mean."""
+    ms = np.asarray(seconds, dtype=np.float64) * 1e3
+    mean = float(ms.mean())
+    return Latency(
+        batch_size=batch_size,
+        seq_len=seq_len,
+        p50_ms=float(np.percentile(ms, 50)),
+        p95_ms=float(np.percentile(ms, 95)),
+        mean_ms=mean,
+        throughput_per_s=batch_size / (mean / 1e3),
+        warmup=warmup,
+        repeats=len(ms),
+        device=device,
+        p25_ms=float(np.percentile(ms, 25)),
+        p75_ms=float(np.percentile(ms, 75)),
+    )
+
+
+#: Resamples of the rounds behind each speed-up's interval.
+SPEEDUP_RESAMPLES = 2000
+
+
+def speedup_interval(
+    baseline_s: Sequence[float], candidate_s: Sequence[float], *, seed: int = 0, resamples: int = SPEEDUP_RESAMPLES
+) -> tuple[float, float]:
+    """The 95 % interval of a speed-up (baseline median over candidate median) over interleaved rounds.
+
+    Parameters
+    ----------
+    baseline_s, candidate_s : sequences of n seconds
+        Round ``i`` of each was timed back to back (the interleaving of :func:`compare_speed`), so a
+        round is resampled as a pair: a load burst that slowed both stays in both.
+    seed : int
+        Seeds the resampling, so a report's interval is reproducible from its timings.
+
+    Returns
+    -------
+    (low, high) : the 2.5th and 97.5th percentiles of the resampled speed-ups. An interval that holds
+        1 means the two cannot be told apart at this noise (:func:`~cahp_engine.results.describe_speedup`).
+    """
+    base = np.asarray(baseline_s, dtype=np.float64)
+    cand = np.asarray(candidate_s, dtype=np.float64)
+    if base.shape != cand.shape or base.ndim != 1 or base.size == 0:
+        raise InvalidInputError(f"the two timings must be paired rounds of the same length, got {base.shape} and "
+                                f"{cand.shape}")
+    picks = np.random.default_rng(seed).integers(0, base.size, size=(resamples, base.size))
+    ratios = np.median(base[picks], axis=1) / np.median(cand[picks], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def check_counts(warmup: int, repeats: int) -> None:
@@ -293,8 +346,9 @@ def compare_speed(
                 for timer in timers if rep % 2 == 0 else timers[::-1]:
                     timer.run(record=True)
             lat_dense, lat_pruned = (t.result(bs, seq_len, warmup) for t in timers)
+            low, high = speedup_interval(timers[0].times_s, timers[1].times_s, seed=seed)
             rows.append(SpeedRow(batch_size=int(bs), dense=lat_dense, pruned=lat_pruned,
-                                 speedup=lat_dense.p50_ms / lat_pruned.p50_ms))
+                                 speedup=lat_dense.p50_ms / lat_pruned.p50_ms, speedup_low=low, speedup_high=high))
         return tuple(rows)
 
     results = _timed([dense, pruned], body)

@@ -2,21 +2,26 @@
 
 A plain torch loop rather than the transformers ``Trainer``: the loop is short, needs no
 ``accelerate`` at run time, and lets the caller see every step (progress and cancellation).
+
+:class:`FineTuning` is one fine-tuning in progress. :meth:`FineTuning.advance` trains to its next
+stop (an evaluation step when it watches a validation split, else an epoch's end) and evaluates
+there; between two calls it holds everything it needs to go on (optimiser, schedule, batch position,
+random state), so a fine-tuning paused and resumed ends exactly as an uninterrupted one, and
+:meth:`FineTuning.state_dict` is that state for a checkpoint. :meth:`FineTuning.finish` hands back the
+best evaluation's weights (:mod:`cahp_engine.recovery._best`). :func:`finetune` runs one to its end.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import get_linear_schedule_with_warmup
 
@@ -24,50 +29,21 @@ from cahp_engine._torch import as_device, model_inputs
 from cahp_engine._validation import Interval, check
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
 from cahp_engine.errors import DatasetError, JobCancelledError, PipelineError
-from cahp_engine.recovery._distillation import TeacherLogits, distillation_loss
-from cahp_engine.results import TrainingResult
+from cahp_engine.recovery._best import BestWeights, Rank, Validator
+from cahp_engine.recovery._distillation import TeacherLogits
+from cahp_engine.recovery._recipe import (
+    AuxiliaryLoss,
+    balanced_class_weights,
+    check_recipe,
+    described,
+    epoch_seed,
+    loss_fn,
+    param_groups,
+    precision_for,
+)
+from cahp_engine.results import TrainingResult, ValidationPoint
 
-__all__ = ["TrainingResult", "finetune"]
-
-
-def _check_recipe(epochs: float, lr: float, batch_size: int, warmup_ratio: float, weight_decay: float,
-                  max_grad_norm: float) -> None:
-    # The library call checks only what would make training meaningless (a negative epoch count, a zero
-    # learning rate...). `PruningConfig`, the boundary of commands and jobs, adds upper bounds (lr <= 1,
-    # epochs <= 1000, batch_size <= 4096) that catch typos there; a caller of `finetune` may go further.
-    check("epochs", epochs, Interval("real", 0, None, closed="left"))
-    check("lr", lr, Interval("real", 0, None, closed="neither"))
-    check("batch_size", batch_size, Interval("integer", 1, None, closed="left"))
-    check("warmup_ratio", warmup_ratio, Interval("real", 0, 1))
-    check("weight_decay", weight_decay, Interval("real", 0, None, closed="left"))
-    check("max_grad_norm", max_grad_norm, Interval("real", 0, None, closed="neither"))
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices only: biases and LayerNorm scales are left out, as in BERT's recipe."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    seen: set[int] = set()
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if id(param) in seen:  # tied weights appear under several modules
-                continue
-            seen.add(id(param))
-            exempt = name == "bias" or isinstance(module, nn.LayerNorm)
-            (no_decay if exempt else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    # A SeedSequence keeps (seed, epoch) pairs apart; seed + epoch would give seed 1 epoch 0 the
-    # same batch order as seed 0 epoch 1.
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
-
-
-def _precision(dev: torch.device) -> str:
-    if dev.type != "cuda":
-        return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+__all__ = ["FineTuning", "TrainingResult", "balanced_class_weights", "finetune"]
 
 
 def finetune(
@@ -88,6 +64,13 @@ def finetune(
     alpha: float = 0.5,
     temperature: float = 4.0,
     auxiliary_loss: AuxiliaryLoss | None = None,
+    class_weights: np.ndarray | None = None,
+    validate: Validator | None = None,
+    early_stopping_patience: int = 0,
+    eval_steps: int = 0,
+    rank: Rank | None = None,
+    resume: Mapping[str, Any] | None = None,
+    on_stop: Callable[[FineTuning], None] | None = None,
 ) -> TrainingResult:
     """Fine-tune every parameter of ``model`` on ``data`` with AdamW and a linear warm-up/decay.
 
@@ -122,10 +105,32 @@ def finetune(
         A term added to every batch's loss, given the model's outputs (with ``hidden_states``: the
         forward pass then returns them) and the batch on ``device``. For experiments such as matching
         a teacher's hidden states (``python -m studies distill-study``); runs and jobs do not use it.
+    class_weights : ndarray of shape (C,), optional
+        Each class's weight in the loss (:func:`balanced_class_weights` for class-balanced recovery).
+    validate : callable (model, step, epoch) -> ValidationPoint, optional
+        Scores the model on a validation split: before the first step, every ``eval_steps`` steps
+        (0: at every epoch's end) and after the last. The weights of the best evaluation (``rank``)
+        are kept and handed back, so the result never ranks below the model it started from.
+    early_stopping_patience : int >= 0
+        With ``validate``: stop once this many evaluations in a row brought no better rank (0: train
+        every step).
+    eval_steps : int >= 0
+    rank : callable (ValidationPoint) -> key, optional
+        Orders evaluations (default :func:`~cahp_engine.recovery._best.default_rank`: no class lost,
+        then the score).
+    resume : mapping, optional
+        A :meth:`FineTuning.state_dict` taken by an earlier run of this fine-tuning (same model, data
+        and arguments): it goes on from there and ends as if it had never stopped.
+    on_stop : callable (FineTuning) -> None, optional
+        Called with the fine-tuning once before its first step and after every stop (each epoch's
+        end, or each evaluation): the moment to save :meth:`FineTuning.state_dict`, or to read its
+        running figures (:meth:`FineTuning.result`) from ``progress``.
 
     Returns
     -------
     TrainingResult
+        With ``validate``: the validation curve, the best evaluation's step and epoch and whether
+        training stopped early too.
 
     Raises
     ------
@@ -139,147 +144,264 @@ def finetune(
     Paper Section IV-B.5: recovery fine-tuning for 3 epochs at lr 2e-5, linear decay with 10%
     warm-up, weight decay 0.01, max gradient norm 1.0, batch size 32.
     """
-    _check_recipe(epochs, lr, batch_size, warmup_ratio, weight_decay, max_grad_norm)
-    if teacher is not None:
-        check("alpha", alpha, Interval("real", 0, 1))
-        check("temperature", temperature, Interval("real", 0, None, closed="neither"))
-        if teacher.logits.shape[0] != len(data):
-            raise PipelineError(f"the teacher's logits cover {teacher.logits.shape[0]} rows but the training data "
-                                f"has {len(data)}")
-    dev = as_device(device)
-    precision = _precision(dev)
-    n = len(data)
-    if n == 0:
-        raise DatasetError("the training split has no rows; give at least one labelled sample per class")
-    batches_per_epoch = math.ceil(n / batch_size)
-    # Half-up rounding (not Python's round-half-even), and at least one step for any epochs > 0.
-    total = 0 if epochs == 0 else max(1, math.floor(epochs * batches_per_epoch + 0.5))
-    if total == 0:
-        return _described(TrainingResult(steps=0, epochs=0.0, loss_per_epoch=(), wall_s=0.0, seconds_per_epoch=(),
-                                         device=str(dev), precision=precision), teacher, alpha, temperature)
-    num_labels = int(getattr(model.config, "num_labels", data.num_classes))
-    if int(data.labels.max()) >= num_labels:
-        raise DatasetError(
-            f"the data has labels up to {int(data.labels.max())} but the model has {num_labels} outputs; "
-            "give a model with one output per class"
-        )
-
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    # fork_rng keeps dropout reproducible under `seed` without disturbing the caller's generator.
-    rng_devices: list[int] = []
-    if dev.type == "cuda":
-        rng_devices = [dev.index if dev.index is not None else torch.cuda.current_device()]
-    try:
-        with torch.random.fork_rng(devices=rng_devices):
-            torch.manual_seed(seed)
-            for p, _ in flags:
-                p.requires_grad_(True)
-            model.to(dev).train()
-            result = _loop(model, data, dev, precision, total, batch_size, lr=lr,
-                           warmup_ratio=warmup_ratio, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                           seed=seed, progress=progress, should_cancel=should_cancel,
-                           loss_fn=_loss_fn(teacher, alpha, temperature, dev), auxiliary_loss=auxiliary_loss)
-            return _described(result, teacher, alpha, temperature)
-    finally:
-        model.eval()
-        for p, flag in flags:
-            p.grad = None
-            p.requires_grad_(flag)
+    tuning = FineTuning(
+        model, data, epochs=epochs, lr=lr, batch_size=batch_size, warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay, max_grad_norm=max_grad_norm, seed=seed, device=device, progress=progress,
+        should_cancel=should_cancel, teacher=teacher, alpha=alpha, temperature=temperature,
+        auxiliary_loss=auxiliary_loss, class_weights=class_weights, validate=validate,
+        early_stopping_patience=early_stopping_patience, eval_steps=eval_steps, rank=rank)
+    if resume is not None:
+        tuning.load_state_dict(dict(resume))
+    if on_stop is not None:
+        on_stop(tuning)
+    while not tuning.done:
+        tuning.advance()
+        if on_stop is not None:
+            on_stop(tuning)
+    return tuning.finish()
 
 
-#: ``loss_fn(logits, labels, row_indices) -> loss`` of one batch.
-LossFn = Callable[[torch.Tensor, torch.Tensor, np.ndarray], torch.Tensor]
-#: ``auxiliary_loss(outputs, batch) -> loss`` added to a batch's loss (see :func:`finetune`).
-AuxiliaryLoss = Callable[[Any, dict[str, torch.Tensor]], torch.Tensor]
+class FineTuning:
+    """One fine-tuning in progress: :func:`finetune`'s parameters, advanced stop by stop.
 
+    ``stops`` are the steps at which :meth:`advance` returns: every evaluation step when there is a
+    ``validate`` (step 0 first), else every epoch's end. ``done`` turns True after the last step, or
+    once early stopping ends the fine-tuning. Between two :meth:`advance` calls the model is in eval
+    mode with its own ``requires_grad`` flags, and the caller's global random state is untouched.
+    """
 
-def _loss_fn(teacher: TeacherLogits | None, alpha: float, temperature: float, dev: torch.device) -> LossFn:
-    if teacher is None:
-        # The loss in fp32: half-precision cross-entropy loses the small differences late in training.
-        return lambda logits, labels, _rows: F.cross_entropy(logits.float(), labels)
-    return lambda logits, labels, rows: distillation_loss(logits, teacher.rows(rows, dev), labels, alpha=alpha,
-                                                          temperature=temperature)
+    def __init__(
+        self, model: nn.Module, data: EncodedDataset, *, epochs: float, lr: float, batch_size: int,
+        warmup_ratio: float, weight_decay: float, max_grad_norm: float, seed: int,
+        device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None, teacher: TeacherLogits | None = None,
+        alpha: float = 0.5, temperature: float = 4.0, auxiliary_loss: AuxiliaryLoss | None = None,
+        class_weights: np.ndarray | None = None, validate: Validator | None = None,
+        early_stopping_patience: int = 0, eval_steps: int = 0, rank: Rank | None = None,
+    ) -> None:
+        check_recipe(epochs, lr, batch_size, warmup_ratio, weight_decay, max_grad_norm)
+        check("early_stopping_patience", early_stopping_patience, Interval("integer", 0, None, closed="left"))
+        check("eval_steps", eval_steps, Interval("integer", 0, None, closed="left"))
+        if teacher is not None:
+            check("alpha", alpha, Interval("real", 0, 1))
+            check("temperature", temperature, Interval("real", 0, None, closed="neither"))
+            if teacher.logits.shape[0] != len(data):
+                raise PipelineError(f"the teacher's logits cover {teacher.logits.shape[0]} rows but the training "
+                                    f"data has {len(data)}")
+        if len(data) == 0:
+            raise DatasetError("the training split has no rows; give at least one labelled sample per class")
+        self.model, self.data, self.seed = model, data, seed
+        self.dev = as_device(device)
+        self.precision = precision_for(self.dev)
+        self.batch_size = batch_size
+        self.batches_per_epoch = math.ceil(len(data) / batch_size)
+        # Half-up rounding (not Python's round-half-even), and at least one step for any epochs > 0.
+        self.total = 0 if epochs == 0 else max(1, math.floor(epochs * self.batches_per_epoch + 0.5))
+        num_labels = int(getattr(model.config, "num_labels", data.num_classes))
+        if self.total and int(data.labels.max()) >= num_labels:
+            raise DatasetError(
+                f"the data has labels up to {int(data.labels.max())} but the model has {num_labels} outputs; "
+                "give a model with one output per class"
+            )
+        weights = None
+        if class_weights is not None:
+            padded = np.ones(num_labels)
+            padded[: len(class_weights)] = np.asarray(class_weights, dtype=np.float64)[:num_labels]
+            self.class_weights: tuple[float, ...] | None = tuple(float(w) for w in padded)
+            weights = torch.tensor(padded, dtype=torch.float32, device=self.dev)
+        else:
+            self.class_weights = None
+        self.teacher, self.alpha, self.temperature = teacher, alpha, temperature
+        self.loss_fn = loss_fn(teacher, alpha, temperature, self.dev, weights)
+        self.auxiliary_loss = auxiliary_loss
+        self.progress, self.should_cancel = progress, should_cancel
+        self.max_grad_norm = max_grad_norm
+        self.validate = validate
+        self.best = BestWeights(early_stopping_patience, rank) if validate is not None else None
+        every = eval_steps if validate is not None and eval_steps > 0 else self.batches_per_epoch
+        self.stops = [*(() if validate is None else (0,)), *range(every, self.total, every), self.total]
+        self.step = 0
+        self.stopped_early = False
+        self._next_stop = 0
+        self._epochs: dict[int, list[float]] = {}  # epoch -> [loss sum, batches, seconds]
+        self._wall = 0.0
+        self._rng: torch.Tensor | None = None
+        self._cuda_rng: torch.Tensor | None = None
+        model.to(self.dev)
+        self.optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, math.ceil(warmup_ratio * self.total),
+                                                         max(self.total, 1))
+        self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
 
+    @property
+    def done(self) -> bool:
+        return self._next_stop >= len(self.stops) or self.stopped_early or self.total == 0
 
-def _described(result: TrainingResult, teacher: TeacherLogits | None, alpha: float,
-               temperature: float) -> TrainingResult:
-    """``result`` with the loss it was trained with."""
-    if teacher is None:
-        return result
-    return dataclasses.replace(result, loss="distill", alpha=float(alpha), temperature=float(temperature),
-                               teacher=teacher.record)
+    @property
+    def next_stop(self) -> int | None:
+        """The step at which the next :meth:`advance` returns (None when done)."""
+        return None if self.done else self.stops[self._next_stop]
 
+    @property
+    def epoch(self) -> float:
+        """Passes over the data made so far."""
+        return self.step / self.batches_per_epoch
 
-def _loop(model: nn.Module, data: EncodedDataset, dev: torch.device, precision: str, total: int,
-          batch_size: int, *, lr: float, warmup_ratio: float, weight_decay: float, max_grad_norm: float,
-          seed: int, progress: Callable[[int, int], None] | None,
-          should_cancel: Callable[[], bool] | None, loss_fn: LossFn,
-          auxiliary_loss: AuxiliaryLoss | None = None) -> TrainingResult:
-    optimizer = torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(warmup_ratio * total), total)
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16))
-        if dev.type == "cuda" else contextlib.nullcontext
-    )
-    batches_per_epoch = math.ceil(len(data) / batch_size)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    losses: list[float] = []
-    seconds: list[float] = []
-    step = 0
-    start = time.perf_counter()
-    for epoch in range(math.ceil(total / batches_per_epoch)):
-        epoch_start = time.perf_counter()
-        batches = length_grouped_batches(data.lengths, np.arange(len(data)), batch_size,
-                                         shuffle_seed=_epoch_seed(seed, epoch))
-        batches = batches[: total - step]
-        loss_sum = 0.0
-        for rows, batch in zip(batches, iterate_batches(data, batches, dev), strict=True):
-            if should_cancel is not None and should_cancel():
-                raise JobCancelledError(f"fine-tuning was cancelled after {step} of {total} steps")
-            with autocast():
-                if auxiliary_loss is None:
-                    outputs = model(**model_inputs(model, batch))
+    def advance(self) -> ValidationPoint | None:
+        """Train to the next stop and evaluate there (when validating); the evaluation, else None."""
+        if self.done:
+            return None
+        target = self.stops[self._next_stop]
+        self._next_stop += 1
+        if target > self.step:
+            self._train_until(target)
+        if self.validate is None or self.best is None:
+            return None
+        point = self.validate(self.model, self.step, self.epoch)
+        self.best.observe(self.model, point)
+        if self.best.exhausted and self.step < self.total:
+            self.stopped_early = True
+        return point
+
+    def finish(self) -> TrainingResult:
+        """Load the best evaluation's weights (when validating) and return what the fine-tuning did."""
+        if self.best is not None:
+            self.best.restore(self.model)
+        self.model.eval()
+        return self.result()
+
+    def result(self) -> TrainingResult:
+        """What the fine-tuning did so far."""
+        epochs = [self._epochs[e] for e in sorted(self._epochs)]
+        best = None if self.best is None else self.best.best_point
+        result = TrainingResult(
+            steps=self.step, epochs=self.step / self.batches_per_epoch,
+            loss_per_epoch=tuple(s / n for s, n, _ in epochs), wall_s=self._wall,
+            seconds_per_epoch=tuple(t for _, _, t in epochs), device=str(self.dev), precision=self.precision,
+            class_weights=self.class_weights,
+            validation=() if self.best is None else tuple(self.best.curve),
+            best_step=None if best is None else best.step, best_epoch=None if best is None else best.epoch,
+            stopped_early=self.stopped_early, early_stopping_patience=0 if self.best is None else self.best.patience)
+        return described(result, self.teacher, self.alpha, self.temperature)
+
+    # --------------------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the fine-tuning needs to go on from here in another process (with the same inputs).
+
+        Take it between two :meth:`advance` calls, e.g. at every epoch's end, and hand it to
+        :meth:`load_state_dict` of a :class:`FineTuning` built with the same arguments on a fresh copy
+        of the same model.
+        """
+        return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": None if self.scaler is None else self.scaler.state_dict(), "step": self.step,
+                "next_stop": self._next_stop, "stopped_early": self.stopped_early,
+                "epochs": {e: list(v) for e, v in self._epochs.items()}, "wall": self._wall, "rng": self._rng,
+                "cuda_rng": self._cuda_rng, "best": None if self.best is None else self.best.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self._next_stop, self.stopped_early = state["step"], state["next_stop"], state["stopped_early"]
+        self._epochs = {int(e): list(v) for e, v in state["epochs"].items()}
+        self._wall, self._rng, self._cuda_rng = state["wall"], state["rng"], state["cuda_rng"]
+        if self.best is not None and state["best"] is not None:
+            self.best.load_state_dict(state["best"])
+
+    # --------------------------------------------------------------------------- the loop
+
+    def _train_until(self, target: int) -> None:
+        """Optimiser steps ``self.step`` .. ``target - 1``, in the random state the last call left."""
+        model, dev = self.model, self.dev
+        flags = [(p, p.requires_grad) for p in model.parameters()]
+        rng_devices = [] if dev.type != "cuda" else [torch.cuda.current_device() if dev.index is None else dev.index]
+        start = time.perf_counter()
+        try:
+            # fork_rng keeps dropout reproducible under `seed` without disturbing the caller's generator;
+            # the state it ends in is kept for the next call, so pausing changes nothing.
+            with torch.random.fork_rng(devices=rng_devices):
+                if self._rng is None:
+                    torch.manual_seed(self.seed)
                 else:
-                    outputs = model(**model_inputs(model, batch), output_hidden_states=True)
-            loss = loss_fn(outputs.logits, batch["labels"], rows)
-            if auxiliary_loss is not None:
-                loss = loss + auxiliary_loss(outputs, batch)
-            value = float(loss.detach())  # one sync per step, needed for the NaN check anyway
-            if not math.isfinite(value):
-                raise PipelineError(
-                    f"the training loss became {value} at step {step + 1} of {total}; lower the learning "
-                    f"rate (now {optimizer.defaults['lr']:g}) or check the model's weights for NaN/inf"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            if scaler is None:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                optimizer.step()
-                scheduler.step()
+                    torch.set_rng_state(self._rng)
+                    if rng_devices and self._cuda_rng is not None:
+                        torch.cuda.set_rng_state(self._cuda_rng, rng_devices[0])
+                for p, _ in flags:
+                    p.requires_grad_(True)
+                model.to(dev).train()
+                while self.step < target:
+                    self._epoch_until(target)
+                self._rng = torch.get_rng_state()
+                if rng_devices:
+                    self._cuda_rng = torch.cuda.get_rng_state(rng_devices[0])
+        finally:
+            self._wall += time.perf_counter() - start
+            model.eval()
+            for p, flag in flags:
+                p.grad = None
+                p.requires_grad_(flag)
+
+    def _epoch_until(self, target: int) -> None:
+        """The steps of the current epoch up to ``target`` (the epoch's batch order comes from the seed)."""
+        epoch, offset = divmod(self.step, self.batches_per_epoch)
+        started = time.perf_counter()
+        batches = length_grouped_batches(self.data.lengths, np.arange(len(self.data)), self.batch_size,
+                                         shuffle_seed=epoch_seed(self.seed, epoch))
+        batches = batches[offset: offset + target - self.step]
+        record = self._epochs.setdefault(epoch, [0.0, 0, 0.0])
+        try:
+            for rows, batch in zip(batches, iterate_batches(self.data, batches, self.dev), strict=True):
+                if self.should_cancel is not None and self.should_cancel():
+                    raise JobCancelledError(f"fine-tuning was cancelled after {self.step} of {self.total} steps")
+                value = self._one_step(rows, batch)
+                self.step += 1
+                record[0] += value
+                record[1] += 1
+                if self.progress is not None:
+                    self.progress(self.step, self.total)
+        finally:
+            record[2] += time.perf_counter() - started
+
+    def _one_step(self, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> float:
+        """One optimiser step on one batch; its loss."""
+        model, precision = self.model, self.precision
+        autocast: contextlib.AbstractContextManager[Any] = (
+            torch.autocast("cuda", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+            if self.dev.type == "cuda" else contextlib.nullcontext())
+        with autocast:
+            if self.auxiliary_loss is None:
+                outputs = model(**model_inputs(model, batch))
             else:
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                with warnings.catch_warnings():
-                    # A step skipped for fp16 overflow makes torch warn that the schedule moved
-                    # before the optimiser; like the Trainer, keep the schedule on the step count.
-                    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-                    scheduler.step()
-            step += 1
-            loss_sum += value
-            if progress is not None:
-                progress(step, total)
-        losses.append(loss_sum / len(batches))
-        seconds.append(time.perf_counter() - epoch_start)
-    return TrainingResult(
-        steps=step,
-        epochs=step / batches_per_epoch,
-        loss_per_epoch=tuple(losses),
-        wall_s=time.perf_counter() - start,
-        seconds_per_epoch=tuple(seconds),
-        device=str(dev),
-        precision=precision,
-    )
+                outputs = model(**model_inputs(model, batch), output_hidden_states=True)
+        loss = self.loss_fn(outputs.logits, batch["labels"], rows)
+        if self.auxiliary_loss is not None:
+            loss = loss + self.auxiliary_loss(outputs, batch)
+        value = float(loss.detach())  # one sync per step, needed for the NaN check anyway
+        if not math.isfinite(value):
+            raise PipelineError(
+                f"the training loss became {value} at step {self.step + 1} of {self.total}; lower the learning "
+                f"rate (now {self.optimizer.defaults['lr']:g}) or check the model's weights for NaN/inf"
+            )
+        optimizer, params = self.optimizer, [p for group in self.optimizer.param_groups for p in group["params"]]
+        optimizer.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            optimizer.step()
+            self.scheduler.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            self.scaler.step(optimizer)
+            self.scaler.update()
+            with warnings.catch_warnings():
+                # A step skipped for fp16 overflow makes torch warn that the schedule moved
+                # before the optimiser; like the Trainer, keep the schedule on the step count.
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+                self.scheduler.step()
+        return value

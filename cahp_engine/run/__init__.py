@@ -1,7 +1,8 @@
 """A whole pruning run: the steps in order, the accuracy budget, the typed report, plots and artifacts.
 
 Reading order: ``_run`` (``run_pruning``) -> ``_steps`` (load, dense fine-tune, select, prune, recover,
-evaluate) -> ``_budget`` (an accuracy budget instead of a knee) -> ``_deploy`` (ONNX, int8, cards)
+evaluate) -> ``_holdout`` (the validation split recovery judges on) -> ``_candidates`` (one candidate of an
+accuracy budget, recovered) -> ``_budget`` (the budget's search instead of a knee) -> ``_deploy`` (ONNX, int8, cards)
 -> ``_artifacts`` and ``_plots`` (the files) -> ``_report`` (``RunReport``, what ``report.json`` holds).
 
 The public names are declared in ``__init__.pyi`` and loaded on first use (SPEC 1 lazy loading), so

@@ -1,16 +1,26 @@
 """A whole pruning run: the steps in order, the accuracy budget, the typed report, plots and artifacts.
 
 Reading order: ``_run`` (``run_pruning``) -> ``_steps`` (load, dense fine-tune, select, prune, recover,
-evaluate) -> ``_budget`` (an accuracy budget instead of a knee) -> ``_deploy`` (ONNX, int8, cards)
--> ``_artifacts`` and ``_plots`` (the files) -> ``_report`` (``RunReport``, what ``report.json`` holds)."""
+evaluate) -> ``_checkpoints`` and ``_live`` (resuming an earlier run's stages; the log of long stages)
+-> ``_holdout`` (the validation split recovery judges on) -> ``_candidates`` (one candidate of an
+accuracy budget, recovered) -> ``_budget`` (the budget's search instead of a knee) -> ``_deploy`` (ONNX, int8, cards)
+-> ``_artifacts`` and ``_plots`` (the files) -> ``_identity`` and ``_quality`` (what the model is, how
+it was made, whether it is broken) -> ``_completion`` (the report's last facts) -> ``_report``
+(``RunReport``, what ``report.json`` holds)."""
 
 from ._artifacts import ARTIFACT_FILES
-from ._budget import carve
+from ._candidates import CandidateResult, CandidateSpec, SearchInputs, recover_candidate
+from ._checkpoints import CheckpointStore, DirectoryCheckpoints
+from ._holdout import carve
+from ._identity import Identity, Recipe, RunIdentity
 from ._plots import plot_head_map, plot_layer_retention, plot_mss_curve
+from ._quality import QualityFlag, QualityRecord
 from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, RunSummary
 from ._run import run_pruning
 
 __all__ = [
-    "ARTIFACT_FILES", "carve", "FailedRunMetrics", "FailedRunReport", "plot_head_map", "plot_layer_retention",
-    "plot_mss_curve", "run_pruning", "RunError", "RunReport", "RunSummary",
+    "ARTIFACT_FILES", "CandidateResult", "CandidateSpec", "carve", "CheckpointStore", "DirectoryCheckpoints",
+    "FailedRunMetrics", "FailedRunReport", "Identity",
+    "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
+    "recover_candidate", "run_pruning", "RunError", "RunIdentity", "RunReport", "RunSummary", "SearchInputs",
 ]

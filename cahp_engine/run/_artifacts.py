@@ -93,6 +93,7 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
     """``head_map.json``, ``head_map.png`` and ``layer_retention.png``."""
     sel = result.selection
     stability = result.stability
+    consensus = result.consensus
     shape = sel.kept_mask.shape
     cluster = (result.clustering.labels.reshape(shape) if result.clustering is not None
                else np.zeros(shape, dtype=np.int64))
@@ -111,24 +112,34 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
         "layer_safety_added": [list(h) for h in sel.layer_safety_added],
         "graph_space": result.graph_space.points.tolist(),
         "kept_frequency": None if stability is None else [list(row) for row in stability.kept_frequency],
+        "consensus": None if consensus is None else consensus.to_dict(),
     })
     title = None if stability is None else (
         f"kept in {stability.shards} leave-one-shard-out runs\n(mean Jaccard {stability.mean_jaccard:.2f})")
+    consensus_title = None if consensus is None else (
+        f"{consensus.method}: kept by CAHP in {consensus.runs} runs\n(mean Jaccard {consensus.mean_jaccard:.2f})")
     plot_head_map(sel.kept_mask, result.salience, cluster, work / "head_map.png",
                   representatives=sel.representatives, layer_safety_added=sel.layer_safety_added,
                   kept_frequency=None if stability is None else np.asarray(stability.kept_frequency),
-                  stability_title=title)
+                  stability_title=title,
+                  consensus_frequency=None if consensus is None else np.asarray(consensus.kept_frequency),
+                  consensus_title=consensus_title)
     plot_layer_retention(sel.kept_mask, work / "layer_retention.png")
 
 
 def write_budget_plot(work: Path, budget: BudgetRecord, total_heads: int) -> None:
     """``budget.png``: every candidate the accuracy budget tried, against its threshold."""
     metric = budget.metric
-    plot_budget([c.heads_kept for c in budget.candidates],
-                [c.accuracy_before if metric == "accuracy" else c.macro_f1_before for c in budget.candidates],
-                [c.accuracy_after if metric == "accuracy" else c.macro_f1_after for c in budget.candidates],
-                threshold=budget.threshold, dense=budget.dense_validation, metric=metric, chosen=budget.chosen,
-                total_heads=total_heads, path=work / "budget.png")
+    cands = budget.candidates
+    best = [c.accuracy_best if metric == "accuracy" else c.macro_f1_best for c in cands]
+    # The drop's interval (points) turned into one of the score: score = dense - drop / 100.
+    interval = [(budget.dense_validation - c.drop.high / 100.0, budget.dense_validation - c.drop.low / 100.0)
+                for c in cands]
+    plot_budget([c.heads_kept for c in cands], [c.strategy for c in cands],
+                [c.accuracy_before if metric == "accuracy" else c.macro_f1_before for c in cands], best, interval,
+                threshold=budget.threshold, dense=budget.dense_validation, metric=metric,
+                chosen=next((i for i, c in enumerate(cands) if c.chosen), None), total_heads=total_heads,
+                path=work / "budget.png")
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

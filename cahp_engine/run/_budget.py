@@ -1,119 +1,78 @@
 """An accuracy budget: the smallest pruned model whose validation score stays within P points of the dense one.
 
 CI users think in budgets ("prune as far as you can while losing at most one point"), not in knees.
-With ``max_accuracy_drop`` set, the run tries candidate head counts from the smallest, recovers each
-briefly, and keeps the first whose validation score after that short recovery is within P points of
-the dense model's; only the chosen candidate gets the full recovery.
+With ``max_accuracy_drop`` set, the run searches the head counts for the smallest whose recovered
+validation score is within P points of the dense model's, with no class lost:
 
-Candidates are CAHP's own choices at the knees of the MSS curve for every reported polynomial degree
-(degree 6 first, so the fewest clusters first), then at larger k between the largest knee and N - 1,
-each step halving the distance left, so a budget too tight for every knee still finds the smallest
-count that meets it. Candidates that keep the same number of heads are tried once.
+* **The ladder**: the knee of every reported polynomial degree, then k between the largest knee and
+  N - 1, each step halving the distance left; one step per distinct head count (CAHP's count at k),
+  fewest heads first (:func:`ladder`). At each step every strategy of ``budget_strategies`` makes a
+  candidate (CAHP's choice, salience top-k at the same count, ...), one per distinct head set.
+* **Bisection**: more heads do not score much worse, so the search bisects the ladder (a step that
+  meets the budget moves the upper end down, one that does not moves the lower end up); about
+  log2(steps + 1) rounds of one step each.
+* **Successive halving in a round** (Hyperband's rule): every candidate of the round trains
+  ``budget_screen_epochs`` of its recovery, then the more promising half (by its best validation
+  score) trains on for twice as far, and so on to the recovery's end. A candidate pauses as soon as
+  it meets the budget (its best weights are kept, so it cannot end lower), and stops when its curve
+  can no longer reach the threshold or early stopping ends it (:mod:`cahp_engine.run._candidates`).
+  At the end of a rung in which some candidate met the budget, the best of those that met it is the
+  round's winner.
+* **No second recovery**: every candidate is recovered with the final protocol (the same ``epochs``,
+  schedule, early stopping, loss and class weights); the chosen candidate's recovery goes on from where
+  the search paused it to the protocol's end, and its best weights are the result.
 
-The search never reads the evaluation (test) split: it scores on the dataset's validation split when
-it has one that is not the evaluation split, else on a seeded stratified 10 % carved from the training
-split, which is then left out of selection and of every fine-tuning (:func:`validation_data`).
+The search never reads the evaluation (test) split: it scores on the validation split
+(:mod:`cahp_engine.run._holdout`).
 
 References
 ----------
 Intel Neural Compressor's accuracy criterion (a tolerable relative or absolute loss) is the nearest
-convention; no head-pruning tool offers a budget.
+convention; no head-pruning tool offers a budget. Li et al., "Hyperband" (JMLR 2018), successive halving.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 from torch import nn
 
-from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions, DatasetSplits, LabelledTexts, load_splits
-from cahp_engine.errors import AccuracyBudgetError, DatasetError
-from cahp_engine.results import BudgetCandidate, BudgetRecord, ClassificationMetrics, TrainingResult
+from cahp_engine.errors import AccuracyBudgetError
+from cahp_engine.results import BudgetCandidate, BudgetRecord, TrainingResult
+from cahp_engine.run._candidates import (
+    CandidateResult,
+    CandidateRun,
+    CandidateSpec,
+    SearchInputs,
+    finish_run,
+    recover_candidate,
+)
+from cahp_engine.run._holdout import ValidationData
 from cahp_engine.selection import HeadAnalysis, Selection, choose
 
-__all__ = ["CARVE_FRACTION", "VALIDATION_SPLITS", "BudgetOutcome", "Candidate", "ValidationData", "candidates",
-           "carve", "score_of", "search", "validation_data"]
-
-#: Split names taken as a validation split, in this order, when the dataset has one.
-VALIDATION_SPLITS: tuple[str, ...] = ("validation", "dev", "valid", "val", "validation_matched")
-#: Share of each class carved from the training split when the dataset has no validation split.
-CARVE_FRACTION = 0.1
+__all__ = ["BudgetOutcome", "LadderStep", "budget_warnings", "ladder", "search"]
 
 
 @dataclass(frozen=True)
-class ValidationData:
-    """What the budget scores on, and what is left to train on.
-
-    ``train`` is the training split, less the carved rows when ``carved``; ``split`` names the
-    validation split (``train`` when carved).
-    """
-
-    train: LabelledTexts
-    validation: LabelledTexts
-    split: str
-    carved: bool
-
-
-def carve(train: LabelledTexts, seed: int, fraction: float = CARVE_FRACTION) -> tuple[LabelledTexts, LabelledTexts]:
-    """Split ``train`` into (rest, held-out): ``round(fraction * n_c)`` rows of each class ``c``, at least one.
-
-    A class with a single row stays whole in ``rest`` (it must be trained on). The draw is seeded by
-    ``seed`` and independent of every other random choice of the run.
-    """
-    labels = np.asarray(train.labels)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xB0D9E7]))
-    held: list[np.ndarray] = []
-    for c in range(train.num_classes):
-        rows = np.flatnonzero(labels == c)
-        if len(rows) < 2:
-            continue
-        take = min(len(rows) - 1, max(1, int(round(fraction * len(rows)))))
-        held.append(rng.permutation(rows)[:take])
-    if not held:
-        raise DatasetError("the training split is too small to carve a validation split from (every class has one "
-                           "row); add a `validation` split to the dataset")
-    out = np.sort(np.concatenate(held))
-    rest = np.setdiff1d(np.arange(len(train)), out)
-    return train.subset(rest), train.subset(out)
-
-
-def validation_data(splits: DatasetSplits, dataset_ref: str, options: DatasetOptions, *, seed: int,
-                    revision: str | None = None, cache_dir: str | None = None,
-                    token: str | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> ValidationData:
-    """The budget's validation split: the dataset's own when it has one, else carved from train.
-
-    A split of :data:`VALIDATION_SPLITS` qualifies when it is neither the training nor the
-    evaluation split; its labels are mapped as the training split maps them.
-    """
-    for name in VALIDATION_SPLITS:
-        if name in splits.splits_found and name not in (options.train_split, splits.eval_split):
-            read = load_splits(dataset_ref, dataclasses.replace(options, eval_split=name), revision=revision,
-                               cache_dir=cache_dir, token=token, max_rows=max_rows)
-            if read.label_names != splits.label_names:
-                raise DatasetError(f"split {name!r} maps the labels as {list(read.label_names)} but the training split "
-                                   f"as {list(splits.label_names)}; give both splits the same classes")
-            return ValidationData(train=splits.train, validation=read.eval, split=name, carved=False)
-    rest, held = carve(splits.train, seed)
-    return ValidationData(train=rest, validation=held, split=options.train_split, carved=True)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """CAHP's (or the configured strategy's) choice at ``k`` clusters."""
+class LadderStep:
+    """One head count of the ladder: ``k`` clusters, CAHP's ``heads`` there, and each strategy's choice."""
 
     k: int
-    selection: Selection
+    heads: int
+    options: tuple[tuple[str, Selection], ...]
 
 
-def candidates(analysis: HeadAnalysis, strategy: str, *, seed: int) -> list[Candidate]:
-    """Every head count the budget may try, fewest heads first, one per distinct ``heads_kept``.
+def ladder(analysis: HeadAnalysis, strategies: tuple[str, ...], *, seed: int) -> list[LadderStep]:
+    """Every head count the budget may try, fewest heads first, one per distinct CAHP head count.
 
     The knees of every degree in ``analysis.knees``, then k between the largest knee and N - 1, each
-    step halving the distance left.
+    step halving the distance left. A strategy whose choice repeats an earlier one's head set at the
+    same step is left out of it.
     """
     n_heads = int(analysis.salience.size)
     ks = sorted({knee.k for knee in analysis.knees.values()})
@@ -122,125 +81,231 @@ def candidates(analysis: HeadAnalysis, strategy: str, *, seed: int) -> list[Cand
         k += max(1, (n_heads - 1 - k) // 2)
         ks.append(k)
     seen: set[int] = set()
-    out: list[Candidate] = []
+    out: list[LadderStep] = []
     for k in sorted(set(ks)):
-        selection = choose(analysis, k, strategy, seed=seed)
-        if selection.num_kept in seen:
+        heads = choose(analysis, k, "cahp", seed=seed).num_kept
+        if heads in seen:
             continue
-        seen.add(selection.num_kept)
-        out.append(Candidate(k=k, selection=selection))
-    return sorted(out, key=lambda c: c.selection.num_kept)
-
-
-def score_of(metrics: ClassificationMetrics, metric: str) -> float:
-    """The budget's metric of ``metrics``, in [0, 1]."""
-    return float(metrics.accuracy if metric == "accuracy" else metrics.macro_f1)
+        seen.add(heads)
+        options: list[tuple[str, Selection]] = []
+        for name in strategies:
+            selection = choose(analysis, k, name, seed=seed)
+            if not any((selection.kept_mask == other.kept_mask).all() for _, other in options):
+                options.append((name, selection))
+        out.append(LadderStep(k=k, heads=heads, options=tuple(options)))
+    return sorted(out, key=lambda step: step.heads)
 
 
 @dataclass(frozen=True)
 class BudgetOutcome:
-    """The chosen candidate: its selection, its recovered model and that recovery; the search's record."""
+    """The chosen candidate: its selection and k, its recovered model and that recovery; the search's record."""
 
-    candidate: Candidate
+    selection: Selection
+    k: int
     model: nn.Module
     recovery: TrainingResult
     record: BudgetRecord
 
 
-#: ``prune(selection) -> a fresh pruned copy of the dense model``.
-PruneFn = Callable[[Selection], nn.Module]
-#: ``recover(model, epochs) -> TrainingResult`` (in place).
-RecoverFn = Callable[[nn.Module, float], TrainingResult]
-#: ``score(model) -> metrics on the validation split``.
-ScoreFn = Callable[[nn.Module], ClassificationMetrics]
+@dataclass
+class _Tried:
+    """A candidate the search started: where it stands and what it last reported."""
+
+    strategy: str
+    k: int
+    selection: Selection
+    round: int
+    spec: CandidateSpec
+    last: CandidateResult | None = None
+    stopped: str | None = None
+    reason: str = ""
+    chosen: bool = False
+
+    @property
+    def run(self) -> CandidateRun | None:
+        return None if self.last is None else self.last.run
+
+    def rank(self) -> tuple[bool, float]:
+        assert self.last is not None
+        return (not self.last.best.lost_classes, self.last.best.score)
 
 
-def search(
-    options: list[Candidate],
-    *,
-    max_drop: float,
-    metric: str,
-    dense_validation: ClassificationMetrics,
-    validation: ValidationData,
-    screen_epochs: float,
-    epochs: float,
-    prune: PruneFn,
-    recover: RecoverFn,
-    score: ScoreFn,
-    say: Callable[[str], None] = lambda _line: None,
-) -> BudgetOutcome:
-    """Try ``options`` in order and return the first within ``max_drop`` points, fully recovered.
-
-    Each candidate is pruned from the dense model, scored, recovered for ``min(screen_epochs,
-    epochs)`` epochs and scored again; the first whose score is at least ``dense - max_drop / 100``
-    is chosen and, when the screening was shorter than ``epochs``, recovered again from a fresh
-    pruned copy for ``epochs``. ``score`` reads the validation split only.
+def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: ValidationData,
+           say: Callable[[str], None] = lambda _line: None) -> BudgetOutcome:
+    """Bisect ``steps`` for the fewest heads within the budget and return that candidate, fully recovered.
 
     Raises
     ------
     AccuracyBudgetError
         When no candidate meets the budget; its ``budget`` holds the record of every candidate.
     """
-    dense = score_of(dense_validation, metric)
-    threshold = dense - max_drop / 100.0
-    screen = min(screen_epochs, epochs)
+    config = inputs.config
+    metric, max_drop = config.budget_metric, float(config.max_accuracy_drop or 0.0)
+    dense = inputs.threshold + max_drop / 100.0
+    strict = "" if config.budget_confidence is None else (
+        f", and the drop's upper bound at {config.budget_confidence:g} within {max_drop:g} points")
     say(f"accuracy budget: {metric} on {validation.split!r} ({len(validation.validation)} rows"
-        f"{', carved from train' if validation.carved else ''}) must stay >= {threshold:.4f} "
-        f"(dense {dense:.4f} - {max_drop:g} points); {len(options)} candidates, {screen:g} screening epoch(s)")
-    tried: list[BudgetCandidate] = []
+        f"{', carved from train' if validation.carved else ''}) must stay >= {inputs.threshold:.4f} "
+        f"(dense {dense:.4f} - {max_drop:g} points) with no class lost{strict}; {len(steps)} head counts "
+        f"({', '.join(str(s.heads) for s in steps)}), strategies {', '.join(config.budget_strategies)}")
     started = time.perf_counter()
-    chosen: tuple[Candidate, nn.Module, TrainingResult] | None = None
-    for option in options:
-        t0 = time.perf_counter()
-        model = prune(option.selection)
-        before = score(model)
-        training = recover(model, screen)
-        after = score(model)
-        ok = score_of(after, metric) >= threshold
-        tried.append(BudgetCandidate(
-            k=option.k, heads_kept=option.selection.num_kept, accuracy_before=before.accuracy,
-            macro_f1_before=before.macro_f1, accuracy_after=after.accuracy, macro_f1_after=after.macro_f1,
-            screen_epochs=screen, within_budget=ok, seconds=time.perf_counter() - t0))
-        say(f"  candidate k={option.k}: {option.selection.num_kept} heads, {metric} {score_of(before, metric):.4f} "
-            f"-> {score_of(after, metric):.4f} after {screen:g} epoch(s)" + (" (within budget)" if ok else ""))
-        if ok:
-            chosen = (option, model, training)
-            break
-        del model
+    tried: list[_Tried] = []
+    gain: list[float | None] = [None]
+    lo, hi, winner = -1, len(steps), None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = _round(steps[mid], len({t.round for t in tried}), inputs, tried, gain, say)
+        if found is not None:
+            if winner is not None:
+                _release(winner, keep=False)
+            hi, winner = mid, found
+        else:
+            lo = mid
     search_s = time.perf_counter() - started
-    per_epoch = [c.seconds / max(c.screen_epochs, 1e-9) for c in tried]
+    if winner is None:
+        record = _record(inputs, validation, steps, tried, search_s, 0.0)
+        raise AccuracyBudgetError(_failure_message(record), budget=record)
+    winner.chosen = True
+    say(f"chosen: {winner.selection.num_kept} heads ({winner.strategy}, k={winner.k}); its recovery goes on to "
+        "the end of the protocol")
+    assert winner.run is not None
+    t0 = time.perf_counter()
+    finishing = dataclasses.replace(winner.spec, until_epochs=float(config.epochs), finish=True, gain_per_epoch=None)
+    winner.last = recover_candidate(finishing, inputs, resume=winner.run)
+    assert winner.last.run is not None
+    model, recovery = finish_run(winner.last.run)
+    final_s = time.perf_counter() - t0
+    best = winner.last.best
+    winner.reason += (f"; chosen, then trained on to {recovery.epochs:g} epoch(s)"
+                      + (" (early stopping)" if recovery.stopped_early else "")
+                      + f": best {best.score:.4f} after {best.epoch:g} epoch(s)")
+    record = _record(inputs, validation, steps, tried, search_s, final_s)
+    return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery, record=record)
 
-    def record(chosen_heads: int | None, final_s: float, single: float | None,
-               final: ClassificationMetrics | None) -> BudgetRecord:
-        candidates_out = tuple(tried)
-        if final is not None:
-            candidates_out = (*tried[:-1], dataclasses.replace(tried[-1], accuracy_final=final.accuracy,
-                                                                   macro_f1_final=final.macro_f1))
-        return BudgetRecord(
-            max_accuracy_drop=float(max_drop), metric=metric, split=validation.split, carved=validation.carved,
-            validation_rows=len(validation.validation), dense_validation=dense, threshold=threshold,
-            candidates=candidates_out, chosen=chosen_heads, search_seconds=search_s, final_recovery_seconds=final_s,
-            cost_vs_single_run=None if not single else (search_s + final_s) / single)
 
-    if chosen is None:
-        best = max(tried, key=lambda c: c.accuracy_after if metric == "accuracy" else c.macro_f1_after)
-        best_score = best.accuracy_after if metric == "accuracy" else best.macro_f1_after
-        estimate = float(np.median(per_epoch)) * epochs if per_epoch else None
-        raise AccuracyBudgetError(
-            f"no candidate kept validation {metric} within {max_drop:g} points of the dense model's {dense:.4f} "
-            f"(threshold {threshold:.4f}); the best was {best.heads_kept} heads at {best_score:.4f} after "
-            f"{screen:g} screening epoch(s). Raise `max_accuracy_drop`, or `budget_screen_epochs` so candidates "
-            "recover further before they are judged",
-            budget=record(None, 0.0, estimate, None))
-    option, model, training = chosen
-    if screen < epochs:
-        t0 = time.perf_counter()
-        model = prune(option.selection)
-        training = recover(model, epochs)
-        final = score(model)
-        final_s = time.perf_counter() - t0
-        say(f"chosen {option.selection.num_kept} heads: {metric} {score_of(final, metric):.4f} after {epochs:g} epochs")
-        return BudgetOutcome(candidate=option, model=model, recovery=training,
-                             record=record(option.selection.num_kept, final_s, final_s, final))
-    return BudgetOutcome(candidate=option, model=model, recovery=training,
-                         record=record(option.selection.num_kept, 0.0, tried[-1].seconds, None))
+def _round(step: LadderStep, number: int, inputs: SearchInputs, tried: list[_Tried], gain: list[float | None],
+           say: Callable[[str], None]) -> _Tried | None:
+    """One round of successive halving over ``step``'s candidates; the winner, or None when none met the budget."""
+    config = inputs.config
+    epochs = float(config.epochs)
+    entries = [_Tried(strategy=name, k=step.k, selection=sel, round=number,
+                      spec=CandidateSpec(strategy=name, k=step.k, seed=config.seed, until_epochs=0.0,
+                                         kept={layer: tuple(heads) for layer, heads in sel.kept.items()}))
+               for name, sel in step.options]
+    tried.extend(entries)
+    say(f"round {number}: {step.heads} heads (k={step.k}), {len(entries)} candidate(s)")
+    until = min(epochs, float(config.budget_screen_epochs))
+    active = entries
+    while active:
+        met: list[_Tried] = []
+        for entry in active:
+            entry.spec = dataclasses.replace(entry.spec, until_epochs=until, gain_per_epoch=gain[0])
+            entry.last = recover_candidate(entry.spec, inputs, resume=entry.run)
+            gains = entry.last.gains_per_epoch()
+            if gains:
+                gain[0] = max(gains + ([] if gain[0] is None else [gain[0]]))
+            if entry.last.status != "paused":
+                entry.stopped, entry.reason = entry.last.status, entry.last.reason
+            if entry.last.status == "within_budget":
+                met.append(entry)
+            say(f"  {entry.strategy}: {entry.selection.num_kept} heads, best {config.budget_metric} "
+                f"{entry.last.best.score:.4f} after {entry.last.epochs:g} epoch(s): {entry.last.reason}")
+        if met:
+            best = max(met, key=_Tried.rank)
+            for entry in entries:
+                if entry is not best and entry.stopped is None:
+                    entry.stopped, entry.reason = "round_decided", (
+                        f"{best.strategy} met the budget first in this round; stopped after "
+                        f"{entry.last.epochs if entry.last else 0:g} epoch(s)")
+                _release(entry, keep=entry is best)
+            return best
+        survivors = sorted((e for e in active if e.stopped is None), key=_Tried.rank, reverse=True)
+        keep = survivors[: math.ceil(len(survivors) / 2)]
+        for entry in survivors[len(keep):]:
+            entry.stopped, entry.reason = "halved", (
+                f"successive halving: {entry.last.best.score if entry.last else 0:.4f} after {until:g} epoch(s) was "
+                "in the less promising half of its round")
+        for entry in entries:
+            if entry.stopped is not None:
+                _release(entry, keep=False)
+        active, until = keep, min(epochs, until * 2)
+    return None
+
+
+def _release(entry: _Tried, *, keep: bool) -> None:
+    """Let go of a candidate's model and optimiser unless it may still be chosen (its record stays)."""
+    if not keep and entry.last is not None:
+        entry.last = dataclasses.replace(entry.last, run=None)
+
+
+def _record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep], tried: list[_Tried],
+            search_s: float, final_s: float) -> BudgetRecord:
+    config = inputs.config
+    candidates = tuple(_candidate_record(t) for t in tried if t.last is not None)
+    chosen = next((t for t in tried if t.chosen), None)
+    closest = chosen or min((t for t in tried if t.last is not None), key=lambda t: t.last.drop.drop if t.last
+                            else math.inf, default=None)
+    per_epoch = [t.last.seconds / t.last.epochs for t in tried if t.last is not None and t.last.epochs > 0]
+    single = statistics.median(per_epoch) * float(config.epochs) if per_epoch else None
+    return BudgetRecord(
+        max_accuracy_drop=float(config.max_accuracy_drop or 0.0), metric=config.budget_metric, split=validation.split,
+        carved=validation.carved, validation_rows=len(validation.validation),
+        dense_validation=inputs.threshold + float(config.max_accuracy_drop or 0.0) / 100.0,
+        threshold=inputs.threshold, strategies=tuple(config.budget_strategies), confidence=config.budget_confidence,
+        ladder=tuple(s.heads for s in steps), candidates=candidates,
+        chosen=None if chosen is None else chosen.selection.num_kept,
+        chosen_strategy=None if chosen is None else chosen.strategy,
+        strategy_margin=None if chosen is None else _margin(chosen, [t for t in tried if t.round == chosen.round]),
+        noise_half_width=None if closest is None or closest.last is None else closest.last.drop.half_width,
+        epochs_trained=sum(c.epochs for c in candidates), search_seconds=search_s, final_recovery_seconds=final_s,
+        cost_vs_single_run=None if not single else (search_s + final_s) / single)
+
+
+def _candidate_record(t: _Tried) -> BudgetCandidate:
+    last = t.last
+    assert last is not None
+    first, best = last.curve[0], last.best
+    return BudgetCandidate(
+        strategy=t.strategy, k=t.k, heads_kept=t.selection.num_kept, round=t.round,
+        accuracy_before=first.accuracy, macro_f1_before=first.macro_f1, accuracy_best=best.accuracy,
+        macro_f1_best=best.macro_f1, epochs=last.epochs, curve=last.curve, drop=last.drop,
+        within_budget=t.stopped == "within_budget",
+        stopped=t.stopped or last.status, reason=t.reason or last.reason, seconds=last.seconds, chosen=t.chosen)
+
+
+def _margin(chosen: _Tried, rivals: list[_Tried]) -> float | None:
+    """Points by which ``chosen``'s best score beat its round's other candidates', over the evaluations both made."""
+    others = [r for r in rivals if r is not chosen and r.last is not None]
+    if not others or chosen.last is None:
+        return None
+    gaps = []
+    for other in others:
+        assert other.last is not None
+        n = min(len(chosen.last.curve), len(other.last.curve))
+        gaps.append(max(p.score for p in chosen.last.curve[:n]) - max(p.score for p in other.last.curve[:n]))
+    return 100.0 * min(gaps)
+
+
+def _failure_message(record: BudgetRecord) -> str:
+    metric, p = record.metric, record.max_accuracy_drop
+    best = max(record.candidates, key=lambda c: (c.accuracy_best if metric == "accuracy" else c.macro_f1_best),
+               default=None)
+    text = (f"no candidate kept validation {metric} within {p:g} points of the dense model's "
+            f"{record.dense_validation:.4f} (threshold {record.threshold:.4f}) with no class lost")
+    if best is not None:
+        score = best.accuracy_best if metric == "accuracy" else best.macro_f1_best
+        text += (f"; the best was {best.heads_kept} heads ({best.strategy}) at {score:.4f} after {best.epochs:g} "
+                 f"epoch(s), a drop of {best.drop.drop:.2f} points (95 % interval {best.drop.low:.2f} to "
+                 f"{best.drop.high:.2f})")
+    return text + (". Raise `max_accuracy_drop`, or recover longer (`epochs`), or set `class_weight` balanced when "
+                   "a class was lost")
+
+
+def budget_warnings(record: BudgetRecord) -> list[str]:
+    """A warning when P is smaller than the noise of the validation split (half the drop's 95 % interval)."""
+    half = record.noise_half_width
+    if half is None or record.max_accuracy_drop >= half:
+        return []
+    return [f"the validation split cannot tell a {record.max_accuracy_drop:g}-point drop from noise: +-{half:.1f} "
+            f"points (95 % interval of the drop over {record.validation_rows} rows); a larger validation split or a "
+            "larger `max_accuracy_drop` makes the budget's decision meaningful"]

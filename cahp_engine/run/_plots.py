@@ -127,9 +127,12 @@ def plot_head_map(
     layer_safety_added: Iterable[Head] = (),
     kept_frequency: np.ndarray | None = None,
     stability_title: str | None = None,
+    consensus_frequency: np.ndarray | None = None,
+    consensus_title: str | None = None,
 ) -> None:
-    """Three panels over the layer x head grid: kept or pruned, salience, and cluster id; a fourth,
-    how often each head was kept when one shard of the samples was left out, when given.
+    """Three panels over the layer x head grid: kept or pruned, salience, and cluster id; then, when
+    given, how often each head was kept when one shard of the samples was left out, and how often
+    CAHP's choices on the K + 1 analyses a consensus combined kept it.
 
     Representatives are outlined in black and heads kept by the layer-safety rule in red, on every
     panel. Cluster ids get categorical colours and are written into the cells when the grid has at
@@ -148,6 +151,10 @@ def plot_head_map(
         Share (0..1) of the leave-one-shard-out selections that kept each head.
     stability_title : str, optional
         Title of that panel (default: "kept when a shard is left out").
+    consensus_frequency : ndarray of shape (L, H), optional
+        Share (0..1) of the K + 1 single-run choices a consensus strategy combined that kept each head.
+    consensus_title : str, optional
+        Title of that panel (default: "kept by the runs of the consensus").
 
     References
     ----------
@@ -164,12 +171,19 @@ def plot_head_map(
     ids = ids.reshape(shape)
     reps = _heads(representatives, shape, "representatives")
     safety = _heads(layer_safety_added, shape, "layer_safety_added")
-    frequency = None if kept_frequency is None else np.asarray(kept_frequency, dtype=np.float64)
-    if frequency is not None and frequency.shape != shape:
-        raise InvalidInputError(f"`kept_frequency` must have the shape of `kept` {shape}, got {frequency.shape}")
+    shares = []
+    for name, given, title in (("kept_frequency", kept_frequency, stability_title or "kept when a shard is left out"),
+                               ("consensus_frequency", consensus_frequency,
+                                consensus_title or "kept by the runs of the consensus")):
+        if given is None:
+            continue
+        frequency = np.asarray(given, dtype=np.float64)
+        if frequency.shape != shape:
+            raise InvalidInputError(f"`{name}` must have the shape of `kept` {shape}, got {frequency.shape}")
+        shares.append((frequency, title))
 
     layers, heads = shape
-    panels = 3 if frequency is None else 4
+    panels = 3 + len(shares)
     # Square cells of at least 0.34 inch, and panels at least 2.2 inches wide so the titles fit.
     cell = max(0.34, 2.2 / heads)
     fig = Figure(figsize=(panels * heads * cell + 2.6 + 1.2 * (panels - 3), layers * cell + 1.9),
@@ -204,11 +218,10 @@ def plot_head_map(
                 color="white" if dark else "black",
             )
 
-    if frequency is not None:
-        ax_freq = axes[3]
+    for ax_freq, (frequency, title) in zip(axes[3:], shares, strict=True):
         shown = ax_freq.imshow(frequency, cmap="Blues", vmin=0.0, vmax=1.0)
         fig.colorbar(shown, cax=ax_freq.inset_axes((1.04, 0.0, 0.05, 1.0)), label="share of selections")
-        ax_freq.set_title(stability_title or "kept when a shard is left out")
+        ax_freq.set_title(title)
     for ax in axes:
         _grid_axes(ax, shape)
         _outline(ax, reps, _REPRESENTATIVE)
@@ -314,8 +327,10 @@ def plot_layer_retention(kept: np.ndarray, path: str | os.PathLike[str]) -> None
 
 def plot_budget(
     heads_kept: Sequence[int],
+    strategies: Sequence[str],
     before: Sequence[float],
-    after: Sequence[float],
+    best: Sequence[float],
+    interval: Sequence[tuple[float, float]],
     *,
     threshold: float,
     dense: float,
@@ -324,42 +339,53 @@ def plot_budget(
     total_heads: int,
     path: str | os.PathLike[str],
 ) -> None:
-    """The accuracy budget's candidates: validation score against heads kept, before and after screening.
+    """The accuracy budget's candidates: best validation score against heads kept, one marker per strategy.
 
     Parameters
     ----------
-    heads_kept, before, after : sequences of the same length
-        Per candidate, in the order tried: heads kept, and the validation score (0-1) of the pruned
-        model before recovery and after its screening recovery.
+    heads_kept, strategies, before, best, interval : sequences of the same length C
+        Per candidate, in the order tried: heads kept, the strategy that chose them, the validation
+        score (0-1) before recovery and at its best evaluation, and the 95 % interval of that best
+        score (low, high), drawn as an error bar.
     threshold, dense : float
         The score a candidate had to reach, and the dense model's.
     metric : str
         ``accuracy`` or ``macro_f1``, for the axis label.
     chosen : int or None
-        ``heads_kept`` of the chosen candidate; None when no candidate met the budget.
+        Index of the chosen candidate; None when no candidate met the budget.
     total_heads : int
     path : str or path
         PNG file to write; its folder must exist.
     """
-    if not (len(heads_kept) == len(before) == len(after)) or not heads_kept:
-        raise InvalidInputError("the budget plot needs one heads_kept, before and after value per candidate")
-    fig = Figure(figsize=(6.0, 3.8), layout="constrained")
+    n = len(heads_kept)
+    if not n or not (len(strategies) == len(before) == len(best) == len(interval) == n):
+        raise InvalidInputError("the budget plot needs one heads_kept, strategy, before, best and interval per "
+                                "candidate")
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     x = np.asarray(heads_kept, dtype=float)
-    ax.plot(x, np.asarray(before), "o:", color=_PRUNED, markeredgecolor="grey", label="before recovery", zorder=2)
-    ax.plot(x, np.asarray(after), "o-", color=_KEPT, label="after the screening recovery", zorder=3)
+    ax.plot(x, np.asarray(before), "o", color=_PRUNED, markeredgecolor="grey", label="before recovery", zorder=2)
+    markers = "osD^v<>p"
+    for i, name in enumerate(dict.fromkeys(strategies)):
+        rows = [j for j in range(n) if strategies[j] == name]
+        # A percentile interval need not contain the point itself: a bar never points the wrong way.
+        lo = np.asarray([max(0.0, best[j] - interval[j][0]) for j in rows])
+        hi = np.asarray([max(0.0, interval[j][1] - best[j]) for j in rows])
+        # Neighbouring strategies side by side at one head count.
+        ax.errorbar(x[rows] + 0.25 * i, np.asarray(best)[rows], yerr=np.vstack([lo, hi]), fmt=markers[i % 8],
+                    color=_CLUSTER_COLOURS[i % len(_CLUSTER_COLOURS)], capsize=2, lw=0.8,
+                    label=f"{name}: best after recovery (95 % interval)", zorder=3)
     ax.axhline(dense, color="black", ls="--", lw=1, label=f"dense ({dense:.1%})", zorder=1)
     ax.axhline(threshold, color=_SAFETY, ls="-.", lw=1.2, label=f"budget threshold ({threshold:.1%})", zorder=1)
-    if chosen is not None and chosen in heads_kept:
-        i = list(heads_kept).index(chosen)
-        ax.plot([x[i]], [after[i]], marker="*", ms=16, color=_CHOSEN, ls="none", label=f"chosen: {chosen} heads",
-                zorder=4)
+    if chosen is not None:
+        ax.plot([x[chosen]], [best[chosen]], marker="*", ms=16, color=_CHOSEN, ls="none",
+                label=f"chosen: {heads_kept[chosen]} heads ({strategies[chosen]})", zorder=4)
     ax.set_xlim(0, total_heads)
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
     ax.set_xlabel(f"heads kept (of {total_heads})")
     ax.set_ylabel(f"validation {metric.replace('_', '-')}")
-    verdict = "no candidate within the budget" if chosen is None else "the first within the budget is kept"
-    ax.set_title(f"accuracy budget: candidates tried, fewest heads first\n({verdict})", fontsize=10)
+    verdict = "no candidate within the budget" if chosen is None else "the fewest heads within the budget"
+    ax.set_title(f"accuracy budget: every candidate tried\n({verdict})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     _save(fig, path)

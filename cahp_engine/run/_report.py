@@ -17,6 +17,7 @@ from cahp_engine.export import ExportRecord
 from cahp_engine.results import (
     BudgetRecord,
     ClassificationMetrics,
+    ConsensusRecord,
     JsonRecord,
     ParameterCounts,
     SamplingRecord,
@@ -24,6 +25,8 @@ from cahp_engine.results import (
     StabilityRecord,
     TrainingResult,
 )
+from cahp_engine.run._identity import Identity, Recipe
+from cahp_engine.run._quality import QualityRecord
 
 #: ``format_version`` of the reports this engine writes.
 REPORT_FORMAT_VERSION = 1
@@ -58,6 +61,18 @@ class RunSummary(JsonRecord):
     int8_accuracy, int8_speedup : float or None
         Accuracy of ``onnx-int8/`` on the evaluation split, and its speed-up as ``onnx_speedup``
         (None without ``quantize="int8"``).
+    base_model, dataset : str or None
+        The dense model and the dataset by name (``identity`` in the report).
+    dense_macro_f1, pruned_macro_f1, onnx_accuracy, onnx_macro_f1, int8_macro_f1 : float or None
+        Macro-F1 of each model on the evaluation split, and the ONNX graph's own accuracy.
+    int8_max_abs_diff : float or None
+        The int8 graph's largest absolute logit difference from the pruned PyTorch model (measured;
+        int8 is not meant to be exact).
+    speedup_low, speedup_high, onnx_speedup_low, onnx_speedup_high, int8_speedup_low, int8_speedup_high
+        The 95 % interval of each speed-up over the interleaved timing rounds; a speed-up whose interval
+        holds 1 is no measurable change.
+    warnings : tuple of str
+        Every warning of the run, the quality flags (``quality``) included.
     """
 
     k_star: int
@@ -71,6 +86,21 @@ class RunSummary(JsonRecord):
     onnx_speedup: float | None = None
     int8_accuracy: float | None = None
     int8_speedup: float | None = None
+    base_model: str | None = None
+    dataset: str | None = None
+    dense_macro_f1: float | None = None
+    pruned_macro_f1: float | None = None
+    onnx_accuracy: float | None = None
+    onnx_macro_f1: float | None = None
+    int8_macro_f1: float | None = None
+    int8_max_abs_diff: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    onnx_speedup_low: float | None = None
+    onnx_speedup_high: float | None = None
+    int8_speedup_low: float | None = None
+    int8_speedup_high: float | None = None
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +235,9 @@ class SelectionRecord(JsonRecord):
     stability : StabilityRecord or None
         The same choice from the statistics of every shard but one; None when
         ``stability_shards`` is 0 or the shards were too thin.
+    consensus : ConsensusRecord or None
+        For a consensus strategy, how the K + 1 analyses it combined agreed and how often each head
+        was kept; None for the other strategies and when there were no leave-one-out analyses.
     """
 
     strategy: str
@@ -224,6 +257,32 @@ class SelectionRecord(JsonRecord):
     signature_sampling: SamplingRecord | None
     calibration_sampling: SamplingRecord | None
     stability: StabilityRecord | None
+    consensus: ConsensusRecord | None = None
+
+
+@dataclass(frozen=True)
+class ValidationRecord(JsonRecord):
+    """The validation split recovery judged on (early stopping, an accuracy budget); never the evaluation split.
+
+    Attributes
+    ----------
+    split : str
+        The dataset's validation split, or the training split's name when ``carved``.
+    carved : bool
+        True when the ``rows`` are a seeded stratified 10 % of the training split, left out of
+        selection and of every fine-tuning (``dataset.train_rows`` counts what was left).
+    rows : int
+    metric : {"accuracy", "macro_f1"}
+        What recovery's early stopping and the budget watch (``budget_metric``).
+    dense : ClassificationMetrics
+        The dense model on this split.
+    """
+
+    split: str
+    carved: bool
+    rows: int
+    metric: str
+    dense: ClassificationMetrics
 
 
 @dataclass(frozen=True)
@@ -286,6 +345,15 @@ class RunReport(JsonRecord):
         The whole run.
     budget : BudgetRecord or None
         The accuracy-budget search, when ``config.max_accuracy_drop`` was set.
+    validation : ValidationRecord or None
+        The validation split recovery kept its best weights on (``recovery.validation`` is its curve),
+        when ``early_stopping_patience`` or ``max_accuracy_drop`` was set.
+    identity : Identity or None
+        What the pruned model is: base model and dataset by name, classes, job, labels, cahp version.
+    recipe : Recipe or None
+        How it was made, in one place: head, dense fine-tuning, selection, recovery, seed, rows.
+    quality : QualityRecord or None
+        The quality checks of the dense, pruned and int8 models; their flags are also in ``warnings``.
     """
 
     format_version: int
@@ -309,6 +377,10 @@ class RunReport(JsonRecord):
     warnings: tuple[str, ...]
     wall_time_s: float
     budget: BudgetRecord | None = None
+    validation: ValidationRecord | None = None
+    identity: Identity | None = None
+    recipe: Recipe | None = None
+    quality: QualityRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -351,3 +423,4 @@ class FailedRunReport(JsonRecord):
     budget: BudgetRecord | None
     timings_s: dict[str, float]
     warnings: tuple[str, ...]
+    validation: ValidationRecord | None = None

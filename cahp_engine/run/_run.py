@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -29,7 +30,7 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
-from cahp_engine.progress import STAGE_SPAN, Monitor
+from cahp_engine.progress import Monitor, RunProgress, skipped_stages, stage_spans
 from cahp_engine.recovery import TeacherLogits, count_parameters
 from cahp_engine.results import BudgetRecord, ClassificationMetrics, TrainingResult
 from cahp_engine.run import _steps as steps
@@ -40,7 +41,20 @@ from cahp_engine.run._artifacts import (
     write_head_map,
     write_json,
 )
-from cahp_engine.run._deploy import INT8_PRUNED, ONNX_PRUNED, export_for_deployment, write_cards
+from cahp_engine.run._budget import budget_warnings
+from cahp_engine.run._checkpoints import Checkpointer, CheckpointStore
+from cahp_engine.run._completion import complete_report
+from cahp_engine.run._deploy import (
+    INT8_PRUNED,
+    ONNX_PRUNED,
+    TORCH_PRUNED,
+    export_for_deployment,
+    latency_seq_len,
+    torch_speed,
+    write_cards,
+)
+from cahp_engine.run._identity import RunIdentity
+from cahp_engine.run._live import LOG_INTERVAL_S, LiveLog
 from cahp_engine.run._report import (
     REPORT_FORMAT_VERSION,
     DatasetInfo,
@@ -55,6 +69,7 @@ from cahp_engine.run._report import (
     RunReport,
     RunSummary,
     SelectionRecord,
+    ValidationRecord,
 )
 from cahp_engine.selection import SelectionResult
 
@@ -76,9 +91,13 @@ def run_pruning(
     overwrite: bool = False,
     model_name: str | None = None,
     dataset_name: str | None = None,
+    identity: RunIdentity | None = None,
     progress: Callable[[str, float], None] | None = None,
     should_cancel: Callable[[], bool] | None = None,
     log: Callable[[str], None] | None = None,
+    checkpoints: CheckpointStore | None = None,
+    checkpoint_interval_s: float = 0.0,
+    log_interval_s: float = LOG_INTERVAL_S,
 ) -> RunReport:
     """Prune ``model_ref`` on ``dataset_ref`` and write the artifacts to ``output_dir``.
 
@@ -106,12 +125,24 @@ def run_pruning(
     model_name, dataset_name : str, optional
         How the report and the log name the model and the dataset (default: ``model_ref`` and
         ``dataset_ref``). The job service passes the job's URIs, so no worker path reaches a caller.
+    identity : RunIdentity, optional
+        What the caller knows of the model that the inputs cannot say: its name, the job and its
+        labels, the names of uploaded inputs. ``report.identity`` adds what the inputs say (hub ids,
+        the checkpoint's ``_name_or_path``), and the cards, the summary and the recipe follow.
     progress : callable(stage, overall_fraction), optional
-        ``overall_fraction`` places the stage's own progress in its :data:`STAGE_SPAN`.
+        ``overall_fraction`` places the stage's own progress in its span
+        (:func:`~cahp_engine.progress.stage_spans` of the stages this run has); it never decreases.
     should_cancel : callable() -> bool, optional
         Polled between steps; True raises :class:`~cahp_engine.errors.JobCancelledError`.
     log : callable(str), optional
-        Receives human-readable lines about what the run is doing.
+        Receives human-readable lines about what the run is doing: at least one every
+        ``log_interval_s`` seconds of a long stage (a fine-tuning's epoch, loss and pace).
+    checkpoints : CheckpointStore, optional
+        Where the run saves each finished stage and its fine-tunings' stops, and whence it resumes what
+        an earlier run of the same job saved (:mod:`cahp_engine.run._checkpoints`).
+    checkpoint_interval_s : float
+        A fine-tuning's state is saved at its stops (epoch ends), no more often than this.
+    log_interval_s : float
 
     Returns
     -------
@@ -123,22 +154,26 @@ def run_pruning(
     prepare_output_dir(out, overwrite=overwrite)
     say = log or (lambda _line: None)
 
-    def overall(stage: str, fraction: float) -> None:
-        if progress is not None:
-            lo, hi = STAGE_SPAN.get(stage, (0.0, 1.0))
-            progress(stage, lo + (hi - lo) * fraction)
+    placed = RunProgress(progress, stage_spans(skipped_stages(config)))
+    live = LiveLog(say, interval_s=log_interval_s)
 
+    def overall(stage: str, fraction: float) -> None:
+        placed(stage, fraction)
+        live.progress(stage, fraction)
+
+    resumed = Checkpointer(checkpoints, config, say, live=live, interval_s=checkpoint_interval_s)
     run = steps.RunContext(config=config, device=resolve_device(config.device),
                            monitor=Monitor(overall, should_cancel), say=say, overall=overall,
-                           should_cancel=should_cancel)
+                           should_cancel=should_cancel, training=resumed)
     with staged_output(out, publish_on=(AccuracyBudgetError,)) as work:
         # A missed accuracy budget is the one documented exception to "a failed run leaves nothing":
         # the candidates' report and plots say why no head count met it (report.json has "status": "failed").
-        report = _run(run, work=work, model_ref=model_ref, dataset_ref=dataset_ref,
+        report = _run(run, resumed, work=work, model_ref=model_ref, dataset_ref=dataset_ref,
                       options=dataset_options or DatasetOptions(), max_rows=max_dataset_rows,
                       max_params=max_model_params, revision=revision,
                       hub_token=hub_token, cache_dir=cache_dir, model_name=model_name or model_ref,
                       dataset_name=dataset_name or dataset_ref)
+        report = complete_report(report, identity=identity, model_ref=model_ref, dataset_ref=dataset_ref)
         report = dataclasses.replace(report, wall_time_s=time.perf_counter() - started)
         write_cards(work, report)
         write_json(work / "report.json", report.to_dict())
@@ -161,6 +196,7 @@ class _Recovered:
 
 def _run(
     run: steps.RunContext,
+    resumed: Checkpointer,
     *,
     work: Path,
     model_ref: str,
@@ -184,31 +220,39 @@ def _run(
     if config.dense_finetune == "never" and not loaded.classifier_trained:
         warnings.append("the model's classifier head is untrained and dense fine-tuning is off; "
                         "selection will profile an untrained classifier")
-    dense = steps.dense_finetune(run, model=model, inputs=inputs, classifier_trained=loaded.classifier_trained)
+    dense = resumed.dense_finetune(run, model=model, inputs=inputs, classifier_trained=loaded.classifier_trained)
     dense_metrics = steps.evaluate_dense(run, model=model, evaluation=inputs.evaluation)
-    result = steps.select(run, model=model, train=inputs.rows)
+    result = resumed.select(run, model=model, train=inputs.rows)
     warnings.extend(result.warnings)
     teacher = steps.teacher(run, model=model, train=inputs.train)
+    held = _dense_on_validation(run, inputs, model)
     if config.max_accuracy_drop is None:
         pruned, parameters = steps.prune(run, model=model, selection=result.selection)
-        before = steps.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
-        recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher)
+        before = resumed.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
+        validate = None if held is None or inputs.validation is None else steps.validation_scorer(
+            run, validation=inputs.validation, dense=held[0].dense)
+        with resumed.training("recovery"):
+            recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher, validate=validate)
         done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters)
     else:
+        assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
         try:
-            done = _within_budget(run, inputs=inputs, model=model, result=result, teacher=teacher)
+            done = _within_budget(run, inputs=inputs, model=model, result=result, teacher=teacher, held=held)
         except AccuracyBudgetError as exc:
+            if exc.budget is not None:
+                warnings.extend(budget_warnings(exc.budget))
             _write_failure(work, run, exc, result=result, inputs=inputs, options=options, dense=dense,
                            dense_metrics=dense_metrics, warnings=warnings, model_name=model_name,
-                           dataset_name=dataset_name, dataset_ref=dataset_ref, revision=revision)
+                           dataset_name=dataset_name, dataset_ref=dataset_ref, revision=revision,
+                           validation=held[0])
             raise
     result, pruned = done.result, done.pruned
-    after, speed = steps.evaluate_recovered(run, dense=model, pruned=pruned, evaluation=inputs.evaluation)
+    after = steps.evaluate_recovered(run, pruned=pruned, evaluation=inputs.evaluation)
     warnings.extend(steps.recall_warnings(dense_metrics, after, tuple(inputs.splits.label_names)))
     if done.budget is not None:
-        warnings.extend(_budget_warnings(done.budget))
+        warnings.extend(budget_warnings(done.budget))
     export = export_for_deployment(run, work=work, dense=model, pruned=pruned, tokenizer=loaded.tokenizer,
-                                   evaluation=inputs.evaluation, seq_len=speed.seq_len)
+                                   evaluation=inputs.evaluation, seq_len=latency_seq_len(inputs.evaluation))
     with run.monitor.stage("artifacts"):
         checkpoint = write_artifacts(work, pruned=pruned, tokenizer=loaded.tokenizer, result=result, config=config,
                                      evaluation=inputs.evaluation, device=run.device)
@@ -222,7 +266,7 @@ def _run(
         summary=RunSummary(
             k_star=result.k_star, heads_total=int(sel.kept_mask.size), heads_kept=sel.num_kept,
             retention=sel.retention, dense_accuracy=dense_metrics.accuracy, pruned_accuracy=after.accuracy,
-            speedup=speed.speedup_at(32),
+            speedup=export.speedup_at(TORCH_PRUNED),
             onnx_max_abs_diff=export.onnx.parity.max_abs_diff if export.onnx and export.onnx.parity else None,
             onnx_speedup=export.speedup_at(ONNX_PRUNED),
             int8_accuracy=(export.onnx_int8.accuracy.accuracy
@@ -233,7 +277,7 @@ def _run(
                           dataset_ref=dataset_ref, revision=revision),
         metrics=RunMetrics(dense=dense_metrics, pruned_before_recovery=done.before, pruned=after),
         parameters=done.parameters,
-        speed=speed,
+        speed=torch_speed(export),
         recovery=done.recovery,
         checkpoint=checkpoint,
         export=export,
@@ -241,42 +285,41 @@ def _run(
         warnings=tuple(warnings),
         wall_time_s=0.0,
         budget=done.budget,
+        validation=None if held is None else held[0],
     )
 
 
+def _dense_on_validation(run: steps.RunContext, inputs: steps.Inputs,
+                         model: nn.Module) -> tuple[ValidationRecord, np.ndarray] | None:
+    """The dense model on the validation split recovery judges on (None when it judges on none)."""
+    if inputs.validation is None or inputs.held_out is None:
+        return None
+    metrics, predictions = steps.evaluate_validation(run, model=model, validation=inputs.validation)
+    held = inputs.held_out
+    record = ValidationRecord(split=held.split, carved=held.carved, rows=len(inputs.validation),
+                              metric=run.config.budget_metric, dense=metrics)
+    return record, predictions
+
+
 def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, model: nn.Module, result: SelectionResult,
-                   teacher: TeacherLogits | None) -> _Recovered:
+                   teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray]) -> _Recovered:
     """The accuracy budget's search, then the chosen candidate as the run's selection (docs/method.md).
 
     Raises :class:`AccuracyBudgetError` when no candidate is within the budget.
     """
-    assert inputs.validation is not None  # steps.load carves or finds one whenever a budget is set
-    dense_validation = steps.evaluate_validation(run, model=model, validation=inputs.validation)
     outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
-                                  dense_validation=dense_validation)
-    chosen = outcome.candidate
+                                  dense_validation=held[0].dense, dense_predictions=held[1])
     assert result.analysis is not None
-    result = dataclasses.replace(result, selection=chosen.selection, k_star=chosen.k, knee=None,
-                                 clustering=result.analysis.partition(chosen.k))
+    result = dataclasses.replace(result, selection=outcome.selection, k_star=outcome.k, knee=None,
+                                 clustering=result.analysis.partition(outcome.k))
     # Only now is the evaluation split read: the search itself never touched it.
-    fresh, _ = steps.prune(run, model=model, selection=chosen.selection)
+    fresh, _ = steps.prune(run, model=model, selection=outcome.selection)
     before = steps.evaluate_pruned(run, model=fresh, evaluation=inputs.evaluation)
     del fresh
     pruned = outcome.model
     return _Recovered(result=result, pruned=pruned, before=before, recovery=outcome.recovery,
                       parameters=RunParameters(dense=count_parameters(model), pruned=count_parameters(pruned)),
                       budget=outcome.record)
-
-
-def _budget_warnings(budget: BudgetRecord) -> list[str]:
-    """A chosen candidate that met the budget after screening but not after the full recovery."""
-    final = budget.candidates[-1]
-    final_score = final.accuracy_final if budget.metric == "accuracy" else final.macro_f1_final
-    if final_score is None or final_score >= budget.threshold:
-        return []
-    return [f"the chosen {final.heads_kept} heads met the budget after the screening recovery but "
-            f"ended at validation {budget.metric} {final_score:.4f} after the full recovery, below "
-            f"the threshold {budget.threshold:.4f}"]
 
 
 def _model_info(inputs: steps.Inputs, model_name: str, revision: str | None) -> ModelInfo:
@@ -319,7 +362,7 @@ def _shared_records(
 def _write_failure(
     work: Path, run: steps.RunContext, exc: AccuracyBudgetError, *, result: SelectionResult, inputs: steps.Inputs,
     options: DatasetOptions, dense: DenseFinetuneRecord, dense_metrics: ClassificationMetrics, warnings: list[str],
-    model_name: str, dataset_name: str, dataset_ref: str, revision: str | None,
+    model_name: str, dataset_name: str, dataset_ref: str, revision: str | None, validation: ValidationRecord,
 ) -> None:
     """What a run that missed its accuracy budget leaves: the curve, the head map of the knee's
     choice, and a report with ``"status": "failed"``, the error and every candidate tried."""
@@ -340,6 +383,7 @@ def _write_failure(
         budget=budget,
         timings_s=dict(run.monitor.timings),
         warnings=tuple(warnings),
+        validation=validation,
     )
     write_json(work / "report.json", report.to_dict())
 
@@ -364,6 +408,7 @@ def _selection_record(result: SelectionResult, config: PruningConfig) -> Selecti
         signature_sampling=result.signature_sampling,
         calibration_sampling=result.calibration_sampling,
         stability=result.stability,
+        consensus=result.consensus,
     )
 
 

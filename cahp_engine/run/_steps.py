@@ -8,9 +8,10 @@ artifacts is :mod:`cahp_engine.run._artifacts`, and :func:`cahp_engine.run.run_p
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,9 +30,20 @@ from cahp_engine.data import (
 )
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS, LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
-from cahp_engine.recovery import TeacherLogits, compare_speed, count_parameters, evaluate, finetune, teacher_logits
-from cahp_engine.results import ClassificationMetrics, SpeedComparison, TrainingResult
-from cahp_engine.run._budget import BudgetOutcome, ValidationData, candidates, search, validation_data
+from cahp_engine.recovery import (
+    TeacherLogits,
+    Validator,
+    balanced_class_weights,
+    count_parameters,
+    evaluate,
+    finetune,
+    teacher_logits,
+)
+from cahp_engine.results import ClassificationMetrics, TrainingResult
+from cahp_engine.run._budget import BudgetOutcome, ladder, search
+from cahp_engine.run._candidates import SearchInputs
+from cahp_engine.run._holdout import ValidationData, ValidationScorer, score_of, validation_data
+from cahp_engine.run._live import TrainingHooks
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
@@ -52,6 +64,9 @@ class RunContext:
     overall : callable(stage, fraction)
         Progress of a stage that reports it in steps (fine-tuning), mapped to the whole run.
     should_cancel : callable() -> bool, optional
+    training : TrainingHooks, optional
+        Given to every fine-tuning: a saved state to go on from, and a call at each stop (checkpoints,
+        the live log; :mod:`cahp_engine.run._checkpoints`).
     """
 
     config: PruningConfig
@@ -60,6 +75,7 @@ class RunContext:
     say: Callable[[str], None]
     overall: Callable[[str, float], None]
     should_cancel: CancelFn | None = None
+    training: TrainingHooks | None = None
 
 
 @dataclass(frozen=True)
@@ -67,9 +83,9 @@ class Inputs:
     """The loaded model and the splits.
 
     ``rows`` is the training split tokenised on demand: selection reads only the rows it samples.
-    ``train`` tokenises every row the first time a step asks for it (fine-tuning). With an accuracy
-    budget, ``validation`` is the split it scores on and ``held_out`` says where it came from; rows
-    carved from the training split are then not in ``rows``.
+    ``train`` tokenises every row the first time a step asks for it (fine-tuning). When recovery
+    watches a validation split (early stopping, an accuracy budget), ``validation`` is that split and
+    ``held_out`` says where it came from; rows carved from the training split are then not in ``rows``.
     """
 
     loaded: LoadedClassifier
@@ -113,14 +129,19 @@ def load(
                                  cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed,
                                  max_params=max_params)
         loaded.model.to(device).eval()
+        if not loaded.classifier_trained:
+            # A head cahp creates classifies the dataset's classes: name them as the dataset does, so
+            # config.json (and every export) says `very negative`, not `LABEL_0`.
+            name_classes(loaded.model, splits.label_names)
         held_out = validation = None
         train = splits.train
-        if config.max_accuracy_drop is not None:
+        if watches_validation(config):
             held_out = validation_data(splits, dataset_ref, options, seed=config.seed, cache_dir=cache_dir,
                                        token=hub_token, max_rows=max_rows)
             train = held_out.train
             validation = encode(loaded.tokenizer, held_out.validation, max_length=config.max_length)
-            run.say(f"accuracy budget: validating on {len(validation)} rows "
+            why = "accuracy budget" if config.max_accuracy_drop is not None else "early stopping"
+            run.say(f"{why}: validating on {len(validation)} rows "
                     + (f"carved from split {held_out.split!r} (left out of selection and training)"
                        if held_out.carved else f"of split {held_out.split!r}"))
         rows = LazyEncodedDataset(loaded.tokenizer, train, max_length=config.max_length)
@@ -130,6 +151,18 @@ def load(
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
     return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,
                   held_out=held_out)
+
+
+def name_classes(model: nn.Module, label_names: Sequence[str]) -> None:
+    """Set the config's ``id2label`` and ``label2id`` from the dataset's class names (index i is class i)."""
+    config: Any = model.config
+    config.id2label = {i: str(name) for i, name in enumerate(label_names)}
+    config.label2id = {str(name): i for i, name in enumerate(label_names)}
+
+
+def watches_validation(config: PruningConfig) -> bool:
+    """Whether the run's recovery judges on a validation split (early stopping or an accuracy budget)."""
+    return config.max_accuracy_drop is not None or config.early_stopping_patience > 0
 
 
 def dense_finetune(
@@ -188,7 +221,7 @@ def prune(run: RunContext, *, model: nn.Module, selection: Selection) -> tuple[n
 
 def evaluate_pruned(run: RunContext, *, model: nn.Module, evaluation: EncodedDataset) -> ClassificationMetrics:
     """Score the pruned model before recovery."""
-    with run.monitor.stage("evaluation"):
+    with run.monitor.stage("pruned_evaluation"):
         metrics = evaluate(model, evaluation, batch_size=run.config.batch_size, device=run.device)
     run.say(f"pruned accuracy before recovery {metrics.accuracy:.4f}")
     return metrics
@@ -205,41 +238,55 @@ def teacher(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> Teac
 
 
 def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher: TeacherLogits | None = None,
-            epochs: float | None = None, stage: str = "recovery") -> TrainingResult:
-    """Recovery fine-tuning of the pruned model, in place: ``config.epochs`` unless ``epochs`` is given.
+            validate: Validator | None = None, stage: str = "recovery") -> TrainingResult:
+    """Recovery fine-tuning of the pruned model, in place, for ``config.epochs``.
 
-    With ``teacher`` the loss is the distillation loss (``distill_alpha``, ``distill_temperature``).
+    With ``teacher`` the loss is the distillation loss (``distill_alpha``, ``distill_temperature``);
+    with ``class_weight`` balanced each class weighs ``n / (C n_c)``. With ``validate`` (a scorer of
+    the validation split) it evaluates before training and at every evaluation step, keeps the best
+    weights, stops after ``early_stopping_patience`` evaluations without gain and ends with the best.
     """
     config = run.config
-    epochs = config.epochs if epochs is None else epochs
     with run.monitor.stage(stage):
         how = (f"distillation (alpha {config.distill_alpha:g}, T {config.distill_temperature:g})"
                if teacher is not None else "cross-entropy")
-        run.say(f"recovery fine-tuning: {epochs:g} epochs at lr {config.lr}, {how}")
-        return train_model(run, model=model, train=train, epochs=epochs, lr=config.lr, stage=stage,
-                           teacher=teacher)
+        if config.class_weight == "balanced":
+            how += ", class-balanced"
+        watch = "" if validate is None else (
+            f"; keeping the best validation {config.budget_metric}, patience {config.early_stopping_patience}")
+        run.say(f"recovery fine-tuning: {config.epochs:g} epochs at lr {config.lr}, {how}{watch}")
+        training = train_model(run, model=model, train=train, epochs=config.epochs, lr=config.lr, stage=stage,
+                               teacher=teacher, class_weights=class_weights(config, train), validate=validate)
+    best = next((p for p in training.validation if p.step == training.best_step), None)
+    if best is not None:
+        run.say(f"recovery kept the weights after {best.epoch:g} epoch(s): validation {config.budget_metric} "
+                f"{best.score:.4f} (before recovery {training.validation[0].score:.4f})"
+                + (f"; stopped early after {training.epochs:g} epoch(s)" if training.stopped_early else ""))
+    return training
 
 
-def evaluate_recovered(
-    run: RunContext, *, dense: nn.Module, pruned: nn.Module, evaluation: EncodedDataset
-) -> tuple[ClassificationMetrics, SpeedComparison]:
-    """Score the recovered model, and time it against the dense one.
+def class_weights(config: PruningConfig, train: EncodedDataset) -> np.ndarray | None:
+    """Class-balanced recovery's weights of ``train``'s classes, or None."""
+    return balanced_class_weights(train.labels, train.num_classes) if config.class_weight == "balanced" else None
 
-    The latency is measured at sequence length ``min(64, max(8, p95 of the evaluation lengths))``.
-    """
-    config = run.config
+
+def validation_scorer(run: RunContext, *, validation: EncodedDataset,
+                      dense: ClassificationMetrics | None) -> ValidationScorer:
+    """Scores a model on the validation split in the run's metric, marking classes lost against ``dense``."""
+    return ValidationScorer(validation, run.config.budget_metric, dense, run.config.batch_size, run.device)
+
+
+def evaluate_recovered(run: RunContext, *, pruned: nn.Module, evaluation: EncodedDataset) -> ClassificationMetrics:
+    """Score the recovered model (its speed is measured once, with the exports: ``run._deploy``)."""
     with run.monitor.stage("evaluation"):
-        metrics = evaluate(pruned, evaluation, batch_size=config.batch_size, device=run.device)
-        run.say(f"pruned accuracy after recovery {metrics.accuracy:.4f}")
-        seq_len = int(min(64, max(8, np.percentile(evaluation.lengths, 95))))
-        speed = compare_speed(dense, pruned, batch_sizes=(1, 32), seq_len=seq_len, device=run.device,
-                              warmup=config.latency_warmup, repeats=config.latency_repeats, seed=config.seed)
-    return metrics, speed
+        metrics = evaluate(pruned, evaluation, batch_size=run.config.batch_size, device=run.device)
+        run.say(f"pruned accuracy after recovery {metrics.accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
+    return metrics
 
 
 def train_model(
     run: RunContext, *, model: nn.Module, train: EncodedDataset, epochs: float, lr: float, stage: str,
-    teacher: TeacherLogits | None = None,
+    teacher: TeacherLogits | None = None, class_weights: np.ndarray | None = None, validate: Validator | None = None,
 ) -> TrainingResult:
     """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs and rate."""
     config = run.config
@@ -248,6 +295,11 @@ def train_model(
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, device=run.device,
         progress=lambda step, total: run.overall(stage, step / max(total, 1)), should_cancel=run.should_cancel,
         teacher=teacher, alpha=config.distill_alpha, temperature=config.distill_temperature,
+        class_weights=class_weights, validate=validate,
+        early_stopping_patience=config.early_stopping_patience if validate is not None else 0,
+        eval_steps=config.eval_steps,
+        resume=run.training.resume(stage) if run.training is not None else None,
+        on_stop=run.training.on_stop(stage) if run.training is not None else None,
     )
 
 
@@ -261,17 +313,18 @@ def _dense_decision(mode: str, classifier_trained: bool) -> tuple[bool, str]:
     return True, "the model has no trained classification head for the dataset's labels"
 
 
-def evaluate_validation(run: RunContext, *, model: nn.Module, validation: EncodedDataset) -> ClassificationMetrics:
-    """Score the dense model on the accuracy budget's validation split."""
+def evaluate_validation(run: RunContext, *, model: nn.Module,
+                        validation: EncodedDataset) -> tuple[ClassificationMetrics, np.ndarray]:
+    """Score the dense model on the validation split: its metrics and its predictions."""
     with run.monitor.stage("dense_evaluation"):
-        metrics = evaluate(model, validation, batch_size=run.config.batch_size, device=run.device)
+        metrics, predictions = validation_scorer(run, validation=validation, dense=None).score(model)
     run.say(f"dense validation accuracy {metrics.accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
-    return metrics
+    return metrics, predictions
 
 
 def budget_search(
     run: RunContext, *, inputs: Inputs, model: nn.Module, result: SelectionResult, teacher: TeacherLogits | None,
-    dense_validation: ClassificationMetrics,
+    dense_validation: ClassificationMetrics, dense_predictions: np.ndarray,
 ) -> BudgetOutcome:
     """The accuracy budget's search (:func:`cahp_engine.run._budget.search`) over ``result``'s analysis.
 
@@ -279,26 +332,27 @@ def budget_search(
     """
     config = run.config
     assert inputs.validation is not None and inputs.held_out is not None and result.analysis is not None
-    validation = inputs.validation
-    options = candidates(result.analysis, config.strategy, seed=config.seed)
     assert config.max_accuracy_drop is not None
+    steps = ladder(result.analysis, tuple(config.budget_strategies), seed=config.seed)
+    train = inputs.train
+    batches = -(-len(train) // config.batch_size)
+    # Progress over an estimate: each strategy's candidate, about log2(steps + 1) rounds and the last one's end.
+    expected = max(1, int(batches * config.epochs * len(config.budget_strategies)
+                          * (np.log2(len(steps) + 1) + 1)))
+    done = [0]
 
-    def prune_copy(selection: Selection) -> nn.Module:
-        pruned = copy.deepcopy(model)
-        prune_heads(pruned, selection.kept)
-        return pruned.eval()
+    def progress(_step: int, _total: int) -> None:
+        done[0] += 1
+        run.overall("budget", min(0.99, done[0] / expected))
 
-    def score(candidate: nn.Module) -> ClassificationMetrics:
-        return evaluate(candidate, validation, batch_size=config.batch_size, device=run.device)
-
-    def train(candidate: nn.Module, epochs: float) -> TrainingResult:
-        stage = "recovery" if epochs >= config.epochs else "budget"
-        return recover(run, model=candidate, train=inputs.train, teacher=teacher, epochs=epochs, stage=stage)
-
-    return search(options, max_drop=config.max_accuracy_drop, metric=config.budget_metric,
-                  dense_validation=dense_validation, validation=inputs.held_out,
-                  screen_epochs=config.budget_screen_epochs, epochs=config.epochs, prune=prune_copy, recover=train,
-                  score=score, say=run.say)
+    shared = SearchInputs(
+        dense=model, train=train, validation=inputs.validation, dense_validation=dense_validation,
+        dense_predictions=dense_predictions, teacher=teacher, class_weights=class_weights(config, train),
+        config=config, device=run.device,
+        threshold=score_of(dense_validation, config.budget_metric) - config.max_accuracy_drop / 100.0,
+        progress=progress, should_cancel=run.should_cancel)
+    with run.monitor.stage("budget"):
+        return search(steps, shared, validation=inputs.held_out, say=run.say)
 
 
 def recall_warnings(dense: ClassificationMetrics, pruned: ClassificationMetrics,

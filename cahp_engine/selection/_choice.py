@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cahp_engine.errors import ConfigError
+from cahp_engine.results import ConsensusRecord
 
 Head = tuple[int, int]
 
@@ -28,12 +29,15 @@ class Selection:
     layer_safety_added : tuple of (layer, head)
         Heads kept only because their layer would otherwise have none.
     strategy : str
+    consensus : ConsensusRecord or None
+        For a consensus strategy: how the K + 1 analyses it combined agreed (None otherwise).
     """
 
     kept_mask: np.ndarray
     representatives: tuple[Head, ...]
     layer_safety_added: tuple[Head, ...]
     strategy: str
+    consensus: ConsensusRecord | None = None
 
     @property
     def kept(self) -> dict[int, list[int]]:
@@ -96,6 +100,42 @@ def select_representatives(labels: np.ndarray, salience: np.ndarray, *, layer_sa
         mask[best // n_heads, best % n_heads] = True
     added = _layer_safety(mask, grid) if layer_safety else ()
     return Selection(kept_mask=mask, representatives=tuple(sorted(reps)), layer_safety_added=added, strategy="cahp")
+
+
+def select_most_frequent(frequency: np.ndarray, salience: np.ndarray, count: int) -> Selection:
+    """Keep the ``count`` heads chosen most often, then the most salient head of any empty layer.
+
+    Parameters
+    ----------
+    frequency : ndarray of shape (L, H)
+        How often each head was chosen (a share or a count).
+    salience : ndarray of shape (L, H)
+        Breaks ties in ``frequency`` (more salient first, then the lower global index).
+    count : int
+        1 <= count <= L * H.
+
+    Returns
+    -------
+    Selection
+        The ``count`` heads as ``representatives``; ``strategy`` ``stability-selection``.
+
+    References
+    ----------
+    Meinshausen & Buehlmann (2010), stability selection, with the number kept fixed instead of a
+    frequency threshold.
+    """
+    grid = _as_grid(salience)
+    votes = np.asarray(frequency, dtype=np.float64)
+    if votes.shape != grid.shape:
+        raise ValueError(f"frequency must have the shape of salience {grid.shape}, got {votes.shape}")
+    _check_count(count, grid.size)
+    # lexsort sorts by its last key first: frequency, then salience, then the index (stable).
+    order = np.lexsort((-grid.reshape(-1), -votes.reshape(-1)))[:count]
+    chosen = _from_indices(order, grid.shape, "stability-selection")
+    mask = chosen.kept_mask.copy()
+    added = _layer_safety(mask, grid)
+    return Selection(kept_mask=mask, representatives=chosen.representatives, layer_safety_added=added,
+                     strategy=chosen.strategy)
 
 
 def select_top_salience(salience: np.ndarray, count: int) -> Selection:

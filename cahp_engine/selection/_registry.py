@@ -11,6 +11,12 @@ REGISTRY: dict[str, str] = {
     "cahp": "cahp_engine.selection._strategies.cahp",
     "salience": "cahp_engine.selection._strategies.salience",
     "random": "cahp_engine.selection._strategies.random",
+    "coassociation": "cahp_engine.selection._strategies.coassociation",
+    "stability-selection": "cahp_engine.selection._strategies.stability_selection",
+    "mean-distance": "cahp_engine.selection._strategies.mean_distance",
 }
 #: The registered names, in the registry's order (``cahp`` first).
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
+#: The strategies that combine CAHP's K + 1 analyses of one selection (the full one and the
+#: leave-one-shard-out ones; :mod:`cahp_engine.selection._consensus`).
+CONSENSUS_STRATEGIES: tuple[str, ...] = ("coassociation", "stability-selection", "mean-distance")

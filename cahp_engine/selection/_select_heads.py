@@ -16,11 +16,12 @@ from torch import nn
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import TrainRows
 from cahp_engine.progress import CancelFn, Monitor, ProgressFn
-from cahp_engine.results import SamplingRecord, StabilityRecord
+from cahp_engine.results import ConsensusRecord, SamplingRecord, StabilityRecord
 from cahp_engine.selection._analysis import HeadAnalysis, analyze_heads
 from cahp_engine.selection._choice import Selection
 from cahp_engine.selection._graph_space import GraphSpace
 from cahp_engine.selection._knee import Knee
+from cahp_engine.selection._registry import CONSENSUS_STRATEGIES
 from cahp_engine.selection._stability import selection_stability
 from cahp_engine.selection._strategies import choose
 from cahp_engine.selection._sweep import Clustering, MssCurve
@@ -60,6 +61,9 @@ class SelectionResult:
         ``stability_shards`` is 0 or the shards were too thin).
     analysis : HeadAnalysis or None
         What the choice was made from; the accuracy budget chooses again from it at other k.
+    consensus : ConsensusRecord or None
+        For a consensus strategy, how its K + 1 analyses agreed (None for the others, and when there
+        were no leave-one-shard-out analyses to combine).
     """
 
     selection: Selection
@@ -80,6 +84,7 @@ class SelectionResult:
     calibration_sampling: SamplingRecord | None = None
     stability: StabilityRecord | None = None
     analysis: HeadAnalysis | None = None
+    consensus: ConsensusRecord | None = None
 
     @property
     def perplexity(self) -> float:
@@ -99,7 +104,9 @@ def select_heads(
 
     :func:`~cahp_engine.selection.analyze_heads`, then k* (the knee at ``config.poly_degree``, or
     ``heads_to_keep``), then :func:`~cahp_engine.selection.choose` with ``config.strategy``; the
-    baselines keep ``heads_to_keep`` heads, or as many as CAHP keeps at the knee.
+    baselines keep ``heads_to_keep`` heads, or as many as CAHP keeps at the knee. A consensus strategy
+    combines the analysis with its leave-one-shard-out analyses; without them (``stability_shards``
+    0, or too few samples per shard) it makes CAHP's choice and says so in ``warnings``.
 
     Parameters
     ----------
@@ -136,6 +143,11 @@ def select_heads(
     if stability is not None:
         # The leave-one-out choices are part of the stability measure's cost.
         monitor.timings["stability"] = stability.seconds - analysis.timings.get("stability", 0.0)
+    warnings = analysis.warnings
+    if config.strategy in CONSENSUS_STRATEGIES and selection.consensus is None:
+        warnings += (f"no leave-one-shard-out analyses to take the `{config.strategy}` consensus over; "
+                     "CAHP's single-run choice was made instead (set `stability_shards` >= 2 and give each "
+                     "shard at least two samples per class)",)
     return SelectionResult(
         selection=selection,
         k_star=k_star,
@@ -150,11 +162,12 @@ def select_heads(
         signature_samples=analysis.signature_samples,
         calibration_samples=analysis.calibration_samples,
         timings=_merged_timings(analysis.timings, monitor.timings),
-        warnings=analysis.warnings,
+        warnings=warnings,
         signature_sampling=analysis.signature_sampling,
         calibration_sampling=analysis.calibration_sampling,
         stability=stability,
         analysis=analysis,
+        consensus=selection.consensus,
     )
 
 

@@ -51,7 +51,7 @@ def test_another_keys_job_is_a_404_everywhere(
                            storage_key="jobs/x/1/report.json")])
     mallory = {"Authorization": f"Bearer {new_key(engine, 'mallory')}"}
     for method, path in [("GET", ""), ("POST", "/cancel"), ("GET", "/logs"), ("GET", "/artifacts"),
-                         ("GET", "/artifacts/report.json")]:
+                         ("GET", "/artifacts/report.json"), ("POST", "/register")]:
         response = client.request(method, f"/v1/jobs/{job['id']}{path}", headers=mallory)
         assert response.status_code == 404, (method, path)
         assert response.json()["code"] == "not_found"

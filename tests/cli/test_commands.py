@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -201,3 +202,18 @@ def test_wait_gives_up_at_its_timeout_and_a_garbled_answer_is_the_servers_fault(
     assert "cahp: job j1 is still running after 0.3 s" in capsys.readouterr().err
     assert main(["status", "bad", "--url", server.url, "--timeout", "0"]) == ExitCode.UNAVAILABLE
     assert "`id` is not what the API documents" in capsys.readouterr().err
+
+
+def test_wait_prints_the_time_left_and_one_phrase_for_a_broken_stream(
+        scripted: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    running = {"id": "j1", "status": "running", "stage": "recovery", "progress": 0.5, "eta_s": 754.0}
+    server = scripted({"/v1/jobs/j1": [(200, running), (200, {**running, "status": "succeeded", "eta_s": None})]})
+    assert main(["wait", "j1", "--interval", "0.05", "--url", server.url]) == 0
+    assert "j1 running recovery 50%, about 13 min left" in capsys.readouterr().err
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert main(["wait", "j1", "--follow", "--timeout", "0.5", "--url", f"http://127.0.0.1:{port}"]) != 0
+    err = capsys.readouterr().err
+    assert "the event stream of j1: the connection broke" in err and "the event stream of j1 broke" not in err

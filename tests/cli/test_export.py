@@ -67,6 +67,11 @@ def test_int8_export_with_data_writes_a_served_directory(tmp_path: Path, data: P
     assert card.data.cahp["kept_heads"] == {"0": [0, 2], "1": [], "2": [3]}
     assert "cahp" in card.data.tags and "onnx" in card.data.tags
     assert "| 1 | 0 / 4 | none (attention skipped) |" in card.text
+    # The int8 card quotes the int8 graph's own deviation, not the fp32 graph's parity.
+    deviation = result["int8"]["deviation"]["max_abs_diff"]
+    assert card.data.cahp["variant"] == "onnx-int8" and "int8" in card.data.tags
+    assert f"This int8 graph's logits differ from the pruned PyTorch model's by up to {deviation:.2g}" in card.text
+    assert f"{result['parity']['max_abs_diff']:.1e}" not in card.text
     # The card's two loading recipes run as printed.
     cahp_recipe, onnx_recipe = _code_blocks(card.text)
     monkeypatch.chdir(out.parent)

@@ -23,6 +23,7 @@ from app.client import (
     DatasetSpec,
     InvalidResponseError,
     Job,
+    JobCheck,
     JobError,
     JobResult,
     LogLine,
@@ -34,7 +35,7 @@ from app.client import (
 #: Each record and the schema component it reads.
 SCHEMA_OF: dict[type, str] = {Job: "JobPublic", JobError: "JobError", JobResult: "JobResult", ModelSpec: "ModelSpec",
                               DatasetSpec: "DatasetSpec", Artifact: "ArtifactPublic", Upload: "UploadPublic",
-                              LogLine: "LogLine"}
+                              LogLine: "LogLine", JobCheck: "JobCheck"}
 #: The fields app/cli/client_commands.py reads from each record.
 USED_BY_THE_CLI: dict[type, set[str]] = {Job: {"id", "status", "stage", "progress", "error", "labels"},
                                          JobError: {"code", "message"}, Artifact: {"name", "size", "sha256"},
@@ -62,6 +63,8 @@ def _schema_types(schema: dict[str, Any], components: dict[str, Any]) -> set[str
         return {"date-time"}
     if schema.get("type") == "object" and schema.get("additionalProperties", {}).get("type") == "string":
         return {"object of strings"}
+    if schema.get("type") == "array" and schema.get("items", {}).get("type") == "string":
+        return {"array of strings"}
     return {schema["type"]}
 
 
@@ -71,6 +74,8 @@ def _record_types(hint: Any) -> set[str]:
         return set().union(*(_record_types(arg) for arg in typing.get_args(hint)))
     if typing.get_origin(hint) is not None and issubclass(typing.get_origin(hint), Mapping):
         return {"object of strings"} if typing.get_args(hint) == (str, str) else {"object"}
+    if typing.get_origin(hint) is tuple and typing.get_args(hint) == (str, ...):
+        return {"array of strings"}
     simple = {type(None): {"null"}, str: {"string"}, int: {"integer"}, float: {"number", "integer"},
               bool: {"boolean"}, dt.datetime: {"date-time"}}
     return simple.get(hint) or {f"object:{SCHEMA_OF[hint]}"}

@@ -70,16 +70,15 @@ def test_embedded_service_runs_a_job_from_the_command_line(
         script = httpx.get(f"{url}/ui/static/app.js", timeout=10)
         assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
 
-        # A dataset without the label column: the job fails, and `cahp wait` says why and exits 1.
+        # A dataset without the label column: refused at submit (exit 2), with what to change.
         bad = tmp_path / "inputs" / "bad"
         for split, n in (("train", 30), ("test", 10)):
             path = write_split(bad / f"{split}.csv", n, seed=3)
             path.write_text(path.read_text().replace("text,label", "text,category"))
         capsys.readouterr()
-        assert main(["submit", "--model", str(model), "--dataset", str(bad), *common]) == 0
-        failed_id = capsys.readouterr().out.strip()
-        assert main(["wait", failed_id, "--timeout", "180", "--interval", "0.5", "--quiet", *common]) == 1
-        assert "invalid_dataset" in capsys.readouterr().err
+        assert main(["submit", "--model", str(model), "--dataset", str(bad), *common]) == 2
+        refused = capsys.readouterr()
+        assert refused.out == "" and "has no column 'label'" in refused.err and "Set `label_column`" in refused.err
 
         # SIGTERM stops the API and the worker it started: nothing of the group is left running.
         server.send_signal(signal.SIGTERM)

@@ -63,7 +63,8 @@ def deployment(redis_available: str, tmp_path_factory: pytest.TempPathFactory) -
 def _upload(client: TestClient, path: Path) -> str:
     with open(path, "rb") as handle:
         response = client.post("/v1/uploads", files={"file": (path.name, handle)})
-    assert response.status_code == 201, response.text
+    # 200 for bytes this key uploaded before (another test of the module): the same upload again.
+    assert response.status_code in (200, 201), response.text
     return str(response.json()["uri"])
 
 

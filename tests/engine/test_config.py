@@ -20,7 +20,8 @@ from cahp_engine.errors import ConfigError
         ({"calibration_fraction": "all"}, r"`calibration_fraction` must be a number in \(0.0, 1.0\] or 'auto'"),
         ({"stability_shards": 1}, "`stability_shards` must be 0 \\(off\\) or an integer between 2 and 20, got 1"),
         ({"stability_shards": 21}, "`stability_shards`"),
-        ({"strategy": "magnitude"}, "`strategy` must be one of cahp, salience, random, got 'magnitude'"),
+        ({"strategy": "magnitude"}, "`strategy` must be one of cahp, salience, random, coassociation, "
+                                    "stability-selection, mean-distance, got 'magnitude'"),
         ({"epochs": -1}, "`epochs` must be a number in"),
         ({"lr": 0}, "`lr`"),
         ({"heads_to_keep": 0}, "`heads_to_keep` must be an integer >= 1, got 0"),

@@ -12,6 +12,7 @@ from cahp_engine.selection import (
     analyze_heads,
     checkpoint_sizes,
     class_difference_noise,
+    is_plateau,
     jaccard,
     merge_moments,
     resolve_amount,
@@ -141,9 +142,51 @@ def test_the_rule_stops_early_on_well_separated_classes(model, separated):
 
 
 def test_the_rule_runs_to_the_cap_on_indistinguishable_classes(model, indistinct):
-    record = analyze_heads(model, indistinct, PruningConfig(resolution=6, seed=2)).signature_sampling
+    config = PruningConfig(resolution=6, seed=2)
+    record = analyze_heads(model, indistinct, config).signature_sampling
     assert record.stopped == "cap" and record.samples == len(indistinct)
-    assert all(m > 0.2 for m in record.measures)
+    # A share that never fell from 1 is no plateau, however flat: no signal has shown yet.
+    assert all(m > 0.8 for m in record.measures) and len(record.measures) == 3
+    assert not is_plateau(record.measures)
+
+
+def test_the_plateau_rule_stops_on_a_plateau_and_not_on_a_steady_decline():
+    # all-MiniLM-L6-v2 with a new head on SST-5, 512 ... 5,832 rows: the signature share never reaches 0.2.
+    first = [1.0, 0.82, 0.63, 0.61, 0.55, 0.60, 0.47]
+    assert [is_plateau(first[: i + 1]) for i in range(len(first))] == [False] * 4 + [True] * 3
+    # The same model on other sample orders: flat near 1 while the signal emerges, then a floor.
+    later = [1.0, 1.0, 0.967, 0.646, 0.616, 0.562, 0.443]
+    assert [is_plateau(later[: i + 1]) for i in range(len(later))] == [False] * 5 + [True, False]
+    assert not any(is_plateau([1.0, 1.0, 1.0, 0.947, 0.941, 0.577, 0.564][:j]) for j in range(8))
+    # A fixed signal under sampling noise, 1 / (1 + n / n0) at x1.5 rows a checkpoint, is never a plateau,
+    # from pure noise to mostly signal; nor is a steady 20 % fall per checkpoint.
+    for n0 in (50, 500, 5_000, 50_000):
+        shares = [1 / (1 + 512 * 1.5**i / n0) for i in range(12)]
+        assert not any(is_plateau(shares[:j]) for j in range(13)), n0
+    assert not any(is_plateau([0.9 * 0.8**i for i in range(j)]) for j in range(1, 8))
+    # A share that rises after the signal showed is no progress either.
+    assert is_plateau([0.5, 0.45, 0.55]) and is_plateau([0.8, 0.75, 0.7])
+    assert not is_plateau([0.5, 0.5]) and not is_plateau(first, min_gain=None)
+
+
+def test_a_pass_records_the_plateau_it_stopped_at(model, indistinct, monkeypatch):
+    from cahp_engine.selection import _convergence
+
+    scripted = iter([1.0, 0.82, 0.63, 0.61, 0.55, 0.60, 0.47])
+    measured: list[float] = []
+
+    def minilm_like(signatures, *, var_floor):
+        measured.append(next(scripted))
+        return measured[-1]
+
+    monkeypatch.setattr(_convergence, "class_difference_noise", minilm_like)
+    big = encode(make_tokenizer(), _texts(6000, separated=False, seed=4), max_length=32)
+    config = PruningConfig(resolution=6, seed=2, calibration_fraction=0.05, stability_shards=0)
+    record = analyze_heads(model, big, config, plateau_gain=_convergence.PLATEAU_GAIN).signature_sampling
+    assert record.stopped == "plateau" and record.checkpoints == (512, 768, 1152, 1728, 2592)
+    assert record.samples == 2592 and record.measures == (1.0, 0.82, 0.63, 0.61, 0.55)
+    assert record.reason == ("noise share 0.550 after 2592 of 6000 rows, only 13% below its 0.630 at 1152 rows: "
+                             "it stopped falling, and more rows buy little")
 
 
 @pytest.mark.parametrize(("amount", "expected"), [(700, 700), ("all", 1500), (1.0, 1500), (0.3, 450)])

@@ -162,8 +162,15 @@ def test_compare_speed_pairs_dense_and_pruned():
     assert speed.speedup_at(4) == speed.results[1].speedup and speed.speedup_at(32) == speed.results[0].speedup
     as_json = json.loads(json.dumps(speed.to_dict()))
     assert list(as_json) == ["device", "seq_len", "warmup", "repeats", "results"]
-    assert list(as_json["results"][0]) == ["batch_size", "dense", "pruned", "speedup"]
+    assert list(as_json["results"][0]) == ["batch_size", "dense", "pruned", "speedup", "speedup_low", "speedup_high"]
     assert type(speed).from_dict(as_json) == speed
+    # Each speed-up comes with its 95 % interval over the paired rounds, and each latency with its spread.
+    for row in speed.results:
+        assert row.speedup_low is not None and row.speedup_high is not None
+        assert row.speedup_low <= row.speedup_high
+        for latency in (row.dense, row.pruned):
+            assert latency.p25_ms is not None and latency.p75_ms is not None
+            assert latency.p25_ms <= latency.p50_ms <= latency.p75_ms
     other = make_classifier("distilbert", seed=0)
     other.resize_token_embeddings(50)
     with pytest.raises(InvalidInputError, match="different vocabularies"):

@@ -68,6 +68,7 @@ def bert_export(tmp_path_factory):
     return model, rows, directory, export_onnx(model, make_tokenizer(), directory, data=rows)
 
 
+@pytest.mark.slow  # an ONNX export and onnxruntime sessions per family
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pruned_export_reproduces_pytorch_with_left_and_right_padding(family: str, tmp_path: Path) -> None:
     model, rows = _pruned(family), _rows()
@@ -104,6 +105,7 @@ def test_pruned_export_reproduces_pytorch_with_left_and_right_padding(family: st
     np.testing.assert_allclose(run_logits(session, left), _logits(model, left, expected_inputs), atol=1e-4)
 
 
+@pytest.mark.slow  # an ONNX export of DeBERTa
 def test_deberta_with_its_own_position_projections_exports(tmp_path: Path) -> None:
     # share_att_key=False: pos_key_proj/pos_query_proj lose the same heads as q/k/v; with absolute
     # positions added to the input and the convolution after the first layer (the surgery tests' layout).
@@ -114,6 +116,35 @@ def test_deberta_with_its_own_position_projections_exports(tmp_path: Path) -> No
     result = export_onnx(model, make_tokenizer(), tmp_path / "onnx", data=_rows())
     assert result.parity is not None and result.parity.passed and result.parity.max_abs_diff <= 1e-4
     assert result.parity.padding_sides == ("right", "left") and result.heads_per_layer == (2, 0, 3)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_modernbert_exports_with_either_pooling_when_its_sliding_layer_keeps_heads(pooling: str,
+                                                                                   tmp_path: Path) -> None:
+    # The config of a default ModernBERT classifier, scaled down: layer 1 attends in a window of 8
+    # tokens each side. Under left padding, position 0 of a short row is padding whose whole window is
+    # padding: PyTorch's sdpa answers it with zeros, and "cls" pooling reads exactly that position.
+    model = make_classifier("modernbert", layers=3, heads=4, head_dim=16, local_attention=16,
+                            global_attn_every_n_layers=2, classifier_pooling=pooling)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 or name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2, generator=generator)
+    prune_heads(model, {0: [1, 3], 1: [0, 2], 2: [0, 1, 2]})
+    texts, labels = make_texts(32, seed=3, max_len=40)
+    rows = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=64)
+    left = collate(rows, np.arange(16), padding_side="left")
+    assert ((left["attention_mask"] == 0).sum(dim=1) > 8).any()  # some row's first window is all padding
+
+    result = export_onnx(model, make_tokenizer(), tmp_path / "onnx", data=rows)
+
+    assert result.parity is not None and result.parity.passed and result.parity.max_abs_diff <= 1e-4
+    assert result.heads_per_layer == (2, 2, 3)
+    session = onnx_session(tmp_path / "onnx")
+    np.testing.assert_allclose(run_logits(session, left), _logits(model, left, ("input_ids", "attention_mask")),
+                               atol=1e-4)
+    assert model.config._attn_implementation == "sdpa"  # the model is left as it was given
 
 
 def test_inputs_follow_what_the_model_can_use(tmp_path: Path) -> None:

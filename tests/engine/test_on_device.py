@@ -95,7 +95,7 @@ def test_recovery_in_mixed_precision(device, data, precision, monkeypatch):
     if precision == "fp16":
         if device.type != "cuda":
             pytest.skip("fp16 with loss scaling is a CUDA path")
-        monkeypatch.setattr(training, "_precision", lambda _dev: "fp16")
+        monkeypatch.setattr(training, "precision_for", lambda _dev: "fp16")
     model = make_classifier("bert", layers=2, heads=4, seed=3).to(device)
     prune_heads(model, {0: [0, 2], 1: []})
     result = training.finetune(model, data, epochs=3, lr=1e-3, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,

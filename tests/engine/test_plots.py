@@ -99,6 +99,19 @@ def test_head_map_adds_a_stability_panel(tmp_path: Path) -> None:
         plot_head_map(kept, salience, cluster, path, kept_frequency=np.zeros((2, 2)))
 
 
+def test_head_map_adds_a_consensus_panel_after_the_stability_one(tmp_path: Path) -> None:
+    kept, salience, cluster = head_grid(6, 12)
+    frequency = np.linspace(0, 1, 72).reshape(6, 12)
+    path = tmp_path / "map.png"
+    plot_head_map(kept, salience, cluster, path, kept_frequency=frequency, consensus_frequency=frequency[::-1],
+                  consensus_title="coassociation: kept by CAHP in 6 runs")
+    assert_size(read_png(path), 5 * 12 * 0.34 + 5.0, 6 * 0.34 + 1.9)
+    plot_head_map(kept, salience, cluster, path, consensus_frequency=frequency)
+    assert_size(read_png(path), 4 * 12 * 0.34 + 3.8, 6 * 0.34 + 1.9)
+    with pytest.raises(InvalidInputError, match="`consensus_frequency` must have the shape"):
+        plot_head_map(kept, salience, cluster, path, consensus_frequency=np.zeros((2, 2)))
+
+
 def test_head_map_shows_how_many_heads_are_kept(tmp_path: Path) -> None:
     _, salience, cluster = head_grid(6, 6)
     few = np.zeros((6, 6), dtype=bool)

@@ -1,14 +1,13 @@
-"""Recovery that keeps accuracy: distillation from the dense model, per-class recall, the accuracy budget.
+"""Recovery that keeps accuracy: distillation from the dense model, per-class recall, the budget's settings.
 
-Real transformers models (tiny, random), real fine-tuning and real pruning; nothing is stubbed but the
-guard that makes reading the evaluation split fail during the budget search.
+Real transformers models (tiny, random), real fine-tuning and real pruning. The accuracy budget's
+search and the recovery that keeps its best are in ``test_budget.py`` and ``test_early_stopping.py``.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +17,11 @@ import torch.nn.functional as F
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode
-from cahp_engine.errors import AccuracyBudgetError, ConfigError
+from cahp_engine.errors import ConfigError
 from cahp_engine.recovery import classification_metrics, distillation_loss, finetune, teacher_logits
 from cahp_engine.results import ClassificationMetrics
-from cahp_engine.run import RunReport, carve, run_pruning
 from cahp_engine.run import _steps as steps
+from cahp_engine.run import carve, run_pruning
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 RECIPE = {"lr": 5e-4, "batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0, "seed": 3}
@@ -46,12 +45,6 @@ def _write_dataset(directory: Path, splits: dict[str, tuple[int, int]]) -> Path:
             writer = csv.writer(f)
             writer.writerow(("text", "label"))
             writer.writerows(zip(texts, (int(y) for y in labels), strict=True))
-    return directory
-
-
-def _write_model(directory: Path) -> Path:
-    make_classifier("bert", layers=3, heads=4, num_labels=3, seed=2).save_pretrained(directory)
-    make_tokenizer().save_pretrained(directory)
     return directory
 
 
@@ -140,6 +133,11 @@ def test_recall_per_class_and_the_warnings_for_lost_classes():
     ({"max_accuracy_drop": -1}, "`max_accuracy_drop`"),
     ({"budget_metric": "f1"}, "`budget_metric` must be one of"),
     ({"budget_screen_epochs": 0}, "`budget_screen_epochs`"),
+    ({"max_accuracy_drop": 100.5}, r"`max_accuracy_drop` must be a number in \[0.0, 100.0\], got 100.5"),
+    ({"budget_strategies": ("cahp", "nope")}, "`budget_strategies` must be a non-empty list of distinct names"),
+    ({"budget_confidence": 0.4}, "`budget_confidence` must be a number in \\(0.5, 1.0\\)"),
+    ({"early_stopping_patience": -1}, "`early_stopping_patience`"),
+    ({"class_weight": "auto"}, "`class_weight` must be one of none, balanced"),
     ({"max_accuracy_drop": 1.0, "heads_to_keep": 4}, "set one of them"),
 ])
 def test_bad_recovery_and_budget_settings_say_what_to_change(changes, message):
@@ -151,6 +149,8 @@ def test_defaults_distil_and_have_no_budget():
     config = PruningConfig()
     assert (config.recovery_loss, config.distill_alpha, config.distill_temperature) == ("distill", 0.5, 4.0)
     assert config.max_accuracy_drop is None and config.budget_metric == "accuracy"
+    assert config.budget_strategies == ("cahp", "salience") and config.budget_confidence is None
+    assert (config.early_stopping_patience, config.eval_steps, config.class_weight) == (0, 0, "none")
 
 
 def test_carving_is_stratified_seeded_and_disjoint():
@@ -166,103 +166,6 @@ def test_carving_is_stratified_seeded_and_disjoint():
 
 
 # --------------------------------------------------------------------------- whole runs
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return _write_model(tmp_path_factory.mktemp("model") / "m")
-
-
-class _Guarded:
-    """An evaluation split that fails the test when read while ``on['searching']`` is set."""
-
-    def __init__(self, real, on):
-        self._real, self._on = real, on
-
-    def __getattr__(self, name):
-        if self._on["searching"]:
-            raise AssertionError(f"the budget search read the evaluation split ({name})")
-        return getattr(self._real, name)
-
-    def __len__(self):
-        if self._on["searching"]:
-            raise AssertionError("the budget search read the evaluation split (len)")
-        return len(self._real)
-
-
-@pytest.fixture
-def guard_evaluation(monkeypatch):
-    on = {"searching": False, "searched": 0}
-    load, search = steps.load, steps.budget_search
-
-    def guarded_load(*args, **kwargs):
-        inputs = load(*args, **kwargs)
-        return dataclasses.replace(inputs, evaluation=_Guarded(inputs.evaluation, on))
-
-    def guarded_search(*args, **kwargs):
-        on["searching"], on["searched"] = True, on["searched"] + 1
-        try:
-            return search(*args, **kwargs)
-        finally:
-            on["searching"] = False
-
-    monkeypatch.setattr(steps, "load", guarded_load)
-    monkeypatch.setattr(steps, "budget_search", guarded_search)
-    return on
-
-
-def test_a_budget_run_keeps_the_smallest_candidate_and_never_reads_the_test_split(
-        tmp_path, model_dir, guard_evaluation):
-    data = _write_dataset(tmp_path / "data", {"train": (150, 0), "test": (45, 1)})
-    config = PruningConfig(**FAST, max_accuracy_drop=100.0, budget_screen_epochs=0.5)
-    report = run_pruning(str(model_dir), str(data), tmp_path / "out", config)
-    assert guard_evaluation["searched"] == 1
-    budget = report.budget
-    assert budget is not None and budget.carved and budget.split == "train"
-    # A stratified 10 % of 150 rows of 3 balanced classes, left out of selection and training.
-    assert budget.validation_rows == 15 and report.dataset.train_rows == 135
-    assert report.recovery.teacher is not None and report.recovery.teacher.rows == 135
-    # P = 100 points: the first candidate (fewest heads) is within budget and is the one returned.
-    first = budget.candidates[0]
-    assert len(budget.candidates) == 1 and first.within_budget and budget.chosen == first.heads_kept
-    assert report.summary.heads_kept == first.heads_kept == report.selection.heads_kept
-    assert report.selection.k_star == first.k == min(report.selection.knees_by_degree.values())
-    assert first.screen_epochs == 0.5 and first.accuracy_final is not None
-    assert budget.threshold == pytest.approx(budget.dense_validation - 1.0)
-    assert budget.cost_vs_single_run is not None and budget.cost_vs_single_run > 1.0
-    assert report.recovery.epochs == pytest.approx(1.0)
-    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert on_disk["budget"] == budget.to_dict() and RunReport.from_dict(on_disk).budget == budget
-    assert len(on_disk["metrics"]["pruned"]["recall"]) == 3
-    assert (tmp_path / "out" / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from app.cli.prune import format_summary
-
-    text = format_summary(report, tmp_path / "out")
-    assert "chosen by the accuracy budget" in text and "<- chosen" in text and "distillation (alpha 0.5, T 4)" in text
-
-
-def test_a_budget_nobody_meets_fails_and_still_writes_the_report(tmp_path, model_dir, guard_evaluation):
-    data = _write_dataset(tmp_path / "data", {"train": (150, 0), "validation": (30, 2), "test": (45, 1)})
-    out = tmp_path / "out"
-    # Zero points, judged on macro-F1 after a screening recovery at a rate that wrecks the weights
-    # (AdamW moves every weight by about the rate each step): no candidate can match the dense model.
-    config = PruningConfig(**{**FAST, "lr": 0.05}, max_accuracy_drop=0.0, budget_metric="macro_f1",
-                           budget_screen_epochs=1.0)
-    with pytest.raises(AccuracyBudgetError, match="no candidate kept validation macro_f1 within 0 points") as err:
-        run_pruning(str(model_dir), str(data), out, config)
-    assert err.value.code == "accuracy_budget_not_met"
-    report = json.loads((out / "report.json").read_text())
-    assert report["status"] == "failed" and report["error"]["code"] == "accuracy_budget_not_met"
-    budget = report["budget"]
-    assert budget["split"] == "validation" and not budget["carved"] and budget["validation_rows"] == 30
-    assert budget["chosen"] is None and len(budget["candidates"]) >= 2
-    assert not any(c["within_budget"] for c in budget["candidates"])
-    kept = [c["heads_kept"] for c in budget["candidates"]]
-    assert kept == sorted(kept) and len(set(kept)) == len(kept) and kept[-1] == 11  # up to N - 1 = 11 heads
-    assert report["dataset"]["train_rows"] == 150  # a validation split of its own: nothing carved
-    assert {p.name for p in out.iterdir()} == {"report.json", "mss_curve.json", "mss_curve.png", "head_map.json",
-                                               "head_map.png", "layer_retention.png", "budget.png"}
-    assert (out / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_run_on_a_base_model_whose_head_is_recreated_is_reproducible_from_its_seed(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.results import ClassificationMetrics, TeacherRecord, TrainingResult
+from cahp_engine.results import ClassificationMetrics, TeacherRecord, TrainingResult, ValidationPoint
 from cahp_engine.run import RunReport, RunSummary, run_pruning
 from tests.engine.golden.make_golden import HERE, write_inputs
 
@@ -51,11 +51,20 @@ def test_training_result_keeps_its_dict_form():
                             device="cpu", precision="fp32")
     assert result.to_dict() == {"steps": 2, "epochs": 1.0, "loss_per_epoch": [0.5], "wall_s": 0.1,
                                 "seconds_per_epoch": [0.1], "device": "cpu", "precision": "fp32", "loss": "ce",
-                                "alpha": None, "temperature": None, "teacher": None}
+                                "alpha": None, "temperature": None, "teacher": None, "class_weights": None,
+                                "validation": [], "best_step": None, "best_epoch": None, "stopped_early": False,
+                                "early_stopping_patience": 0}
     assert TrainingResult.from_dict(result.to_dict()) == result
-    # A report written before the loss was recorded reads back as cross-entropy.
-    old = {k: v for k, v in result.to_dict().items() if k not in ("loss", "alpha", "temperature", "teacher")}
+    # A report written before the loss, or the validation curve, was recorded reads back as cross-entropy
+    # on the paper's fixed epochs.
+    later = ("loss", "alpha", "temperature", "teacher", "class_weights", "validation", "best_step", "best_epoch",
+             "stopped_early", "early_stopping_patience")
+    old = {k: v for k, v in result.to_dict().items() if k not in later}
     assert TrainingResult.from_dict(old) == result
+    watched = dataclasses.replace(result, validation=(ValidationPoint(step=0, epoch=0.0, score=0.5, accuracy=0.5,
+                                                                      macro_f1=0.4, lost_classes=(2,)),),
+                                  best_step=0, best_epoch=0.0, early_stopping_patience=1, class_weights=(1.0, 2.0))
+    assert TrainingResult.from_dict(json.loads(json.dumps(watched.to_dict()))) == watched
     distilled = dataclasses.replace(result, loss="distill", alpha=0.5, temperature=4.0,
                                     teacher=TeacherRecord(passes=1, rows=60, seconds=0.2))
     assert TrainingResult.from_dict(distilled.to_dict()) == distilled

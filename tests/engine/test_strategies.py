@@ -13,6 +13,7 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.errors import ConfigError, PipelineError
 from cahp_engine.selection import (
+    CONSENSUS_STRATEGIES,
     REGISTRY,
     STRATEGIES,
     Selection,
@@ -39,10 +40,13 @@ def setup():
 
 
 def test_the_registry_names_the_strategies_the_config_accepts():
-    assert STRATEGIES == ("cahp", "salience", "random") == tuple(REGISTRY)
+    assert STRATEGIES == ("cahp", "salience", "random", "coassociation", "stability-selection",
+                          "mean-distance") == tuple(REGISTRY)
+    assert CONSENSUS_STRATEGIES == STRATEGIES[3:]
     for name in STRATEGIES:
         assert PruningConfig(strategy=name).strategy == name
-    with pytest.raises(ConfigError, match="`strategy` must be one of cahp, salience, random, got 'magnitude'"):
+    with pytest.raises(ConfigError, match="`strategy` must be one of cahp, salience, random, coassociation, "
+                                          "stability-selection, mean-distance, got 'magnitude'"):
         get_strategy("magnitude")
 
 

@@ -12,7 +12,7 @@ from cahp_engine._torch import model_inputs
 from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import ConfigError, DatasetError, JobCancelledError, PipelineError
 from cahp_engine.recovery import evaluate, finetune
-from cahp_engine.recovery._training import _param_groups
+from cahp_engine.recovery._recipe import param_groups as _param_groups
 from tests.support.tiny_models import FAMILIES, make_classifier, make_texts, make_tokenizer
 
 RECIPE = {"lr": 1e-3, "batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0,

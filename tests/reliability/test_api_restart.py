@@ -18,6 +18,7 @@ from sqlalchemy import text
 from app.api.broker_probe import waiting_job_ids
 from app.core.db import make_session_factory
 from app.core.storage import open_store
+from tests.support import jobs as jobs_support
 from tests.support.helpers import (
     TINY_PARAMS,
     migrated_engine,
@@ -94,7 +95,11 @@ def test_everything_recorded_survives_a_killed_api_and_an_interrupted_upload_lea
             assert response.status_code == 202, response.text
             return str(response.json()["id"])
 
-        succeeded, failed, cancelled, queued = submit(data), submit(bad_data), submit(data), submit(data)
+        succeeded, cancelled, queued = submit(data), submit(data), submit(data)
+        # Submit refuses the bad dataset now (the preflight); a job that fails in the worker is recorded
+        # as one was before it, so that a failed job is among those that must survive the restart.
+        failed = jobs_support.record(engine, {"model": {"uri": model}, "dataset": {"uri": bad_data},
+                                              "params": TINY_PARAMS}, key_name="restart")
         assert execute_job(job_id=succeeded, context=worker) is Outcome.succeeded
         assert execute_job(job_id=failed, context=worker) is Outcome.failed
         assert http.post(f"/v1/jobs/{cancelled}/cancel").json()["status"] == "cancelled"

@@ -1,9 +1,10 @@
 """The bad-input matrix: every hostile or broken input gets an answer that says what to change.
 
 What the API can judge at submit time is a 4xx ``application/problem+json`` with a specific
-``code`` and a ``detail`` naming the problem. What only the worker can find (a hub model that does
-not exist, a broken dataset file) ends the job ``failed`` with a specific code, through the
-worker's own code path; the worker returns normally (it would raise if it crashed), the job is not
+``code`` and a ``detail`` naming the problem; that includes what the worker would find in a model or
+dataset the API can read (the preflight runs the worker's checks). What only the worker can find (a
+hub model that does not exist) ends the job ``failed`` with a specific code, through the worker's
+own code path; the worker returns normally (it would raise if it crashed), the job is not
 left running, and nothing is stored.
 """
 
@@ -106,7 +107,7 @@ SUBMIT_CASES: dict[str, tuple[Callable[[TestClient, str, str], Any], int, str, t
         422, "invalid_request", ("`body.priority` is not a field", "remove it")),
     "unknown pruning setting": (
         lambda c, m, d: c.post("/v1/jobs", json=job_body(m, d, polydegree=2)),
-        422, "invalid_request", ("polydegree", "remove it")),
+        422, "invalid_request", ("`body.params.polydegree` is not a field this API knows; did you mean poly_degree?",)),
     "poly_degree 0": (
         lambda c, m, d: c.post("/v1/jobs", json=job_body(m, d, poly_degree=0)),
         422, "invalid_config", ("`poly_degree` must be an integer between 1 and 10, got 0",)),
@@ -232,6 +233,10 @@ def _gpt2(root: Path) -> str:
 WORKER_CASES: dict[str, tuple[Callable[[Path, str, str], tuple[str, str]], str, str]] = {
     "unknown hub model": (lambda r, m, d: ("hf://nobody-here/no-such-model", d), "model_not_loadable",
                           "was not found on the Hugging Face hub"),
+}
+#: What the worker would find but submit finds first (the preflight runs the worker's checks): the same
+#: code and words, at once, and no job.
+PREFLIGHT_CASES: dict[str, tuple[Callable[[Path, str, str], tuple[str, str]], str, str]] = {
     "not an encoder classifier": (lambda r, m, d: (_gpt2(r), d), "unsupported_model", "gpt2"),
     "dataset without the label column": (lambda r, m, d: (m, _missing_label(r)), "invalid_dataset", "label"),
     "one class only": (lambda r, m, d: (m, _one_class(r)), "invalid_dataset", "one class only"),
@@ -240,6 +245,21 @@ WORKER_CASES: dict[str, tuple[Callable[[Path, str, str], tuple[str, str]], str, 
     "CSV with ragged rows": (lambda r, m, d: (m, _ragged(r)), "invalid_dataset", "fields where the header has"),
     "archive escaping its directory": (lambda r, m, d: (m, _unsafe_archive(r)), "invalid_upload", "'..'"),
 }
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT_CASES))
+def test_inputs_the_worker_would_refuse_are_refused_at_submit_with_its_code(
+    case: str, client: TestClient, settings: Settings, engine: Engine, local: Path, model_uri: str,
+    dataset_uri: str,
+) -> None:
+    build, code, fragment = PREFLIGHT_CASES[case]
+    model, dataset = build(local / "case", model_uri, dataset_uri)
+    response = client.post("/v1/jobs", json=job_body(model, dataset))
+    _problem(response, 422, code, fragment)
+    _no_server_paths(response.text, settings)
+    with make_session_factory(engine)() as session:
+        assert session.query(Job).count() == 0
+    assert not (local / "escaped.csv").exists() and not (local.parent / "escaped.csv").exists()
 
 
 @pytest.mark.parametrize("case", list(WORKER_CASES))

@@ -364,11 +364,14 @@ def test_a_small_parquet_declaring_more_rows_than_the_limit_fails_before_it_is_r
     frame = pd.DataFrame({"text": ["the same review"] * rows, "label": [i % 3 for i in range(rows)]})
     frame.to_parquet(source / "train.parquet")
     frame.head(30).to_parquet(source / "test.parquet")
-    job_id = client.post("/v1/jobs", json=job_body(model, _upload(client, source, tmp_path))).json()["id"]
-    error = _failed(client, job_id, settings, engine, "invalid_dataset", "split 'train' (<dataset>/",
-                    f"train.parquet) declares {rows} rows, over the limit of {MAX_ROWS} rows per split",
-                    "CAHP_MAX_DATASET_ROWS")
-    assert str(settings.data_dir) not in error["message"]
+    # Read from the Parquet footer when the archive was uploaded: refused at submit, in the worker's words.
+    refused = client.post("/v1/jobs", json=job_body(model, _upload(client, source, tmp_path)))
+    assert refused.status_code == 422 and refused.json()["code"] == "invalid_dataset", refused.text
+    detail = refused.json()["detail"]
+    for fragment in ("split 'train' (<dataset>/", f"train.parquet) declares {rows} rows, over the limit of "
+                     f"{MAX_ROWS} rows per split", "CAHP_MAX_DATASET_ROWS"):
+        assert fragment in detail, detail
+    assert str(settings.data_dir) not in detail
 
 
 # --- honest datasets keep working ----------------------------------------------------------------------------

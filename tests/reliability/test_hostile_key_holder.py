@@ -35,6 +35,7 @@ from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.errors import ModelLoadError
 from cahp_engine.models import check_weight_files, load_classifier
+from tests.support import jobs
 from tests.support.helpers import (
     job_body,
     migrated_engine,
@@ -64,6 +65,19 @@ def local(settings: Settings) -> Path:
 def _context(settings: Settings, engine: Engine) -> WorkerContext:
     return WorkerContext(settings=settings, sessions=make_session_factory(engine), store=open_store(settings),
                          worker_id="attacked-worker")
+
+
+def _refused_then_failed(client: TestClient, settings: Settings, engine: Engine, body: dict[str, Any],
+                         code: str) -> dict[str, Any]:
+    """Submit refuses the job (the preflight runs the worker's checks); the worker, given it all the same
+    (recorded as before the preflight), fails it with the same code and words. The job's error."""
+    refused = client.post("/v1/jobs", json=body)
+    assert refused.status_code == 422 and refused.json()["code"] == code, refused.text
+    job_id = jobs.record(engine, body, key_name="alice")
+    assert execute_job(job_id=job_id, context=_context(settings, engine)) is Outcome.failed
+    error: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()["error"]
+    assert (error["code"], error["message"]) == (code, refused.json()["detail"])
+    return error
 
 
 def _problem(response: Any, status: int, code: str, *fragments: str) -> dict[str, Any]:
@@ -122,10 +136,8 @@ def test_the_path_max_symlink_chain_is_refused_at_upload_and_nothing_is_written_
     assert "upload://" not in json.dumps(body)
     # The same archive reached through file:// is refused by the worker before anything is written.
     (local / "chain.tar").write_bytes(archive)
-    job_id = client.post("/v1/jobs", json=job_body(f"file://{write_tiny_model(local / 'm')}",
-                                                   f"file://{local / 'chain.tar'}")).json()["id"]
-    assert execute_job(job_id=job_id, context=_context(settings, engine)) is Outcome.failed
-    assert client.get(f"/v1/jobs/{job_id}").json()["error"]["code"] == "invalid_upload"
+    _refused_then_failed(client, settings, engine, job_body(f"file://{write_tiny_model(local / 'm')}",
+                                                            f"file://{local / 'chain.tar'}"), "invalid_upload")
     assert list(outside.iterdir()) == []
     assert not list(tmp_path.rglob("pwned.csv"))
     with make_session_factory(engine)() as session:
@@ -330,10 +342,8 @@ def test_an_index_pointing_outside_or_at_a_pickle_fails_the_job_and_torch_load_n
     for name, weight_map in cases.items():
         model = _indexed_model(local / f"indexed-{name}", weight_map)
         (model / "pytorch_model.bin").write_bytes(b"not read: torch.load must never see it")
-        job_id = client.post("/v1/jobs", json=job_body(f"file://{model}", dataset)).json()["id"]
-        assert execute_job(job_id=job_id, context=_context(settings, engine)) is Outcome.failed
-        error = client.get(f"/v1/jobs/{job_id}").json()["error"]
-        assert error["code"] == "model_not_loadable", (name, error)
+        error = _refused_then_failed(client, settings, engine, job_body(f"file://{model}", dataset),
+                                     "model_not_loadable")
         assert "model.safetensors.index.json" in error["message"] and ".safetensors" in error["message"]
         # The engine refuses on its own too, before transformers sees the directory.
         with pytest.raises(ModelLoadError, match="index"):
@@ -367,11 +377,9 @@ def test_hostile_configs_and_safetensors_headers_are_model_not_loadable(
     else:
         # An 8-byte header length far past the file's end, then garbage.
         (model / "model.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{not json" * 10)
-    job_id = client.post("/v1/jobs", json=job_body(f"file://{model}",
-                                                   f"file://{write_tiny_dataset(local / 'data')}")).json()["id"]
-    assert execute_job(job_id=job_id, context=_context(settings, engine)) is Outcome.failed
-    error = client.get(f"/v1/jobs/{job_id}").json()["error"]
-    assert error["code"] == "model_not_loadable", error
+    error = _refused_then_failed(client, settings, engine,
+                                 job_body(f"file://{model}", f"file://{write_tiny_dataset(local / 'data')}"),
+                                 "model_not_loadable")
     assert str(settings.data_dir) not in error["message"] and "Traceback" not in error["message"]
 
 
@@ -549,10 +557,8 @@ def test_a_job_that_fails_on_a_missing_file_names_it_inside_the_model(
         tar.add(model_dir, arcname="model")
     model = client.post("/v1/uploads", files={"file": ("model.tar.gz", buffer.getvalue())}).json()["uri"]
     data = f"file://{write_tiny_dataset(settings.allowed_local_roots[0] / 'd')}"
-    job_id = client.post("/v1/jobs", json=job_body(model, data)).json()["id"]
-    assert execute_job(job_id=job_id, context=_context(settings, engine)) is Outcome.failed
-    error = client.get(f"/v1/jobs/{job_id}").json()["error"]
-    assert error["code"] == "model_not_loadable" and "<model>" in error["message"], error
+    error = _refused_then_failed(client, settings, engine, job_body(model, data), "model_not_loadable")
+    assert "<model>" in error["message"], error
     assert str(settings.data_dir) not in error["message"]
 
 

@@ -36,6 +36,7 @@ from app.core.storage import open_store
 from cahp_engine._torch import num_parameters
 from cahp_engine.errors import InvalidInputError, ModelLoadError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS, load_classifier, prune_heads, save_pruned
+from tests.support import jobs
 from tests.support.helpers import job_body, write_tiny_dataset, write_tiny_model
 from tests.support.tiny_models import make_classifier, make_config, make_tokenizer
 from worker.runner import Outcome, WorkerContext, execute_job
@@ -270,7 +271,13 @@ def test_the_audits_archive_fails_its_job_as_model_not_loadable_once_without_all
     assert len(buffer.getvalue()) < 200_000
     model = client.post("/v1/uploads", files={"file": ("model.tar.gz", buffer.getvalue())}).json()["uri"]
     data = f"file://{write_tiny_dataset(settings.allowed_local_roots[0] / 'data')}"
-    job_id = client.post("/v1/jobs", json=job_body(model, data)).json()["id"]
+    # Submit refuses it from the headers read at upload, with the worker's words...
+    refused = client.post("/v1/jobs", json=job_body(model, data))
+    assert refused.status_code == 422 and refused.json()["code"] == "model_not_loadable", refused.text
+    assert "declares 24 layers (`num_hidden_layers`) but its weights hold 2" in refused.json()["detail"]
+    # ... and the worker, given such a job all the same (recorded before submit checked models), refuses
+    # it without allocating what the config declares.
+    job_id = jobs.record(engine, job_body(model, data))
 
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")

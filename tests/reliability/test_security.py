@@ -32,6 +32,7 @@ from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.models import load_classifier
+from tests.support import jobs
 from tests.support.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from tests.support.processes import child_env
 from worker.runner import Outcome, WorkerContext, execute_job
@@ -50,8 +51,22 @@ def local(settings: Settings) -> Path:
     return settings.allowed_local_roots[0]
 
 
-def _run(client: TestClient, settings: Settings, engine: Engine, model_uri: str, dataset_uri: str) -> dict[str, Any]:
-    job_id = client.post("/v1/jobs", json=job_body(model_uri, dataset_uri)).json()["id"]
+def _run(client: TestClient, settings: Settings, engine: Engine, model_uri: str, dataset_uri: str,
+         *, refused_at_submit: bool = True) -> dict[str, Any]:
+    """The worker's failure of the job; with ``refused_at_submit``, submit refuses it first (the preflight)
+    and the worker, given the job all the same (recorded as before the preflight), refuses it alike."""
+    body = job_body(model_uri, dataset_uri)
+    if not refused_at_submit:
+        return _failed(client, settings, engine, client.post("/v1/jobs", json=body).json()["id"])
+    refused = client.post("/v1/jobs", json=body)
+    assert refused.status_code == 422, refused.text
+    result = _failed(client, settings, engine, jobs.record(engine, body, key_name="alice"))
+    assert (result["error"]["code"], result["error"]["message"]) == (refused.json()["code"],
+                                                                     refused.json()["detail"])
+    return result
+
+
+def _failed(client: TestClient, settings: Settings, engine: Engine, job_id: str) -> dict[str, Any]:
     context = WorkerContext(settings=settings, sessions=make_session_factory(engine), store=open_store(settings),
                             worker_id="security-worker")
     assert execute_job(job_id=job_id, context=context) is Outcome.failed
@@ -210,8 +225,10 @@ def test_uploads_are_stored_under_generated_names_whatever_the_client_calls_them
     tag = uuid.uuid4().hex[:8]
     hostile = [f"../../../../tmp/{tag}-a.csv", f"..\\..\\{tag}-b.csv", f"/etc/{tag}-c.csv",
                f"C:\\Windows\\{tag}-d.csv", f"%2e%2e%2f{tag}-e.csv", f"ok/../../{tag}-f.csv"]
-    for name in hostile:
-        response = client.post("/v1/uploads", files={"file": (name, b"text,label\ngood,1\nbad,0\n")})
+    for number, name in enumerate(hostile):
+        # Bytes of their own: the same bytes again would be the same upload (content-addressed per key).
+        data = f"text,label\ngood,1\nbad {number},0\n".encode()
+        response = client.post("/v1/uploads", files={"file": (name, data)})
         assert response.status_code == 201, (name, response.text)
         assert "/" not in response.json()["filename"] and "\\" not in response.json()["filename"]
     with engine.connect() as connection:
@@ -264,7 +281,8 @@ def test_a_hub_endpoint_at_the_metadata_address_fails_hub_jobs(
 
     monkeypatch.setattr(constants, "ENDPOINT", "http://169.254.169.254")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    job = _run(client, settings, engine, "hf://org/model", f"file://{write_tiny_dataset(local / 'data')}")
+    job = _run(client, settings, engine, "hf://org/model", f"file://{write_tiny_dataset(local / 'data')}",
+               refused_at_submit=False)  # a hub model is the worker's to fetch
     assert job["error"]["code"] == "outbound_url_refused" and "HF_ENDPOINT" in job["error"]["message"]
 
 

@@ -64,3 +64,25 @@ def progress(engine: Engine, job_id: str, stage: str, fraction: float, *, messag
     with transaction(make_session_factory(engine)) as session:
         assert repository.report_progress(session, job_id=job_id, worker_id=worker, stage=stage, progress=fraction,
                                           messages=messages).held
+
+
+def record(engine: Engine, body: dict[str, Any], *, key_name: str | None = None) -> str:
+    """A queued job put in the database without the API: what a submit recorded before the preflight
+    checked inputs, for testing what the worker does with inputs submit now refuses."""
+    import uuid
+
+    from sqlalchemy import select
+
+    from app.core.models import ApiKey, Job
+
+    sessions = make_session_factory(engine)
+    with transaction(sessions) as session:
+        query = select(ApiKey.id) if key_name is None else select(ApiKey.id).where(ApiKey.name == key_name)
+        owner = session.scalars(query.order_by(ApiKey.created_at)).first()
+        assert owner is not None, "no API key to own the job"
+        job_id = uuid.uuid4().hex
+        repository.add_job(session, Job(
+            id=job_id, owner_id=owner, status=JobStatus.queued.value, model_uri=body["model"]["uri"],
+            model_revision=body["model"].get("revision"), dataset=dict(body["dataset"]),
+            params=dict(body.get("params", {})), request_hash="recorded without the API"))
+    return job_id

@@ -136,9 +136,10 @@ def serve(app: FastAPI, log: LogTap) -> Iterator[str]:
 
 
 @contextmanager
-def console(tmp: Path, *, no_auth: bool = False) -> Iterator[Console]:
-    """A migrated database under ``tmp``, an API key (unless ``no_auth``), and the app served."""
-    settings = service_settings(tmp, no_auth=no_auth)
+def console(tmp: Path, *, no_auth: bool = False, **overrides: Any) -> Iterator[Console]:
+    """A migrated database under ``tmp``, an API key (unless ``no_auth``), and the app served
+    (``overrides``: other settings)."""
+    settings = service_settings(tmp, no_auth=no_auth, **overrides)
     engine = migrated_engine(settings)
     key = None if no_auth else new_key(engine, "ui-tester")
     app = create_app(settings)

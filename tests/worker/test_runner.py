@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tarfile
 import threading
 import time
@@ -22,6 +23,7 @@ from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.models import load_pruned
 from cahp_engine.run import ARTIFACT_FILES, run_pruning
+from tests.support.fragile import write_fragile_model
 from tests.support.helpers import job_body, write_split, write_tiny_dataset
 from worker.runner import Outcome, WorkerContext, execute_job
 
@@ -160,9 +162,10 @@ def test_input_errors_fail_the_job_with_a_specific_code(
     bad = local_root / "no-label"
     write_split(bad / "train.csv", 20, seed=1)
     write_split(bad / "test.csv", 10, seed=2)
+    job_id = _submit(client, auth, job_body(model_uri, f"file://{bad}"))
+    # Submit refuses such a dataset (tests/api/test_preflight.py); files can change before the job runs.
     for path in (bad / "train.csv", bad / "test.csv"):
         path.write_text(path.read_text().replace("text,label", "text,category"))
-    job_id = _submit(client, auth, job_body(model_uri, f"file://{bad}"))
     assert execute_job(job_id=job_id, context=context) is Outcome.failed
     job = _job(client, auth, job_id)
     assert job["status"] == "failed" and job["error"]["code"] == "invalid_dataset"
@@ -172,12 +175,16 @@ def test_input_errors_fail_the_job_with_a_specific_code(
 
 
 def test_a_directory_that_is_not_a_model_fails_as_model_not_loadable(
-    client: TestClient, auth: dict[str, str], context: WorkerContext, dataset_uri: str, local_root: Path,
+    client: TestClient, auth: dict[str, str], context: WorkerContext, model_uri: str, dataset_uri: str,
+    local_root: Path,
 ) -> None:
     not_a_model = local_root / "not-a-model"
+    shutil.copytree(Path(model_uri.removeprefix("file://")), not_a_model)
+    job_id = _submit(client, auth, job_body(f"file://{not_a_model}", dataset_uri))
+    # Submit refuses a directory without a model (tests/api/test_preflight.py); it can change before the job runs.
+    shutil.rmtree(not_a_model)
     not_a_model.mkdir()
     (not_a_model / "README.md").write_text("weights will follow")
-    job_id = _submit(client, auth, job_body(f"file://{not_a_model}", dataset_uri))
     assert execute_job(job_id=job_id, context=context) is Outcome.failed
     assert _job(client, auth, job_id)["error"]["code"] == "model_not_loadable"
 
@@ -275,14 +282,14 @@ def test_the_device_comes_from_the_worker_settings(
 
 
 def test_a_missed_accuracy_budget_fails_the_job_and_keeps_the_candidates_report(
-    client: TestClient, auth: dict[str, str], context: WorkerContext, model_uri: str, local_root: Path,
+    client: TestClient, auth: dict[str, str], context: WorkerContext, local_root: Path,
 ) -> None:
     dataset_uri = f"file://{write_tiny_dataset(local_root / 'data150', train=150, test=30)}"
-    # A recovery rate that wrecks every candidate (AdamW moves each weight by about the rate per
-    # step) against a well-trained dense model: no candidate is within 0 points.
-    job_id = _submit(client, auth, job_body(model_uri, dataset_uri, dense_finetune="always", dense_epochs=6,
-                                            dense_lr=2e-3, lr=0.05, max_accuracy_drop=0.0,
-                                            budget_metric="macro_f1", stability_shards=0))
+    # A dense model whose heads cancel each other's offsets, trained on the same rows: every pruned
+    # copy answers one class, so no candidate is within 0 points.
+    model_uri = f"file://{write_fragile_model(local_root / 'fragile', train_rows=150, train_seed=1)}"
+    job_id = _submit(client, auth, job_body(model_uri, dataset_uri, dense_finetune="never", epochs=1,
+                                            max_accuracy_drop=0.0, budget_metric="macro_f1", stability_shards=0))
     assert execute_job(job_id=job_id, context=context) is Outcome.failed
     job = _job(client, auth, job_id)
     assert job["status"] == "failed" and job["error"]["code"] == "accuracy_budget_not_met"

@@ -9,8 +9,18 @@ from fastapi.responses import StreamingResponse
 
 from app.api.deps import ApiKeyDep, JobReaderDep, KeyCheckDep, QueueDep, SessionDep, SettingsDep, StoreDep
 from app.api.routes.problem_docs import problem_responses
-from app.api.schemas import ArtifactPublic, DeliveryPublic, JobCreate, JobPublic, LogPage, Page
-from app.api.services import events, jobs, webhooks
+from app.api.schemas import (
+    ArtifactPublic,
+    DeliveryPublic,
+    JobCheck,
+    JobCreate,
+    JobPublic,
+    LogPage,
+    Page,
+    RegisterSpec,
+    RegistrationPublic,
+)
+from app.api.services import events, jobs, registrations, webhooks
 from app.core.models import JobStatus
 from app.core.storage import ARTIFACT_MEDIA_TYPES
 
@@ -41,6 +51,17 @@ def submit_job(
     return jobs.to_public(submitted.job)
 
 
+@router.post("/check", responses=problem_responses(400, 401, 422))
+def check_job(body: JobCreate, session: SessionDep, settings: SettingsDep, key: ApiKeyDep) -> JobCheck:
+    """Check a job as a submit would, without queuing it: 200 with what was checked, or the 422 submit would give.
+
+    The model and dataset are checked with the worker's own checks as far as the API can see them
+    (uploads are indexed when they arrive): weights, config family, splits, columns, labels.
+    """
+    report = jobs.check_job(session=session, settings=settings, owner_id=key.id, body=body)
+    return JobCheck(checked=list(report.checked), skipped=list(report.skipped))
+
+
 @router.get("", responses=problem_responses(401, 422))
 def list_jobs(
     session: SessionDep,
@@ -69,9 +90,9 @@ def delete_job(job_id: str, session: SessionDep, store: StoreDep, key: ApiKeyDep
 
 
 @router.post("/{job_id}/cancel", status_code=202, responses=problem_responses(401, 404, 409))
-def cancel_job(job_id: str, session: SessionDep, key: ApiKeyDep) -> JobPublic:
+def cancel_job(job_id: str, session: SessionDep, store: StoreDep, key: ApiKeyDep) -> JobPublic:
     """Cancel a queued job now, or stop a running one at its next step."""
-    return jobs.to_public(jobs.cancel_job(session=session, owner_id=key.id, job_id=job_id))
+    return jobs.to_public(jobs.cancel_job(session=session, store=store, owner_id=key.id, job_id=job_id))
 
 
 @router.get("/{job_id}/logs", responses=problem_responses(401, 404, 422))
@@ -88,9 +109,16 @@ def read_logs(
 
 
 @router.get("/{job_id}/artifacts", responses=problem_responses(401, 404, 410))
-def list_artifacts(job_id: str, session: SessionDep, key: ApiKeyDep) -> Page[ArtifactPublic]:
-    """The manifest: name, size, sha256 and media type of each stored artifact."""
-    return jobs.list_artifacts(session=session, owner_id=key.id, job_id=job_id)
+def list_artifacts(job_id: str, request: Request, session: SessionDep, settings: SettingsDep, store: StoreDep,
+                   key: ApiKeyDep) -> Page[ArtifactPublic]:
+    """The manifest: name, size, sha256, media type and a time-limited link of each stored artifact.
+
+    ``signed_url`` downloads the artifact without a key until ``signed_url_expires_at``
+    (``CAHP_SIGNED_URL_TTL_S``): an S3 presigned URL with an S3 store, else a signed
+    ``/v1/artifacts/...`` link of this server. Deleting the job revokes them.
+    """
+    return jobs.list_artifacts(session=session, owner_id=key.id, job_id=job_id, settings=settings, store=store,
+                               base_url=str(request.base_url))
 
 
 @router.get(
@@ -152,6 +180,18 @@ def job_events(
     # no-transform and X-Accel-Buffering: proxies must pass each event on as it comes, not buffer them.
     headers = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
     return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
+
+@router.post("/{job_id}/register", responses=problem_responses(400, 401, 404, 409, 410, 422, 502, 503))
+def register_job(job_id: str, session: SessionDep, store: StoreDep, settings: SettingsDep, key: ApiKeyDep,
+                 body: RegisterSpec | None = None) -> RegistrationPublic:
+    """Register the job's pruned model in the server's MLflow registry as a new version of a named model.
+
+    Without a body, the job's own ``register`` is used. The run logged with it holds the settings,
+    figures, MSS curve, head map and report; the version is tagged with the job id, base model and labels.
+    """
+    return registrations.register_job(session=session, store=store, settings=settings, owner_id=key.id,
+                                      job_id=job_id, spec=body)
 
 
 @router.get("/{job_id}/deliveries", responses=problem_responses(401, 404))

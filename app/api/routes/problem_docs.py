@@ -10,7 +10,9 @@ _CONTENT = {"application/problem+json": {"schema": {"$ref": "#/components/schema
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    described = {400: "Malformed request", 401: "Missing or invalid API key", 404: "Not found for this API key",
+    described = {400: "Malformed request", 401: "Missing or invalid API key",
+                 403: "A signed link that was changed or has expired", 404: "Not found for this API key",
+                 502: "The model registry refused or failed the registration",
                  409: "Conflicts with the job's state", 410: "Removed by the retention sweep",
                  413: "Upload too large", 416: "The range starts past the end",
                  422: "Invalid input; `detail` says what to change", 503: "Database or broker unreachable",

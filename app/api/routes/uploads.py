@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.types import Message, Receive
@@ -46,11 +46,16 @@ def _limited(receive: Receive, limit: int) -> Receive:
 
 
 @router.post("", status_code=201, openapi_extra={"requestBody": _BODY},
-             responses=problem_responses(400, 401, 413, 422, 507))
+             responses={200: {"description": "This key already had these bytes: that upload, nothing stored",
+                              "model": UploadPublic}, **problem_responses(400, 401, 413, 422, 507)})
 async def create_upload(
-    request: Request, session: SessionDep, store: StoreDep, settings: SettingsDep, key: ApiKeyDep
+    request: Request, response: Response, session: SessionDep, store: StoreDep, settings: SettingsDep,
+    key: ApiKeyDep,
 ) -> UploadPublic:
-    """Upload one file as the multipart field ``file``; answers the ``upload://`` URI to use in a job."""
+    """Upload one file as the multipart field ``file``; answers the ``upload://`` URI to use in a job.
+
+    Content-addressed per key: bytes this key uploaded before give that upload back (200, not 201).
+    """
     limit = settings.max_upload_bytes + MULTIPART_OVERHEAD
     declared = request.headers.get("content-length")
     # ASCII digits only (str.isdigit also accepts "²", which int() refuses); a longer number than
@@ -65,10 +70,23 @@ async def create_upload(
         file: Any = form.get("file")
         if not isinstance(file, UploadFile):
             raise InvalidUploadError("send the file as the multipart/form-data field `file`")
-        upload = await run_in_threadpool(
+        stored = await run_in_threadpool(
             uploads.store_upload, session=session, store=store, settings=settings, owner_id=key.id,
             filename=file.filename or "upload", source=file.file,
         )
     finally:
         await form.close()
-    return uploads.to_public(upload)
+    if not stored.created:
+        response.status_code = 200
+    return uploads.to_public(stored.upload)
+
+
+@router.head("/{digest}", include_in_schema=False)
+@router.get("/{digest}", responses=problem_responses(401, 404, 422))
+def find_upload(digest: str, session: SessionDep, key: ApiKeyDep) -> UploadPublic:
+    """This key's upload of the bytes with this digest (``sha256:<hex>``), or 404: ask before uploading again.
+
+    A client that packs a directory deterministically asks first and sends nothing when the answer
+    is 200 (``cahp submit`` does). Only the key's own uploads are found.
+    """
+    return uploads.to_public(uploads.find_by_digest(session=session, owner_id=key.id, digest=digest))

@@ -7,6 +7,7 @@ import binascii
 import datetime as dt
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from app.api.schemas import (
     LogPage,
     ModelSpec,
     Page,
+    RegisterSpec,
+    RegistrationPublic,
     given_params,
 )
 from app.core import repository
@@ -46,16 +49,22 @@ from app.core.errors import (
     UnavailableError,
 )
 from app.core.labels import MAX_LABELS, parse_selector
+from app.core.metrics import JOBS_SUBMITTED
 from app.core.models import Artifact, Job, JobStatus
+from app.core.naming import reference_name
 from app.core.outbound import check_webhook_url
 from app.core.params import dataset_options, stored_params
+from app.core.preflight import PreflightReport, preflight
+from app.core.registry import check_registry
 from app.core.security import generate_webhook_secret
 from app.core.settings import Settings
-from app.core.sources import SourceContext, check_reference, parse_reference
+from app.core.signing import ArtifactRef, artifact_link
+from app.core.sources import Reference, SourceContext, check_reference, parse_reference
 from app.core.sources.hf import check_revision
 from app.core.sources.upload import find_upload
-from app.core.storage import ArtifactStore, job_prefix
+from app.core.storage import ArtifactStore, checkpoint_prefix, job_prefix
 
+logger = logging.getLogger(__name__)
 MAX_PAGE = 100
 MAX_LOG_PAGE = 1000
 MAX_LOG_OFFSET = 2**31 - 1
@@ -100,16 +109,10 @@ def submit_job(
             return Submitted(_same_request(earlier, digest), created=False)
 
     params = stored_params(given_params(body.params))
-    context = SourceContext(settings=settings, owner_id=owner_id,
-                            find_upload=lambda upload_id: find_upload(session, upload_id=upload_id, owner_id=owner_id))
-    _validate_dataset(body.dataset, context=context)
-    model_ref = parse_reference(body.model.uri, role="model")
-    check_reference(model_ref, role="model", context=context)
-    if body.model.revision is not None and model_ref.scheme != "hf":
-        raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
-    if body.model.revision is not None:
-        check_revision(body.model.revision, field="model.revision")
+    check_job(session=session, settings=settings, owner_id=owner_id, body=body)
 
+    if body.register_ is not None:
+        check_registry(settings)
     if body.notify_url is not None:
         check_webhook_url(body.notify_url, allowed_hosts=settings.allowed_outbound_hosts, what="`notify_url`")
         # Deliveries to it are signed with the key's own secret: make it now, so it exists to be read.
@@ -119,7 +122,11 @@ def submit_job(
         id=uuid.uuid4().hex, owner_id=owner_id, status=JobStatus.queued.value, model_uri=body.model.uri,
         model_revision=body.model.revision, dataset=body.dataset.model_dump(mode="json"), params=params,
         idempotency_key=idempotency_key, request_hash=digest, enqueued_at=utcnow(), labels=dict(body.labels),
-        notify_url=body.notify_url,
+        notify_url=body.notify_url, name=body.name,
+        model_name=reference_name(parse_reference(body.model.uri, role="model"), session=session, owner_id=owner_id),
+        dataset_name=reference_name(parse_reference(body.dataset.uri, role="dataset"), session=session,
+                                    owner_id=owner_id),
+        register=body.register_.model_dump(mode="json") if body.register_ is not None else None,
     )
     try:
         repository.add_job(session, job)
@@ -131,6 +138,7 @@ def submit_job(
         if earlier is None:
             raise
         return Submitted(_same_request(earlier, digest), created=False)
+    JOBS_SUBMITTED.inc()
     try:
         queue.enqueue(job.id)
     except UnavailableError:
@@ -140,8 +148,33 @@ def submit_job(
     return Submitted(job, created=True)
 
 
-def _validate_dataset(spec: DatasetSpec, *, context: SourceContext) -> None:
-    dataset_options(spec.model_dump())
+def check_job(*, session: Session, settings: Settings, owner_id: str, body: JobCreate) -> PreflightReport:
+    """Every check a submit makes before recording the job: settings, references, and the preflight.
+
+    The preflight (:mod:`app.core.preflight`) runs the worker's own checks on the model and the
+    dataset as far as submit can see them, so a wrong column or a model without weights is a 422 now
+    rather than a failed job later. ``POST /v1/jobs/check`` (``cahp submit --check``) runs this alone.
+
+    Raises
+    ------
+    ConfigError, DatasetError, ModelLoadError, UnsupportedModelError, InvalidReferenceError
+        What to change, in the words the worker would use.
+    """
+    stored_params(given_params(body.params))
+    context = SourceContext(settings=settings, owner_id=owner_id,
+                            find_upload=lambda upload_id: find_upload(session, upload_id=upload_id, owner_id=owner_id))
+    options = dataset_options(body.dataset.model_dump())
+    dataset_ref, eval_ref = _validate_dataset(body.dataset, context=context)
+    model_ref = parse_reference(body.model.uri, role="model")
+    check_reference(model_ref, role="model", context=context)
+    if body.model.revision is not None and model_ref.scheme != "hf":
+        raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
+    if body.model.revision is not None:
+        check_revision(body.model.revision, field="model.revision")
+    return preflight(model=model_ref, dataset=dataset_ref, eval_dataset=eval_ref, options=options, context=context)
+
+
+def _validate_dataset(spec: DatasetSpec, *, context: SourceContext) -> tuple[Reference, Reference | None]:
     ref = parse_reference(spec.uri, role="dataset")
     shape = check_reference(ref, role="dataset", context=context)
     if spec.eval_uri is None:
@@ -150,12 +183,13 @@ def _validate_dataset(spec: DatasetSpec, *, context: SourceContext) -> None:
                 f"{spec.uri} is a single file, which holds one split; give the evaluation split as "
                 "`dataset.eval_uri`, or upload an archive holding train and test files"
             )
-        return
+        return ref, None
     if shape != "file":
         raise InvalidReferenceError("`dataset.eval_uri` applies only when `dataset.uri` is a single split file")
     eval_ref = parse_reference(spec.eval_uri, role="dataset")
     if check_reference(eval_ref, role="dataset", context=context) != "file":
         raise InvalidReferenceError(f"`dataset.eval_uri` ({spec.eval_uri}) must be a single split file")
+    return ref, eval_ref
 
 
 def _check_idempotency_key(key: str) -> None:
@@ -228,14 +262,25 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
         raise InvalidRequestError("`cursor` is not one this server gave out; start again without it") from exc
 
 
-def cancel_job(*, session: Session, owner_id: str, job_id: str) -> Job:
-    """Cancel a queued job, or ask a running one to stop; cancelling twice is harmless."""
+def cancel_job(*, session: Session, store: ArtifactStore | None = None, owner_id: str, job_id: str) -> Job:
+    """Cancel a queued job, or ask a running one to stop; cancelling twice is harmless.
+
+    A queued job cancelled here ends at once: the checkpoints an earlier attempt left in ``store``
+    (a job handed back by a worker that stopped) go with it.
+    """
     job = get_job(session=session, owner_id=owner_id, job_id=job_id)
     if job.status in (JobStatus.succeeded.value, JobStatus.failed.value):
         raise JobFinishedError(f"job {job_id} already {job.status}; there is nothing to cancel")
+    was_queued = job.status == JobStatus.queued.value
     repository.request_cancel(session, job_id=job_id, owner_id=owner_id)
     session.commit()
-    return get_job(session=session, owner_id=owner_id, job_id=job_id)
+    job = get_job(session=session, owner_id=owner_id, job_id=job_id)
+    if was_queued and job.status == JobStatus.cancelled.value and store is not None:
+        try:
+            store.delete_prefix(checkpoint_prefix(job_id))
+        except Exception as exc:  # removed with the job (DELETE) or by the retention rule later
+            logger.warning("cannot delete the checkpoints of cancelled job %s: %s", job_id, exc)
+    return job
 
 
 def delete_job(*, session: Session, store: ArtifactStore, owner_id: str, job_id: str) -> None:
@@ -283,14 +328,20 @@ def _kept_artifacts(session: Session, owner_id: str, job_id: str) -> Job:
     return job
 
 
-def list_artifacts(*, session: Session, owner_id: str, job_id: str) -> Page[ArtifactPublic]:
+def list_artifacts(*, session: Session, owner_id: str, job_id: str, settings: Settings, store: ArtifactStore,
+                   base_url: str | None = None) -> Page[ArtifactPublic]:
+    """The manifest, each artifact with its time-limited signed link (:mod:`app.core.signing`)."""
     _kept_artifacts(session, owner_id, job_id)
     rows = repository.list_artifacts(session, job_id=job_id)
-    return Page[ArtifactPublic](
-        data=[ArtifactPublic(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
-                             url=f"/v1/jobs/{job_id}/artifacts/{a.name}") for a in rows],
-        next_cursor=None,
-    )
+    data = []
+    for a in rows:
+        link = artifact_link(settings, store, job_id=job_id, base_url=settings.public_url or base_url,
+                             artifact=ArtifactRef(name=a.name, sha256=a.sha256, storage_key=a.storage_key))
+        data.append(ArtifactPublic(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
+                                   url=f"/v1/jobs/{job_id}/artifacts/{a.name}",
+                                   signed_url=link.url if link else None,
+                                   signed_url_expires_at=link.expires_at if link else None))
+    return Page[ArtifactPublic](data=data, next_cursor=None)
 
 
 def open_artifact(
@@ -322,6 +373,7 @@ def to_public(job: Job | Row[Any]) -> JobPublic:
         status=JobStatus(job.status),
         stage=job.stage,
         progress=job.progress,
+        eta_s=job.eta_s,
         cancel_requested=job.cancel_requested,
         model=ModelSpec(uri=job.model_uri, revision=job.model_revision),
         dataset=DatasetSpec.model_validate(job.dataset),
@@ -334,6 +386,11 @@ def to_public(job: Job | Row[Any]) -> JobPublic:
         labels=job.labels or {},
         notify_url=job.notify_url,
         artifacts_expired=bool(job.artifacts_expired),
+        name=job.name,
+        model_name=(job.result or {}).get("base_model") or job.model_name,
+        dataset_name=(job.result or {}).get("dataset") or job.dataset_name,
+        register=RegisterSpec.model_validate(job.register) if job.register else None,
+        registration=RegistrationPublic.model_validate(job.registration) if job.registration else None,
         links=JobLinks(self=base, logs=f"{base}/logs", artifacts=f"{base}/artifacts", cancel=f"{base}/cancel",
                        events=f"{base}/events", deliveries=f"{base}/deliveries"),
     )

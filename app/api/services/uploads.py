@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import uuid
+from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import BinaryIO
 
@@ -23,16 +25,24 @@ from sqlalchemy.orm import Session
 from app.api.schemas import UploadPublic
 from app.core import repository
 from app.core.archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, storage_error
-from app.core.errors import InvalidUploadError, PayloadTooLargeError, UnavailableError
+from app.core.errors import (
+    InvalidRequestError,
+    InvalidUploadError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnavailableError,
+)
 from app.core.models import Upload
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
+from app.core.upload_contents import index_upload
 from cahp_engine.data import FILE_SUFFIXES as DATA_SUFFIXES
 
 MEDIA_TYPES = {".csv": "text/csv", ".jsonl": "application/jsonl", ".parquet": "application/vnd.apache.parquet",
                ".zip": "application/zip", ".tar": "application/x-tar", ".tar.gz": "application/gzip",
                ".tgz": "application/gzip"}
 _CHUNK = 1024 * 1024
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 logger = logging.getLogger(__name__)
 
 
@@ -57,8 +67,12 @@ def store_upload(
     owner_id: str,
     filename: str,
     source: BinaryIO,
-) -> Upload:
-    """Copy ``source`` into the store as a new upload of ``owner_id``.
+) -> StoredUpload:
+    """Copy ``source`` into the store as a new upload of ``owner_id``, or find the same bytes already stored.
+
+    Uploads are content-addressed per key: bytes the key uploaded before (same sha256 and suffix) give
+    that upload back, so repeating an upload is harmless and its ``upload://`` URI is stable. Archives
+    are indexed as they arrive (:mod:`app.core.upload_contents`) for the checks at submit.
 
     Raises
     ------
@@ -92,12 +106,18 @@ def store_upload(
             raise full from exc
         if size == 0:
             raise InvalidUploadError(f"{display} is empty")
+        # The same bytes again (a re-run CI step): the upload this key already has (checked and indexed
+        # when it came), nothing stored twice.
+        same = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=digest.hexdigest(), suffix=suffix)
+        if same is not None:
+            return StoredUpload(same, created=False)
         if kind == "archive":
             check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members,
                           shown=display[:100])
         key = f"uploads/{upload_id}{suffix}"
         upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
-                        media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key)
+                        media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key,
+                        contents=index_upload(local, kind=kind, suffix=suffix, max_rows=settings.max_dataset_rows))
         repository.add_upload(session, upload)
         session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
         try:
@@ -115,6 +135,33 @@ def store_upload(
         session.commit()
     finally:
         local.unlink(missing_ok=True)
+    return StoredUpload(upload, created=True)
+
+
+@dataclass(frozen=True)
+class StoredUpload:
+    """An upload, and whether this request stored it (False: the key already had the same bytes)."""
+
+    upload: Upload
+    created: bool
+
+
+def find_by_digest(*, session: Session, owner_id: str, digest: str) -> Upload:
+    """This key's newest upload of the bytes whose sha256 is ``digest`` (``sha256:<64 hex digits>``).
+
+    Raises
+    ------
+    InvalidRequestError
+        For a digest not written ``sha256:`` and 64 lower-case hex digits.
+    NotFoundError
+        When this key has no such upload (another key's never counts).
+    """
+    algorithm, _, hexdigest = digest.partition(":")
+    if algorithm != "sha256" or not _SHA256.fullmatch(hexdigest):
+        raise InvalidRequestError(f"{digest[:80]!r} is not a digest; write sha256: and the 64 lower-case hex digits")
+    upload = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=hexdigest)
+    if upload is None:
+        raise NotFoundError(f"this API key has no upload with {algorithm}:{hexdigest}; POST /v1/uploads to add it")
     return upload
 
 

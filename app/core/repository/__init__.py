@@ -47,6 +47,7 @@ from app.core.repository.jobs import (
     mark_not_enqueued,
     queued_jobs_to_send,
     request_cancel,
+    set_registration,
 )
 from app.core.repository.keys import (
     add_api_key,
@@ -63,6 +64,7 @@ from app.core.repository.leases import (
     cancel_requested,
     claim_job,
     finish_job,
+    hand_back_job,
     job_control,
     jobs_with_expired_leases,
     release_lost_job,
@@ -70,7 +72,14 @@ from app.core.repository.leases import (
     report_progress,
 )
 from app.core.repository.logs import append_logs, next_log_line, read_logs
-from app.core.repository.uploads import add_upload, complete_upload, delete_upload, get_upload, stale_uploads
+from app.core.repository.uploads import (
+    add_upload,
+    complete_upload,
+    delete_upload,
+    find_upload_by_digest,
+    get_upload,
+    stale_uploads,
+)
 from app.core.repository.webhooks import (
     add_webhook,
     delete_webhook,
@@ -83,14 +92,13 @@ from app.core.repository.webhooks import (
 
 __all__ = [
     "add_api_key", "add_job", "add_upload", "add_webhook", "api_key_hash", "append_logs", "ArtifactRecord",
-    "cancel_requested",
-    "claim_delivery", "claim_job", "complete_upload", "delete_finished_job", "delete_job", "delete_upload",
-    "delete_webhook", "due_deliveries", "DueDelivery", "ensure_local_principal", "EVENT_TYPES", "expire_artifacts",
-    "find_job_by_idempotency_key", "finish_job", "get_api_key", "get_artifact", "get_job", "get_upload",
-    "get_webhook", "job_control", "job_deliveries", "job_row", "job_row_sql", "jobs_with_artifacts_to_expire",
-    "jobs_with_expired_leases", "key_webhook_secret", "list_api_keys", "list_artifacts", "list_jobs",
-    "list_webhooks", "LostJob", "mark_enqueued", "mark_not_enqueued", "next_log_line", "ProgressAck",
-    "queued_jobs_to_send", "read_logs", "record_attempt", "record_event", "release_lost_job", "renew_lease",
-    "report_progress", "request_cancel", "revoke_api_key", "secrets_for", "set_key_webhook_secret", "stale_uploads",
-    "touch_api_key",
+    "cancel_requested", "claim_delivery", "claim_job", "complete_upload", "delete_finished_job", "delete_job",
+    "delete_upload", "delete_webhook", "due_deliveries", "DueDelivery", "ensure_local_principal", "EVENT_TYPES",
+    "expire_artifacts", "find_job_by_idempotency_key", "find_upload_by_digest", "finish_job", "get_api_key",
+    "get_artifact", "get_job", "get_upload", "get_webhook", "hand_back_job", "job_control", "job_deliveries",
+    "job_row", "job_row_sql", "jobs_with_artifacts_to_expire", "jobs_with_expired_leases", "key_webhook_secret",
+    "list_api_keys", "list_artifacts", "list_jobs", "list_webhooks", "LostJob", "mark_enqueued", "mark_not_enqueued",
+    "next_log_line", "ProgressAck", "queued_jobs_to_send", "read_logs", "record_attempt", "record_event",
+    "release_lost_job", "renew_lease", "report_progress", "request_cancel", "revoke_api_key", "secrets_for",
+    "set_key_webhook_secret", "set_registration", "stale_uploads", "touch_api_key",
 ]

@@ -14,8 +14,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from sqlalchemy import select, update
@@ -36,25 +37,55 @@ def _when(value: dt.datetime | None) -> str | None:
     return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-def job_summary(job: Job) -> dict[str, Any]:
-    """What an event says about its job: enough to act on without a second request."""
+def job_summary(job: Job, *, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What an event says about its job: enough to act on without a second request.
+
+    Besides its state: what the model is (the job's name, the model and dataset by name and reference,
+    the settings it was made with, and in ``result`` the base model, warnings and figures) and its MLflow
+    registration; ``details`` add what only the worker knows at the end (``artifacts`` with their
+    time-limited signed links, the run's ``identity`` and ``recipe``).
+    """
+    result = job.result or {}
     return {
         "id": job.id,
         "status": job.status,
         "stage": job.stage,
         "progress": job.progress,
+        "name": job.name,
+        "model": {"uri": job.model_uri, "revision": job.model_revision,
+                  "name": result.get("base_model") or job.model_name},
+        "dataset": {"uri": (job.dataset or {}).get("uri"), "name": result.get("dataset") or job.dataset_name},
+        "params": job.params,
         "labels": dict(job.labels or {}),
         "error": {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None,
         "result": job.result,
+        "warnings": list(result.get("warnings") or []),
+        "registration": job.registration,
+        "artifacts": [],
+        "identity": None,
+        "recipe": None,
+        "cahp_version": _cahp_version(),
         "created_at": _when(job.created_at),
         "started_at": _when(job.started_at),
         "finished_at": _when(job.finished_at),
         "url": f"/v1/jobs/{job.id}",
-    }
+    } | dict(details or {})
 
 
-def record_event(session: Session, *, job_id: str, event_type: str) -> JobEvent | None:
-    """Write the event and its deliveries, or nothing when no one listens. Call after the change."""
+def _cahp_version() -> str | None:
+    try:
+        return metadata.version("cahp")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def record_event(session: Session, *, job_id: str, event_type: str,
+                 details: Mapping[str, Any] | None = None) -> JobEvent | None:
+    """Write the event and its deliveries, or nothing when no one listens. Call after the change.
+
+    ``details`` (a finished job's artifacts with their signed links, identity and recipe) go into the
+    payload's ``data`` as they are.
+    """
     job = session.scalar(select(Job).where(Job.id == job_id).execution_options(populate_existing=True))
     if job is None:
         return None
@@ -64,7 +95,7 @@ def record_event(session: Session, *, job_id: str, event_type: str) -> JobEvent 
     if not targets:
         return None
     now = utcnow()
-    body = {"type": event_type, "timestamp": _when(now), "data": job_summary(job)}
+    body = {"type": event_type, "timestamp": _when(now), "data": job_summary(job, details=details)}
     event = JobEvent(webhook_id=f"msg_{uuid.uuid4().hex}", job_id=job_id, type=event_type,
                      payload=json.dumps(body, separators=(",", ":"), sort_keys=True), created_at=now)
     session.add(event)

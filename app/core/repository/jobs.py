@@ -141,3 +141,8 @@ def mark_not_enqueued(session: Session, *, job_id: str) -> None:
     """The send failed: leave the job for the next sweep to send."""
     session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value)
                     .values(enqueued_at=None))
+
+
+def set_registration(session: Session, *, job_id: str, registration: dict[str, Any]) -> None:
+    """Record how the job's last MLflow registration went (a finished job: its row is not raced)."""
+    session.execute(update(Job).where(Job.id == job_id).values(registration=registration, updated_at=utcnow()))

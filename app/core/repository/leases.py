@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ def claim_job(
         .where(Job.id == job_id, takeable, Job.attempts < max_attempts)
         .values(status=JobStatus.running.value, worker_id=worker_id, attempts=Job.attempts + 1,
                 lease_expires_at=now + dt.timedelta(seconds=lease_s), started_at=now, updated_at=now,
-                stage=None, progress=0.0)
+                stage=None, progress=0.0, eta_s=None)
     )
     if rowcount(claimed) != 1:
         return None
@@ -83,12 +83,13 @@ def report_progress(
     stage: str | None,
     progress: float,
     messages: Sequence[str] = (),
+    eta_s: float | None = None,
 ) -> ProgressAck:
-    """Write stage, progress and log ``messages`` of a running job held by ``worker_id``; read its cancel flag.
+    """Write stage, progress, ``eta_s`` and log ``messages`` of a job ``worker_id`` holds; read its cancel flag.
 
     A worker that no longer holds the job writes nothing, log lines included.
     """
-    values: dict[str, Any] = {"progress": min(1.0, max(0.0, progress)), "updated_at": utcnow()}
+    values: dict[str, Any] = {"progress": min(1.0, max(0.0, progress)), "updated_at": utcnow(), "eta_s": eta_s}
     held_by = (Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
     held = False
     if stage is not None:
@@ -133,9 +134,14 @@ def finish_job(
     result: dict[str, Any] | None = None,
     artifacts: Sequence[ArtifactRecord] = (),
     messages: Sequence[str] = (),
+    registration: Mapping[str, Any] | None = None,
+    event_details: Mapping[str, Any] | None = None,
 ) -> bool:
     """Record the end of a running job held by ``worker_id``, with its artifacts and last log lines.
 
+    ``registration`` is how its MLflow registration went (when it asked for one); ``event_details`` go
+    into the event's payload as they are (:func:`~.events.record_event`: the artifacts' signed links,
+    the run's identity and recipe).
     Returns False (and writes nothing) when the job is no longer running under this worker.
     """
     if not status.finished:
@@ -143,9 +149,11 @@ def finish_job(
     now = utcnow()
     values: dict[str, Any] = {"status": status.value, "finished_at": now, "updated_at": now,
                               "error_code": error_code, "error_message": error_message, "result": result,
-                              "lease_expires_at": None}
+                              "lease_expires_at": None, "eta_s": None}
     if status is JobStatus.succeeded:
         values.update(progress=1.0)
+    if registration is not None:
+        values["registration"] = dict(registration)
     done = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
@@ -155,13 +163,37 @@ def finish_job(
         return False
     if messages:
         append_logs(session, job_id=job_id, messages=messages)
-    record_event(session, job_id=job_id, event_type=FINAL_EVENT[status])
+    record_event(session, job_id=job_id, event_type=FINAL_EVENT[status], details=event_details)
     session.add_all(
         Artifact(job_id=job_id, name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
                  storage_key=a.storage_key)
         for a in artifacts
     )
     session.flush()
+    return True
+
+
+def hand_back_job(session: Session, *, job_id: str, worker_id: str, messages: Sequence[str]) -> bool:
+    """Put the running job ``worker_id`` holds back in the queue now, for another worker to resume.
+
+    For a worker that is shutting down (SIGTERM: a redeploy, a preempted machine): its attempt is
+    given back rather than used up, so ``attempts`` goes down by one and redeploys never fail a job
+    as ``worker_lost``. ``enqueued_at`` is set: the caller sends the message itself (the sweeper
+    sends it again after ``CAHP_REQUEUE_AFTER_S`` if that fails). A job asked to cancel is not handed
+    back (the worker ends it ``cancelled``). ``messages`` go to the job's log. Returns False, writing
+    nothing, when the job is no longer running under ``worker_id``.
+    """
+    now = utcnow()
+    handed = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value,
+               Job.cancel_requested.is_(False))
+        .values(status=JobStatus.queued.value, worker_id=None, lease_expires_at=None, attempts=Job.attempts - 1,
+                stage=None, progress=0.0, eta_s=None, enqueued_at=now, updated_at=now)
+    )
+    if rowcount(handed) != 1:
+        return False
+    append_logs(session, job_id=job_id, messages=messages)
     return True
 
 
@@ -195,7 +227,7 @@ def release_lost_job(session: Session, *, job: LostJob, max_attempts: int) -> Jo
     """
     now = utcnow()
     holder = job.worker_id or "an unknown worker"
-    values: dict[str, Any] = {"updated_at": now, "lease_expires_at": None, "worker_id": None}
+    values: dict[str, Any] = {"updated_at": now, "lease_expires_at": None, "worker_id": None, "eta_s": None}
     if job.cancel_requested:
         status = JobStatus.cancelled
         message = f"cancelled on request; its worker {holder} stopped answering before it could stop the job"

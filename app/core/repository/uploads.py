@@ -36,3 +36,15 @@ def stale_uploads(session: Session, *, started_before: dt.datetime, limit: int =
 
 def delete_upload(session: Session, *, upload_id: str) -> None:
     session.execute(delete(Upload).where(Upload.id == upload_id))
+
+
+def find_upload_by_digest(session: Session, *, owner_id: str, sha256: str, suffix: str | None = None) -> Upload | None:
+    """``owner_id``'s newest complete upload of the bytes with this ``sha256`` (and ``suffix``), or None.
+
+    Only the key's own uploads: another key's identical bytes are never found, so a digest tells a
+    caller nothing about what others uploaded.
+    """
+    query = select(Upload).where(Upload.owner_id == owner_id, Upload.sha256 == sha256, Upload.completed_at.is_not(None))
+    if suffix is not None:
+        query = query.where(Upload.suffix == suffix)
+    return session.scalar(query.order_by(Upload.created_at.desc(), Upload.id.desc()).limit(1))

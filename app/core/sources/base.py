@@ -40,6 +40,8 @@ class UploadInfo:
     kind: str
     suffix: str
     size: int | None = None
+    #: What it holds, read at upload (:mod:`app.core.upload_contents`); None when not indexed.
+    contents: dict[str, Any] | None = None
 
 
 @dataclass

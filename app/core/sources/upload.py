@@ -73,4 +73,5 @@ def find_upload(session: Session, *, upload_id: str, owner_id: str) -> UploadInf
     upload = repository.get_upload(session, upload_id=upload_id, owner_id=owner_id)
     if upload is None:
         return None
-    return UploadInfo(storage_key=upload.storage_key, kind=upload.kind, suffix=upload.suffix, size=upload.size)
+    return UploadInfo(storage_key=upload.storage_key, kind=upload.kind, suffix=upload.suffix, size=upload.size,
+                      contents=upload.contents)

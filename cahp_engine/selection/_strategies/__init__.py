@@ -2,9 +2,12 @@
 
 A strategy turns a :class:`~cahp_engine.selection.HeadAnalysis` into the heads to keep. ``cahp`` keeps
 the most salient head of each of the ``k`` clusters (plus layer safety); the baselines keep ``count``
-heads by another rule. Adding a baseline is one module defining ``choose(analysis, k, *, count,
-seed) -> Selection`` and one entry in :data:`~cahp_engine.selection.REGISTRY`; ``PruningConfig.strategy``, ``cahp prune
---strategy`` and the job API take their choices from it.
+heads by another rule; the consensus strategies (``coassociation``, ``stability-selection``,
+``mean-distance``) make CAHP's choice steadier by combining the analysis with its leave-one-shard-out
+analyses (:mod:`cahp_engine.selection._consensus`). Adding a baseline is one module defining
+``choose(analysis, k, *, count, seed) -> Selection`` and one entry in
+:data:`~cahp_engine.selection.REGISTRY`; ``PruningConfig.strategy``, ``cahp prune --strategy`` and the
+job API take their choices from it.
 
 This package is importable without torch or numpy (the configuration validates names against it);
 a strategy's module is imported when it is first used.
@@ -59,9 +62,10 @@ def choose(analysis: HeadAnalysis, k: int, strategy: str = "cahp", *, count: int
         A name in :data:`REGISTRY`.
     count : int, optional
         Heads a baseline keeps; default CAHP's count at ``k`` (k representatives plus layer safety),
-        so every strategy keeps as many heads. CAHP itself ignores it.
+        so every strategy keeps as many heads. CAHP and the consensus strategies ignore it (they keep
+        k heads plus layer safety).
     seed : int
-        Seeds the random baseline.
+        Seeds the random baseline and the consensus strategies' FasterPAM.
 
     Returns
     -------

@@ -109,3 +109,20 @@ export function statusBadge(status, cancelRequested = false) {
   const text = cancelRequested && status === "running" ? "cancelling" : status;
   return h("span", { class: `status status-${status}`, dataset: { status } }, text);
 }
+
+/**
+ * A speed-up with its 95 % interval; one whose interval holds ×1 is inside its own noise and reads
+ * "no measurable change" (never a slowdown). The same rule as the model cards and `cahp prune`.
+ */
+export function formatSpeedup(value, low, high) {
+  if (value === null || value === undefined) return "–";
+  const x = (v) => `×${Number(v).toFixed(2)}`;
+  if (low === null || low === undefined || high === null || high === undefined) return x(value);
+  if (low <= 1 && 1 <= high) return `no measurable change (${x(value)}, 95 % interval ${x(low)}–${x(high)})`;
+  return `${x(value)} (95 % interval ${x(low)}–${x(high)})`;
+}
+
+/** What to call a job's model: the name given at submit, else the model's name, else its reference. */
+export function modelTitle(job) {
+  return job.name || job.model_name || job.result?.base_model || job.model?.uri || "–";
+}

@@ -1,5 +1,6 @@
-// The head map of head_map.json as SVG: a layer x head grid coloured by kept / salience / cluster,
-// read by pointer or arrow keys; and the share of heads kept in each layer.
+// The head map of head_map.json as SVG: a layer x head grid coloured by kept / salience / cluster
+// (and, for a consensus strategy, by how many of the runs it combined kept each head), read by pointer
+// or arrow keys; and the share of heads kept in each layer.
 
 import { clear, formatNumber, h, s } from "./dom.js";
 import {
@@ -27,6 +28,8 @@ export function headMap(map) {
   const representatives = new Set((map.representatives || []).map(([l, hd]) => keyOf(l, hd)));
   const safety = new Set((map.layer_safety_added || []).map(([l, hd]) => keyOf(l, hd)));
   const medoids = new Set((map.medoids || []).map(([l, hd]) => keyOf(l, hd)));
+  const consensus = map.consensus || null;
+  const modes = consensus ? [...MODES, ["consensus", "Consensus runs"]] : MODES;
   const id = nextId("heads");
   let mode = "kept";
   let active = null; // [layer, head]
@@ -35,7 +38,7 @@ export function headMap(map) {
   const figure = h("figure", { class: "chart heads" });
   const name = `${id}-mode`;
   const switcher = h("fieldset", { class: "modes" }, h("legend", {}, "Colour heads by"),
-    MODES.map(([value, label]) => h("label", {},
+    modes.map(([value, label]) => h("label", {},
       h("input", { type: "radio", name, value, checked: value === mode, onchange: () => setMode(value) }), ` ${label}`)));
   const plot = h("div", { class: "plot" });
   const tip = tooltip(plot, `${id}-tip`);
@@ -43,6 +46,8 @@ export function headMap(map) {
   figure.append(
     h("figcaption", {}, h("strong", {}, "Head map. "),
       `${L} layers × ${H} heads, strategy ${map.strategy}, k* = ${map.k_star}. `,
+      consensus ? `A consensus of ${consensus.runs} runs of CAHP (the full analysis and ${consensus.runs - 1} `
+        + `leave-one-shard-out ones), which agreed at a mean Jaccard of ${formatNumber(consensus.mean_jaccard, 2)}. ` : null,
       "Hover a head, or focus the map and use the arrow keys, to read it."),
     switcher, plot, tip.readout, legend);
 
@@ -56,6 +61,7 @@ export function headMap(map) {
     const key = keyOf(l, hd);
     if (mode === "salience") return viridis(map.salience[l][hd]);
     if (mode === "cluster") return CLUSTER_COLOURS[map.cluster[l][hd] % CLUSTER_COLOURS.length];
+    if (mode === "consensus") return viridis(consensus.kept_frequency[l][hd]);
     return { safety: SAFETY_FILL, kept: KEPT_FILL, pruned: PRUNED_FILL }[status(key)];
   }
 
@@ -68,6 +74,10 @@ export function headMap(map) {
       `Salience ${formatNumber(map.salience[l][hd], 3)}${raw !== undefined ? ` (raw ${Number(raw).toExponential(2)})` : ""}`,
       `Cluster ${cluster}${medoids.has(key) ? " (its medoid)" : ""}`,
     ];
+    if (consensus) {
+      const share = consensus.kept_frequency[l][hd];
+      lines.push(`Kept by ${Math.round(share * consensus.runs)} of ${consensus.runs} runs of CAHP`);
+    }
     if (safety.has(key)) lines.push("Kept for layer safety (its layer would be empty)");
     else if (representatives.has(key)) lines.push(`Kept: representative of cluster ${cluster}`);
     else if (kept.has(key)) lines.push("Kept");
@@ -92,7 +102,7 @@ export function headMap(map) {
   }
 
   function drawLegend() {
-    if (mode === "salience") {
+    if (mode === "salience" || mode === "consensus") {
       const gradient = `${id}-ramp`;
       clear(legend,
         s("svg", { viewBox: "0 0 240 36", width: 240, height: 36, "aria-hidden": "true" },
@@ -100,7 +110,8 @@ export function headMap(map) {
             VIRIDIS.map((colour, i) => s("stop", { offset: `${(100 * i) / (VIRIDIS.length - 1)}%`, "stop-color": colour })))),
           s("rect", { x: 4, y: 2, width: 232, height: 14, fill: `url(#${gradient})` }),
           ["0", "0.5", "1"].map((t, i) => s("text", { x: 4 + i * 116, y: 30, "text-anchor": ["start", "middle", "end"][i] }, t))),
-        h("span", {}, "salience (min–max normalised); outlined: kept heads"));
+        h("span", {}, mode === "salience" ? "salience (min–max normalised); outlined: kept heads"
+          : `share of the ${consensus.runs} runs of CAHP that kept the head; outlined: kept by the consensus`));
       return;
     }
     const swatch = (colour, text, extra = "") => h("span", { class: "item" },

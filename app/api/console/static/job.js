@@ -5,8 +5,8 @@ import { api, ApiError, download } from "./api.js";
 import { headMap, layerRetention } from "./heads.js";
 import { mssChart } from "./mss.js";
 import {
-  clear, formatBytes, formatCount, formatDuration, formatNumber, formatPercent, formatTime, h, labelChips,
-  secondsBetween, statusBadge, timeElement,
+  clear, formatBytes, formatCount, formatDuration, formatNumber, formatPercent, formatSpeedup, formatTime, h,
+  labelChips, secondsBetween, statusBadge, timeElement,
 } from "./dom.js";
 import { isFinished, watchJob } from "./live.js";
 
@@ -49,10 +49,11 @@ function summary(job, report, curve) {
   const denseAcc = dense.accuracy ?? result.dense_accuracy;
   const prunedAcc = pruned.accuracy ?? result.pruned_accuracy;
   const pct = (x) => formatPercent(x, 1);
+  // One measurement per job: the report's speed and the summary are the same timing rounds.
   const speed = (report?.speed?.results || []).map((entry) =>
-    h("div", {}, `×${formatNumber(entry.speedup, 2)} at batch ${entry.batch_size}`,
+    h("div", {}, `${formatSpeedup(entry.speedup, entry.speedup_low, entry.speedup_high)} at batch ${entry.batch_size}`,
       h("span", { class: "muted" }, ` (p50 ${formatNumber(entry.dense?.p50_ms, 2)} → ${formatNumber(entry.pruned?.p50_ms, 2)} ms)`)));
-  const speedNote = report?.speed ? `${report.speed.device}, sequence length ${report.speed.seq_len}` : "";
+  const speedNote = report?.speed ? `${report.speed.device}, sequence length ${report.speed.seq_len}, PyTorch` : "";
   return h("dl", { class: "summary" },
     field("heads", "Heads kept", `${kept ?? "–"} of ${total ?? "–"}`,
       h("span", { class: "muted" }, ` (${formatPercent(kept / total)})`)),
@@ -62,10 +63,56 @@ function summary(job, report, curve) {
     field("parameters", "Parameters",
       h("div", {}, `${change(params.dense?.total, params.pruned?.total, formatCount)}${reduction(params.dense?.total, params.pruned?.total)}`),
       params.dense ? h("div", { class: "muted" }, `attention ${change(params.dense?.attention, params.pruned?.attention, formatCount)}`) : null),
-    field("speedup", "Speed-up", speed.length ? speed : `×${formatNumber(result.speedup, 2)}`,
-      speedNote ? h("div", { class: "muted" }, speedNote) : null),
+    field("speedup", "Speed-up", speed.length ? speed : formatSpeedup(result.speedup, result.speedup_low,
+      result.speedup_high), speedNote ? h("div", { class: "muted" }, speedNote) : null),
+    deployable(result, report),
     report?.dataset ? field("dataset_rows", "Evaluated on", `${report.dataset.eval_rows} rows of ${report.dataset.eval_split}`) : null,
     report?.wall_time_s ? field("wall_time", "Run time", formatDuration(report.wall_time_s)) : null);
+}
+
+/** The ONNX and int8 directories as a deployer takes them: accuracy, macro-F1, parity, speed. */
+function deployable(result, report) {
+  const pct = (x) => formatPercent(x, 1);
+  const onnx = report?.export?.onnx;
+  const int8 = report?.export?.onnx_int8;
+  const rows = [];
+  if (result.onnx_max_abs_diff !== null && result.onnx_max_abs_diff !== undefined) {
+    rows.push(field("onnx", "ONNX (onnx/)",
+      h("div", {}, `accuracy ${pct(result.onnx_accuracy)}, macro-F1 ${formatNumber(result.onnx_macro_f1, 3)}`),
+      h("div", {}, `max |logit difference| from PyTorch ${Number(result.onnx_max_abs_diff).toExponential(1)}`,
+        onnx?.parity ? h("span", { class: "muted" }, ` (same class on ${pct(onnx.parity.prediction_agreement)})`) : null),
+      h("div", {}, `${formatSpeedup(result.onnx_speedup, result.onnx_speedup_low, result.onnx_speedup_high)} `,
+        h("span", { class: "muted" }, "against dense PyTorch, CPU, batch 32"))));
+  }
+  if (result.int8_accuracy !== null && result.int8_accuracy !== undefined) {
+    rows.push(field("int8", "int8 (onnx-int8/)",
+      h("div", {}, `accuracy ${pct(result.int8_accuracy)}, macro-F1 ${formatNumber(result.int8_macro_f1, 3)}`),
+      h("div", {}, `max |logit difference| from PyTorch ${formatNumber(result.int8_max_abs_diff, 4)}`,
+        int8?.deviation ? h("span", { class: "muted" }, ` (same class on ${pct(int8.deviation.prediction_agreement)})`) : null),
+      h("div", {}, `${formatSpeedup(result.int8_speedup, result.int8_speedup_low, result.int8_speedup_high)} `,
+        h("span", { class: "muted" }, "against dense PyTorch, CPU, batch 32"))));
+  }
+  return rows;
+}
+
+/** Quality warnings first, where nobody deploying the model can miss them. */
+function qualityWarnings(result) {
+  const warnings = result?.warnings || [];
+  if (!warnings.length) return null;
+  return h("div", { class: "quality", role: "alert", dataset: { field: "warnings" } },
+    h("h2", {}, "Warnings: read before deploying"),
+    h("ul", {}, warnings.map((warning) => h("li", {}, warning))));
+}
+
+async function copyLink(artifact, say) {
+  const until = formatTime(artifact.signed_url_expires_at);
+  try {
+    await navigator.clipboard.writeText(artifact.signed_url);
+    say(`Copied a link to ${artifact.name} that downloads it without a key until ${until}.`);
+  } catch {
+    // Without clipboard access (plain http), show the link to copy by hand.
+    say(`A link to ${artifact.name}, without a key, until ${until}: ${artifact.signed_url}`);
+  }
 }
 
 function artifactTable(jobId, manifest, onError) {
@@ -81,15 +128,30 @@ function artifactTable(jobId, manifest, onError) {
         button.disabled = false;
       }
     });
+    const link = artifact.signed_url ? h("button", { type: "button", class: "secondary",
+      "aria-label": `Copy a link to ${artifact.name} that needs no key` }, "Copy link") : null;
+    link?.addEventListener("click", () => copyLink(artifact, onError));
     return h("tr", { dataset: { artifact: artifact.name } },
       h("th", { scope: "row", "data-label": "Name" }, h("code", {}, artifact.name)),
       h("td", { "data-label": "Size", title: `${artifact.size} bytes` }, formatBytes(artifact.size)),
       h("td", { "data-label": "sha256" }, h("code", { class: "hash" }, artifact.sha256)),
-      h("td", { "data-label": "" }, button));
+      h("td", { "data-label": "", class: "actions" }, button, link));
   });
   return h("table", { class: "artifacts" },
     h("thead", {}, h("tr", {}, ["Name", "Size", "sha256", ""].map((name) => h("th", { scope: "col" }, name)))),
     h("tbody", {}, rows));
+}
+
+function registration(job) {
+  const done = job.registration;
+  if (!done && !job.register) return null;
+  if (!done) return field("registry", "Registry", `to be registered as ${job.register.model_name}`);
+  if (done.status === "registered") {
+    return field("registry", "Registry", h("code", {}, done.model_uri),
+      h("span", { class: "muted" }, ` (MLflow run ${done.run_id})`));
+  }
+  return field("registry", "Registry", h("span", { class: "error" }, `registration as ${done.model_name} failed: `),
+    done.error || "");
 }
 
 export function jobView(jobId) {
@@ -98,6 +160,7 @@ export function jobView(jobId) {
   const destroyers = [];
 
   const title = h("h1", {}, "Job ", h("code", { class: "job-id" }, jobId));
+  const named = h("p", { class: "job-name", dataset: { field: "name" }, hidden: true });
   const badge = h("span", { class: "badge-slot" });
   const cancel = h("button", { type: "button", class: "danger", hidden: true }, "Cancel job");
   const notice = h("p", { class: "notice", role: "status", hidden: true });
@@ -112,7 +175,7 @@ export function jobView(jobId) {
   const element = h("section", { class: "job-view" },
     h("p", {}, h("a", { href: "./", "data-nav": "" }, "← All jobs")),
     h("div", { class: "title-row" }, title, badge, cancel),
-    notice, problem,
+    named, notice, problem,
     h("div", { class: "progress-row" }, progress, progressText),
     meta, result,
     h("section", { class: "log-section" }, h("h2", {}, "Log"), logEmpty, log));
@@ -127,7 +190,9 @@ export function jobView(jobId) {
     clear(badge, statusBadge(job.status, job.cancel_requested));
     progress.value = job.progress;
     const stage = job.stage ? ` · ${job.stage}` : "";
-    progressText.textContent = `${formatPercent(job.progress)}${stage}${job.cancel_requested && !isFinished(job) ? " · cancel requested, stopping at the next step" : ""}`;
+    // eta_s: what the running attempt still needs at its measured pace (null until it is known).
+    const eta = job.eta_s !== null && job.eta_s !== undefined && !isFinished(job) ? ` · about ${formatDuration(job.eta_s)} left` : "";
+    progressText.textContent = `${formatPercent(job.progress)}${stage}${eta}${job.cancel_requested && !isFinished(job) ? " · cancel requested, stopping at the next step" : ""}`;
     const runFor = job.started_at ? formatDuration(secondsBetween(job.started_at, job.finished_at)) : "–";
     clear(meta,
       field("status", "Status", job.status),
@@ -136,12 +201,17 @@ export function jobView(jobId) {
       field("started", "Started", job.started_at ? formatTime(job.started_at) : "–"),
       field("finished", "Finished", job.finished_at ? formatTime(job.finished_at) : "–"),
       field("duration", "Duration", runFor),
-      field("model", "Model", h("code", {}, job.model?.uri), job.model?.revision ? ` @ ${job.model.revision}` : ""),
-      field("dataset", "Dataset", h("code", {}, job.dataset?.uri)),
+      field("model", "Model", job.model_name ? h("strong", {}, job.model_name) : null, job.model_name ? " " : null,
+        h("code", { class: job.model_name ? "muted" : "" }, job.model?.uri), job.model?.revision ? ` @ ${job.model.revision}` : ""),
+      field("dataset", "Dataset", job.dataset_name ? h("strong", {}, job.dataset_name) : null,
+        job.dataset_name ? " " : null, h("code", { class: job.dataset_name ? "muted" : "" }, job.dataset?.uri)),
+      registration(job),
       job.labels && Object.keys(job.labels).length ? field("labels", "Labels", labelChips(job.labels)) : null,
       field("params", "Settings", h("details", {}, h("summary", {}, `degree ${job.params?.poly_degree ?? "–"}, epochs ${job.params?.epochs ?? "–"}, strategy ${job.params?.strategy ?? "–"}`),
         h("pre", { class: "params" }, JSON.stringify(job.params, null, 2)))));
     cancel.hidden = isFinished(job) || job.cancel_requested;
+    named.textContent = job.name || "";
+    named.hidden = !job.name;
     if (job.error) {
       const heading = job.status === "cancelled" ? "Cancelled" : "Failed";
       clear(problem, h("h2", {}, `${heading}: `, h("code", { dataset: { field: "error_code" } }, job.error.code)),
@@ -150,7 +220,8 @@ export function jobView(jobId) {
     } else {
       problem.hidden = true;
     }
-    if (job.status === "succeeded" && !resultShown) {
+    // A job whose registration failed has a model too: its result and artifacts are shown.
+    if ((job.status === "succeeded" || (job.status === "failed" && job.result)) && !resultShown) {
       resultShown = true;
       showResult();
     }
@@ -180,7 +251,7 @@ export function jobView(jobId) {
     const read = (name) => (names.has(name) ? api(`${base}/${name}`) : Promise.resolve(null));
     const [report, curve, map] = (await Promise.allSettled([read("report.json"), read("mss_curve.json"), read("head_map.json")]))
       .map((settled) => (settled.status === "fulfilled" ? settled.value : null));
-    const parts = [h("h2", {}, "Result"), summary(job, report, curve)];
+    const parts = [qualityWarnings(job.result), h("h2", {}, "Result"), summary(job, report, curve)];
     if (curve) {
       const chart = mssChart(curve);
       destroyers.push(chart.destroy);

@@ -2,7 +2,7 @@
 
 import { api } from "./api.js";
 import {
-  clear, formatDuration, formatPercent, formatTime, h, labelChips, secondsBetween, statusBadge, timeElement,
+  clear, formatDuration, formatPercent, formatTime, h, labelChips, modelTitle, secondsBetween, statusBadge, timeElement,
 } from "./dom.js";
 import { isFinished, watchJobs } from "./live.js";
 
@@ -47,7 +47,7 @@ export function jobsView(params, { navigate }) {
   const body = h("tbody");
   const table = h("table", { class: "jobs" },
     h("caption", { class: "visually-hidden" }, "Jobs, newest first"),
-    h("thead", {}, h("tr", {}, ["Job", "Status", "Stage", "Progress", "Labels", "Model", "Created", "Duration"]
+    h("thead", {}, h("tr", {}, ["Job", "Status", "Model", "Progress", "Labels", "Created", "Duration"]
       .map((name) => h("th", { scope: "col" }, name)))),
     body);
   const empty = h("p", { class: "empty", hidden: true },
@@ -63,12 +63,23 @@ export function jobsView(params, { navigate }) {
     const progress = h("span", { class: "progress-cell" },
       h("progress", { max: 1, value: job.progress, "aria-label": `progress of job ${job.id}` }),
       h("span", {}, formatPercent(job.progress)));
+    const warnings = job.result?.warnings || [];
+    // A failed row says why (its error code); a succeeded one whether its model is suspect.
+    const status = [statusBadge(job.status, job.cancel_requested),
+      job.error ? h("code", { class: "error-code", dataset: { field: "error_code" }, title: job.error.message },
+        job.error.code) : null,
+      warnings.length ? h("span", { class: "warn-badge", title: warnings.join("\n"), dataset: { field: "warnings" } },
+        `⚠ ${warnings.length} warning${warnings.length > 1 ? "s" : ""}`) : null];
+    const title = modelTitle(job);
+    const named = job.name && (job.model_name || job.result?.base_model);
+    const model = h("span", { class: "model-cell", title: job.model?.uri || "" },
+      h("span", { class: "model-title" }, title === job.model?.uri ? shortRef(title) : title),
+      named ? h("span", { class: "muted model-base" }, job.model_name || job.result?.base_model) : null);
     return [
-      statusBadge(job.status, job.cancel_requested),
-      job.stage || h("span", { class: "muted" }, "–"),
-      progress,
+      status,
+      model,
+      [progress, job.stage ? h("span", { class: "muted stage" }, job.stage) : null],
       labelChips(job.labels),
-      h("span", { title: job.model?.uri || "" }, shortRef(job.model?.uri)),
       timeElement(job.created_at),
       duration(job),
     ];
@@ -76,7 +87,7 @@ export function jobsView(params, { navigate }) {
 
   function row(job) {
     let tr = rows.get(job.id);
-    const headers = ["Status", "Stage", "Progress", "Labels", "Model", "Created", "Duration"];
+    const headers = ["Status", "Model", "Progress", "Labels", "Created", "Duration"];
     if (!tr) {
       // The link cell is made once, so that a focused link keeps its focus across updates.
       const link = h("a", { href: `jobs/${encodeURIComponent(job.id)}`, "data-nav": "", class: "mono", title: job.id },

@@ -1,5 +1,6 @@
-// The submit form: upload a model and a dataset archive (or name them by URI), pick the degree and the
-// epochs, submit. One Idempotency-Key per filled-in form, so a double click or a retry makes one job.
+// The submit form: upload a model and a dataset archive (or name them by URI), say which columns and
+// split to read, pick the degree and the epochs, name the model and label the job, submit. One
+// Idempotency-Key per filled-in form, so a double click or a retry makes one job.
 
 import { api, ApiError, upload } from "./api.js";
 import { clear, formatPercent, h } from "./dom.js";
@@ -34,6 +35,23 @@ export function submitView({ navigate }) {
     "A Hugging Face classifier directory (config.json, safetensors weights, tokenizer) as .tar.gz, .tgz, .tar or .zip.");
   const dataset = source("dataset", "Dataset",
     "A directory of train.csv and test.csv (or .jsonl/.parquet) with text and label columns, as an archive.");
+  const text = h("input", { type: "text", id: "text-column", placeholder: "text", spellcheck: "false", autocomplete: "off" });
+  const label = h("input", { type: "text", id: "label-column", placeholder: "label", spellcheck: "false", autocomplete: "off" });
+  const evalSplit = h("input", { type: "text", id: "eval-split", placeholder: "test, validation, dev…", spellcheck: "false",
+                                 autocomplete: "off", "aria-describedby": "eval-split-hint" });
+  dataset.fieldset.append(
+    h("div", { class: "pair" },
+      h("div", {}, h("label", { for: "text-column" }, "Text column"), text),
+      h("div", {}, h("label", { for: "label-column" }, "Label column"), label),
+      h("div", {}, h("label", { for: "eval-split" }, "Evaluation split"), evalSplit)),
+    h("p", { id: "eval-split-hint", class: "muted" },
+      "Empty fields take the defaults: columns text and label, the first labelled split of test, validation, dev."));
+  const name = h("input", { type: "text", id: "job-name", maxlength: 200, spellcheck: "false", autocomplete: "off",
+                            placeholder: "sst5-minilm-pruned" });
+  const labels = h("textarea", { id: "job-labels", rows: 2, spellcheck: "false", placeholder: "git/commit=4f2c9e1\nbranch=main",
+                                 "aria-describedby": "job-labels-hint" });
+  const register = h("input", { type: "text", id: "register-model", maxlength: 256, spellcheck: "false", autocomplete: "off",
+                                "aria-describedby": "register-hint" });
   const degree = h("input", { type: "number", id: "poly-degree", min: 1, max: 10, step: 1, value: 2, required: true });
   const epochs = h("input", { type: "number", id: "epochs", min: 0, step: "any", value: 3, required: true });
   const extra = h("textarea", { id: "extra-params", rows: 4, spellcheck: "false", placeholder: '{"strategy": "cahp", "seed": 42}' });
@@ -49,6 +67,12 @@ export function submitView({ navigate }) {
         h("div", {}, h("label", { for: "epochs" }, "Recovery epochs"), epochs)),
       h("details", {}, h("summary", {}, "More settings (JSON)"),
         h("label", { for: "extra-params" }, "Any other cahp prune setting, in snake_case"), extra)),
+    h("fieldset", {}, h("legend", {}, "The pruned model"),
+      h("label", { for: "job-name" }, "Name (optional)"), name,
+      h("label", { for: "job-labels" }, "Labels (optional)"), labels,
+      h("p", { id: "job-labels-hint", class: "muted" }, "One key=value a line, e.g. the commit that asked for the model."),
+      h("label", { for: "register-model" }, "Register in the MLflow registry as (optional)"), register,
+      h("p", { id: "register-hint", class: "muted" }, "A registered model's name: the server adds a new version of it.")),
     error, status, button);
 
   function fail(message, problem) {
@@ -86,6 +110,16 @@ export function submitView({ navigate }) {
       extra.focus();
       return;
     }
+    const jobLabels = {};
+    for (const line of labels.value.split("\n").map((l) => l.trim()).filter(Boolean)) {
+      const at = line.indexOf("=");
+      if (at < 1) {
+        fail(`Labels take key=value, one a line; "${line}" has no key.`);
+        labels.focus();
+        return;
+      }
+      jobLabels[line.slice(0, at).trim()] = line.slice(at + 1).trim();
+    }
     const degreeValue = Number(degree.value);
     const epochsValue = Number(epochs.value);
     if (!Number.isInteger(degreeValue) || degreeValue < 1 || degreeValue > 10) {
@@ -104,12 +138,16 @@ export function submitView({ navigate }) {
       const modelUri = await reference(model, "Model");
       const datasetUri = await reference(dataset, "Dataset");
       status.textContent = "Submitting…";
-      const job = await api("v1/jobs", {
-        method: "POST",
-        extraHeaders: { "Idempotency-Key": key },
-        body: { model: { uri: modelUri }, dataset: { uri: datasetUri },
-                params: { ...params, poly_degree: degreeValue, epochs: epochsValue } },
-      });
+      const datasetSpec = { uri: datasetUri };
+      for (const [field, input] of [["text_column", text], ["label_column", label], ["eval_split", evalSplit]]) {
+        if (input.value.trim()) datasetSpec[field] = input.value.trim();
+      }
+      const body = { model: { uri: modelUri }, dataset: datasetSpec,
+                     params: { ...params, poly_degree: degreeValue, epochs: epochsValue } };
+      if (name.value.trim()) body.name = name.value.trim();
+      if (Object.keys(jobLabels).length) body.labels = jobLabels;
+      if (register.value.trim()) body.register = { model_name: register.value.trim() };
+      const job = await api("v1/jobs", { method: "POST", extraHeaders: { "Idempotency-Key": key }, body });
       key = idempotencyKey();
       navigate(`jobs/${encodeURIComponent(job.id)}`);
     } catch (problem) {

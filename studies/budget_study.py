@@ -1,0 +1,374 @@
+"""The accuracy budget and the recovery that keeps its best, measured on SST-5 (and on a rare-class copy of it).
+
+Everything starts from the quality study's dense all-MiniLM-L6-v2 (``studies/quality.py``: trained once
+on the pinned CPU path, cached under its cache, retrained and checked against the cached record where the
+weights are missing) and its cached CAHP selections. Three parts (``--parts``):
+
+* ``early-stopping``: CAHP's heads of each seed and degree recovered (distillation, the engine's
+  default) with the paper's fixed 3 epochs (``patience0``: the whole training split, the last weights)
+  and with early stopping (``patience1``, ``patience2``: SST-5's own validation split judged after every
+  epoch, the best weights kept); SST-5 test accuracy, macro-F1 and recovery seconds. What decides the
+  default of ``early_stopping_patience``.
+* ``budget``: whole runs (``run_pruning``, what ``cahp prune`` runs) on the dense model: one at the knee
+  with the same recovery, then accuracy budgets of 1.0, 2.0 and 0.5 points of accuracy and 1.0 point
+  of macro-F1, both strategies searched; heads kept, test accuracy against dense, and the wall time
+  against the knee run's.
+* ``imbalanced``: SST-5 with its *very negative* class cut to 1.6 % of the training rows (a seeded draw;
+  validation and test untouched), a dense model fine-tuned on it as the quality study's is, then runs at
+  the knees of degrees 2 and 6 and a macro-F1 budget of 1 point, each without and with class-balanced
+  recovery (``class_weight`` balanced); per-class test recall and the lost-class warnings. No other
+  imbalanced public dataset is reachable offline, hence the copy of SST-5.
+
+Every finished cell or run goes to the cache at once (default studies/results/cache/budget_sst5/, not
+tracked by git), so a killed study resumes after its last finished cell or run (a run killed half-way
+starts again). The figures go to studies/results/budget_sst5.json and .md.
+
+Run: ``python -m studies budget [--parts early-stopping,budget,imbalanced] [--seeds 42,43,44]
+[--degrees 2,6] [--threads 1] [--report-only]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.data import DatasetOptions, EncodedDataset, encode, load_splits
+from cahp_engine.errors import AccuracyBudgetError
+from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
+from cahp_engine.recovery import evaluate, finetune
+from cahp_engine.run import run_pruning
+from cahp_engine.run._holdout import ValidationScorer
+from studies import common, quality
+
+PARTS = ("early-stopping", "budget", "imbalanced")
+#: Early stopping's settings compared (patience 0 is the paper's fixed epochs).
+PATIENCES = (0, 1, 2)
+#: The budget runs: name -> the settings that differ from the knee run's.
+BUDGET_RUNS: dict[str, dict[str, Any]] = {
+    "knee": {},
+    "p1.0": {"max_accuracy_drop": 1.0},
+    "p2.0": {"max_accuracy_drop": 2.0},
+    "p0.5": {"max_accuracy_drop": 0.5},
+    "p1.0-macro-f1": {"max_accuracy_drop": 1.0, "budget_metric": "macro_f1"},
+}
+#: The rare-class copy: class 0 keeps this share of the training rows.
+RARE_SHARE = 0.016
+IMBALANCED_RUNS: dict[str, dict[str, Any]] = {
+    f"{name}-{weight}": {**settings, "class_weight": weight}
+    for name, settings in (("d2", {"poly_degree": 2}), ("d6", {"poly_degree": 6}),
+                           ("p1.0-macro-f1", {"max_accuracy_drop": 1.0, "budget_metric": "macro_f1"}))
+    for weight in ("none", "balanced")
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What the study runs on: the quality study's protocol (dense recipe, seeds, degrees) and the inputs."""
+
+    protocol: quality.Protocol
+    base: str
+    data_dir: Path
+    quality_cache: Path
+    cache: Path
+    patience: int = 1  # the budget and imbalanced runs' early stopping
+    epochs: float = 3.0
+    lr: float = 2e-5
+    device: torch.device = torch.device("cpu")
+    run_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # the smoke test's tiny runs
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _store(path: Path, key: str, value: Any) -> dict[str, Any]:
+    return quality.store_cell(path, key, value)
+
+
+# --------------------------------------------------------------------------- early stopping
+
+
+def recover_cell(dense: nn.Module, train: EncodedDataset, validation: EncodedDataset, test: EncodedDataset,
+                 heads: list[list[int]], *, seed: int, patience: int, setup: Setup, teacher: Any) -> dict[str, Any]:
+    """CAHP's heads recovered with ``patience`` (0: the paper's fixed epochs, no validation), scored on test."""
+    pruned = copy.deepcopy(dense)
+    kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
+    for layer, head in heads:
+        kept[layer].append(head)
+    prune_heads(pruned, kept)
+    scorer = None
+    if patience > 0:
+        scorer = ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device), 32,
+                                  setup.device)
+    result = finetune(pruned, train, epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1,
+                      weight_decay=0.01, max_grad_norm=1.0, seed=seed, device=setup.device, teacher=teacher,
+                      validate=scorer, early_stopping_patience=patience)
+    after = evaluate(pruned, test, batch_size=32, device=setup.device)
+    return {"patience": patience, "heads_kept": len(heads), "accuracy": after.accuracy, "macro_f1": after.macro_f1,
+            "recall": list(after.recall), "recovery": result.to_dict()}
+
+
+def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    """The ``early-stopping`` part: every (seed, degree, patience) cell, resumable."""
+    path = setup.cache / "early-stopping.json"
+    cells: dict[str, Any] = _read(path) or {}
+    todo = [(s, d, p) for s in setup.protocol.seeds for d in setup.protocol.degrees for p in PATIENCES]
+    pending = [t for t in todo if _es_key(*t) not in cells]
+    if compute and pending:
+        dense, tokenizer, _ = quality.dense_model(setup.base, setup.data_dir, setup.quality_cache, setup.protocol,
+                                                  setup.device, say)
+        train, test = quality.load_data(setup.data_dir, tokenizer, setup.protocol)
+        validation = _validation(setup, tokenizer)
+        teacher = quality.teacher_for(dense, train, setup.quality_cache, setup.protocol, setup.device, say)
+        for seed, degree, patience in pending:
+            heads = _selection(setup, dense, train, seed)["degrees"][str(degree)]["kept"]["cahp"]
+            t0 = time.perf_counter()
+            cell = recover_cell(dense, train, validation, test, heads, seed=seed, patience=patience, setup=setup,
+                                teacher=teacher)
+            cell.update(seed=seed, degree=degree, wall_s=time.perf_counter() - t0)
+            cells = _store(path, _es_key(seed, degree, patience), cell)
+            say(f"seed {seed} degree {degree} patience {patience}: {len(heads)} heads, test {cell['accuracy']:.4f}, "
+                f"{cell['recovery']['epochs']:g} epochs in {cell['recovery']['wall_s']:.0f} s")
+    summary: dict[str, Any] = {}
+    for degree in setup.protocol.degrees:
+        for patience in PATIENCES:
+            rows = [cells[k] for s in setup.protocol.seeds if (k := _es_key(s, degree, patience)) in cells]
+            if rows:
+                summary.setdefault(str(degree), {})[f"patience{patience}"] = {
+                    "seeds": [r["seed"] for r in rows],
+                    "accuracy_mean": statistics.fmean(r["accuracy"] for r in rows),
+                    "macro_f1_mean": statistics.fmean(r["macro_f1"] for r in rows),
+                    "recovery_s_mean": statistics.fmean(r["recovery"]["wall_s"] for r in rows),
+                    "epochs_mean": statistics.fmean(r["recovery"]["epochs"] for r in rows)}
+    return {"cells": [cells[k] for t in todo if (k := _es_key(*t)) in cells], "summary": summary,
+            "complete": not [t for t in todo if _es_key(*t) not in cells]}
+
+
+def _es_key(seed: int, degree: int, patience: int) -> str:
+    return f"seed={seed}/degree={degree}/patience={patience}"
+
+
+def _selection(setup: Setup, dense: nn.Module, train: EncodedDataset, seed: int) -> dict[str, Any]:
+    """The quality study's cached selection of ``seed`` (made and cached here when missing)."""
+    path = setup.quality_cache / f"selection-seed{seed}.json"
+    found = _read(path)
+    if found is None or any(str(d) not in found["degrees"] for d in setup.protocol.degrees):
+        found = quality.selections_for_seed(dense, train, setup.protocol, seed)
+        quality._write_json(path, found)
+    return dict(found)
+
+
+def _validation(setup: Setup, tokenizer: Any) -> EncodedDataset:
+    splits = load_splits(setup.data_dir, DatasetOptions(eval_split="validation"))
+    return encode(tokenizer, splits.eval, max_length=512)
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, data: Path, folder: str,
+               compute: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    """Each of ``runs`` through ``run_pruning`` into ``cache/<folder>/<name>``; a finished run is kept."""
+    out: dict[str, Any] = {}
+    for name, changes in runs.items():
+        directory = setup.cache / folder / name
+        report = _read(directory / "report.json")
+        if report is None and compute:
+            config = PruningConfig(dense_finetune="never", export="none", seed=42, epochs=setup.epochs, lr=setup.lr,
+                                   early_stopping_patience=setup.patience, device=setup.device.type,
+                                   **{**setup.run_overrides, **changes})
+            say(f"{folder}/{name}: {changes or 'the knee'}")
+            t0 = time.perf_counter()
+            try:
+                run_pruning(str(model), str(data), directory, config, dataset_options=DatasetOptions(eval_split="test"),
+                            overwrite=True, log=_prefixed(say, name))
+            except AccuracyBudgetError as exc:
+                say(f"  [{name}] {exc}")
+            report = _read(directory / "report.json")
+            say(f"{folder}/{name}: done in {time.perf_counter() - t0:.0f} s")
+        if report is not None:
+            out[name] = _run_summary(report)
+    knee = out.get("knee") or out.get("d2-none")
+    for row in out.values():
+        row["wall_vs_knee"] = None if not knee else row["wall_time_s"] / knee["wall_time_s"]
+    return out
+
+
+def _prefixed(say: Callable[[str], None], name: str) -> Callable[[str], None]:
+    return lambda line: say(f"  [{name}] {line}")
+
+
+def _run_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """What the tables need of one report.json (a failed budget's too)."""
+    budget = report.get("budget")
+    metrics = report["metrics"]
+    pruned = metrics.get("pruned")
+    return {
+        "status": report.get("status", "succeeded"),
+        "heads_kept": None if pruned is None else report["summary"]["heads_kept"],
+        "dense_accuracy": metrics["dense"]["accuracy"],
+        "accuracy": None if pruned is None else pruned["accuracy"],
+        "macro_f1": None if pruned is None else pruned["macro_f1"],
+        "recall": None if pruned is None else pruned["recall"],
+        "dense_recall": metrics["dense"]["recall"],
+        "wall_time_s": report.get("wall_time_s") or sum(report["timings_s"].values()),
+        "timings_s": report["timings_s"],
+        "recovery_epochs": None if pruned is None else report["recovery"]["epochs"],
+        "warnings": report["warnings"],
+        "budget": None if budget is None else {
+            k: budget[k] for k in ("chosen", "chosen_strategy", "strategy_margin", "noise_half_width",
+                                   "epochs_trained", "cost_vs_single_run", "ladder", "threshold", "dense_validation")}
+        | {"candidates": [{k: c[k] for k in ("round", "strategy", "heads_kept", "epochs", "stopped", "drop")}
+                          for c in budget["candidates"]]},
+    }
+
+
+# --------------------------------------------------------------------------- the rare-class copy
+
+
+def rare_class_copy(data_dir: Path, target: Path, *, share: float = RARE_SHARE, seed: int = 0) -> Path:
+    """SST-5 with class 0 cut to ``share`` of the training rows (a seeded draw); other splits copied as read."""
+    target.mkdir(parents=True, exist_ok=True)
+    for split in ("validation", "test"):
+        (target / f"{split}.csv").write_text((data_dir / f"{split}.csv").read_text())
+    with (data_dir / "train.csv").open(newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader)
+        rows = list(reader)
+    label = header.index("label")
+    rare = [r for r in rows if r[label] == "0"]
+    rest = [r for r in rows if r[label] != "0"]
+    keep = int(round(share * len(rest) / (1.0 - share)))
+    picked = np.random.default_rng(seed).choice(len(rare), size=min(keep, len(rare)), replace=False)
+    chosen = rest + [rare[i] for i in sorted(picked)]
+    with (target / "train.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(chosen)
+    return target
+
+
+def rare_class_dense(setup: Setup, data: Path, say: Callable[[str], None]) -> Path:
+    """A dense model fine-tuned on the rare-class copy with the quality study's dense recipe (cached)."""
+    directory = setup.cache / "imbalanced" / "dense"
+    if (directory / "config.json").is_file():
+        return directory
+    loaded = load_classifier(setup.base, num_labels=5, seed=setup.protocol.dense_seed)
+    train, _ = quality.load_data(data, loaded.tokenizer, setup.protocol)
+    say(f"rare-class dense fine-tuning on {len(train)} rows ({int((train.labels == 0).sum())} of class 0)")
+    finetune(loaded.model, train, epochs=setup.protocol.dense_epochs, lr=setup.protocol.dense_lr,
+             batch_size=setup.protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
+             seed=setup.protocol.dense_seed, device=setup.device)
+    save_pruned(loaded.model, loaded.tokenizer, directory)
+    return directory
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def run(setup: Setup, parts: tuple[str, ...], *, compute: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    """Every part of ``parts`` (or, with ``compute=False``, what the cache holds); the payload."""
+    setup.cache.mkdir(parents=True, exist_ok=True)
+    payload: dict[str, Any] = {"settings": {"parts": list(parts), "seeds": list(setup.protocol.seeds),
+                                            "degrees": list(setup.protocol.degrees), "patiences": list(PATIENCES),
+                                            "runs_patience": setup.patience, "epochs": setup.epochs,
+                                            "lr": setup.lr}}
+    if "early-stopping" in parts:
+        payload["early_stopping"] = early_stopping(setup, compute, say)
+    if "budget" in parts:
+        if compute:
+            quality.dense_model(setup.base, setup.data_dir, setup.quality_cache, setup.protocol, setup.device, say)
+        payload["budget"] = whole_runs(setup, BUDGET_RUNS, model=setup.quality_cache / "dense", data=setup.data_dir,
+                                       folder="budget", compute=compute, say=say)
+    if "imbalanced" in parts:
+        data = rare_class_copy(setup.data_dir, setup.cache / "imbalanced" / "data")
+        model = rare_class_dense(setup, data, say) if compute else setup.cache / "imbalanced" / "dense"
+        payload["imbalanced"] = whole_runs(setup, IMBALANCED_RUNS, model=model, data=data, folder="imbalanced",
+                                           compute=compute, say=say)
+    payload["dense"] = _read(setup.quality_cache / "dense.json")
+    return payload
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The tables docs/performance.md takes its figures from."""
+    lines = [f"# SST-5: the accuracy budget and early stopping\n\nDate {doc['date']}; command `{doc['command']}`.", ""]
+    es = doc.get("early_stopping")
+    if es:
+        lines += ["## Early stopping against the paper's fixed 3 epochs (CAHP's heads, distillation)", "",
+                  "| degree | recovery | seeds | test accuracy | macro-F1 | epochs | recovery s |",
+                  "|---|---|---|---|---|---|---|"]
+        for degree, rows in es["summary"].items():
+            for name, r in rows.items():
+                lines.append(f"| {degree} | {name} | {len(r['seeds'])} | {100 * r['accuracy_mean']:.2f} | "
+                             f"{100 * r['macro_f1_mean']:.2f} | {r['epochs_mean']:.2f} | {r['recovery_s_mean']:.0f} |")
+        lines.append("")
+    for part in ("budget", "imbalanced"):
+        runs = doc.get(part)
+        if not runs:
+            continue
+        lines += [f"## {part}", "", "| run | status | heads | test accuracy (dense) | macro-F1 | strategy (margin) | "
+                  "epochs | wall s (x knee) | warnings |", "|---|---|---|---|---|---|---|---|---|"]
+        for name, r in runs.items():
+            b = r["budget"] or {}
+            acc = "–" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f} ({100 * r['dense_accuracy']:.2f})"
+            f1 = "–" if r["macro_f1"] is None else f"{100 * r['macro_f1']:.2f}"
+            margin = "" if b.get("strategy_margin") is None else f" ({b['strategy_margin']:+.2f})"
+            ratio = "" if r["wall_vs_knee"] is None else f" (x{r['wall_vs_knee']:.2f})"
+            lines.append(f"| {name} | {r['status']} | {r['heads_kept']} | {acc} | {f1} | "
+                         f"{b.get('chosen_strategy') or '–'}{margin} | "
+                         f"{b.get('epochs_trained', r['recovery_epochs'])} | "
+                         f"{r['wall_time_s']:.0f}{ratio} | {len(r['warnings'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m studies budget")
+    p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--seeds", default="42,43,44")
+    p.add_argument("--degrees", default="2,6")
+    p.add_argument("--patience", type=int, default=1, help="early stopping of the budget and imbalanced runs")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--data", type=Path, default=common.SST5)
+    p.add_argument("--quality-cache", type=Path, default=common.RESULTS / "cache" / "quality_sst5")
+    p.add_argument("--cache-dir", type=Path, default=common.RESULTS / "cache" / "budget_sst5")
+    p.add_argument("--report-only", action="store_true")
+    args = p.parse_args(argv)
+    parts = tuple(part for part in args.parts.split(",") if part)
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    common.pin_threads(args.threads)
+    protocol = dataclasses.replace(quality.Protocol(), seeds=tuple(int(v) for v in args.seeds.split(",") if v),
+                                   degrees=tuple(int(v) for v in args.degrees.split(",") if v))
+    setup = Setup(protocol=protocol, base=common.minilm_path(), data_dir=args.data, quality_cache=args.quality_cache,
+                  cache=args.cache_dir, patience=args.patience)
+
+    def say(line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+    start = time.perf_counter()
+    payload = run(setup, parts, compute=not args.report_only, say=say)
+    payload["wall_s_this_invocation"] = time.perf_counter() - start
+    payload["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    path = common.save("budget_sst5.json", payload,
+                       command=f"python -m studies budget {' '.join(argv or [])}".strip(),
+                       protocol="the quality study's dense all-MiniLM-L6-v2 on SST-5; see studies/budget_study.py")
+    text = markdown(json.loads(path.read_text()))
+    (common.RESULTS / "budget_sst5.md").write_text(text)
+    print(text)
+

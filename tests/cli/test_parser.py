@@ -1,0 +1,65 @@
+"""The ``cahp`` parser: whole flag names only, help on every flag, "did you mean" for the unknown ones."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from app.cli import build_parser, main
+from app.cli.exit_codes import ExitCode
+
+
+def _parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    found: list[tuple[str, argparse.ArgumentParser]] = []
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> None:
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    walk(f"{name} {sub}", child)
+
+    walk("cahp", build_parser())
+    return found
+
+
+def test_every_parser_takes_whole_flag_names_only_and_every_argument_has_help() -> None:
+    parsers = _parsers()
+    assert len(parsers) > 15
+    for name, parser in parsers:
+        assert parser.allow_abbrev is False, name
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest} has no help"
+
+
+def test_an_abbreviated_flag_is_refused_with_the_whole_name_suggested(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["prune", "model", "data", "-o", "out", "--epoch", "1"])
+    assert stopped.value.code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "cahp prune: error: unrecognized arguments: --epoch 1; did you mean --epochs?" in err
+    assert err.startswith("usage: cahp prune ")  # the subcommand's usage, not the top level's
+
+
+def test_an_underscored_flag_is_refused_by_its_subcommand_with_the_dashed_name(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["prune", "model", "data", "-o", "out", "--poly_degree", "3"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: cahp prune ") and "did you mean --poly-degree?" in err
+    with pytest.raises(SystemExit):
+        main(["wait", "j1", "--follw"])
+    assert "cahp wait: error: unrecognized arguments: --follw; did you mean --follow?" in capsys.readouterr().err
+
+
+def test_an_unknown_job_setting_is_refused_before_anything_is_uploaded(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Any) -> None:
+    # The model "directory" does not exist: had the setting been accepted, uploading it would fail instead.
+    code = main(["submit", "--model", str(tmp_path / "absent"), "--dataset", "hf://datasets/x/y", "--param",
+                 "epoch=1", "--url", "http://127.0.0.1:9", "--timeout", "0"])
+    assert code == ExitCode.USAGE
+    assert "cahp: --param epoch: no job setting has this name; did you mean epochs?" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""The README's CI step, run twice against a real ``cahp serve``, as a re-run pipeline does.
+
+The second run must upload nothing (the directories pack to the same bytes, which the server already
+holds for this key), send the same body, print the same job id and exit 0; its ``cahp download``
+finds every file already there and fetches none again. ``cahp submit --check`` checks without queuing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+
+from app.core.settings import Settings
+from tests.support.helpers import free_port, write_tiny_dataset, write_tiny_model
+from tests.support.processes import child_env, start, stop, wait_for
+
+#: The README's CI block (section "In CI, and for the platform that takes the model"), with settings that
+#: keep a tiny job to seconds added to its --param.
+CI_STEP = """
+set -e
+JOB=$(cahp submit --model ./my-model --dataset ./my-dataset --param epochs=1 \\
+        --param dense_finetune=never --param export=none --param max_length=32 \\
+        --label git/commit=$CI_COMMIT_SHA --label branch=$CI_COMMIT_BRANCH \\
+        --idempotency-key "$CI_PIPELINE_ID-prune") && cahp wait "$JOB" --follow --timeout 14400
+cahp download "$JOB" -o pruned/                      # resumes if cut off; checks every sha256
+echo "$JOB" > job-id
+"""
+
+
+def _ready(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_readme_ci_step_run_twice_uploads_once_and_answers_the_same_job(tmp_path: Path) -> None:
+    data_dir = tmp_path / "cahp-data"
+    env = child_env(data_dir=str(data_dir))
+    key = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
+                         capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    server = start(["serve", "--port", str(port)], env, log)
+    workspace = tmp_path / "checkout"
+    write_tiny_model(workspace / "my-model")
+    write_tiny_dataset(workspace / "my-dataset")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cahp").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m app.cli "$@"\n')
+    (bin_dir / "cahp").chmod(0o755)
+    ci_env = {**os.environ, "CAHP_URL": url, "CAHP_API_KEY": key, "CI_COMMIT_SHA": "4f2c9e1",
+              "CI_COMMIT_BRANCH": "main", "CI_PIPELINE_ID": "8812",
+              "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+              "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        wait_for(lambda: _ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
+                 what="cahp serve and its worker", log=log)
+        runs = []
+        for _ in range(2):
+            done = subprocess.run(["bash", "-c", CI_STEP], cwd=workspace, env=ci_env, capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, done.stdout + done.stderr + log.read_text(errors="replace")[-3000:]
+            runs.append((done, (workspace / "job-id").read_text().strip(),
+                         {p.name: p.stat().st_mtime_ns for p in (workspace / "pruned").iterdir()}))
+        (first, first_job, first_files), (second, second_job, second_files) = runs
+
+        assert second_job == first_job and len(first_job) == 32
+        assert "my-model uploaded as upload://" in first.stderr and "my-dataset uploaded as upload://" in first.stderr
+        assert "my-model is already uploaded (same sha256); nothing sent" in second.stderr
+        assert "my-dataset is already uploaded (same sha256); nothing sent" in second.stderr
+        database = create_engine(Settings(data_dir=data_dir).resolved_database_url)
+        with database.connect() as connection:
+            assert connection.execute(text("SELECT count(*) FROM uploads")).scalar_one() == 2
+            assert connection.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 1
+        database.dispose()
+        # The second download found every file whole and checked: none was written again.
+        assert second_files == first_files and "model.tar.gz" in first_files
+
+        # `cahp submit --check`: the same checks, nothing queued; a wrong column is refused with what to change.
+        checked = subprocess.run(["cahp", "submit", "--check", "--model", "./my-model", "--dataset", "./my-dataset"],
+                                 cwd=workspace, env=ci_env, capture_output=True, text=True, timeout=120)
+        assert checked.returncode == 0, checked.stderr
+        assert "checked model: bert config" in checked.stdout and "checked dataset:" in checked.stdout
+        wrong = subprocess.run(["cahp", "submit", "--check", "--model", "./my-model", "--dataset", "./my-dataset",
+                                "--label-column", "sentiment"], cwd=workspace, env=ci_env, capture_output=True,
+                               text=True, timeout=120)
+        assert wrong.returncode == 2 and wrong.stdout == ""
+        assert "has no column 'sentiment'" in wrong.stderr and "Set `label_column`" in wrong.stderr
+        database = create_engine(Settings(data_dir=data_dir).resolved_database_url)
+        with database.connect() as connection:
+            assert connection.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 1
+        database.dispose()
+    finally:
+        stop(server)

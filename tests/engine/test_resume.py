@@ -1,0 +1,117 @@
+"""A run stopped in recovery goes on from its last checkpoint and ends as the run that was never stopped.
+
+Real runs of ``run_pruning`` on a tiny model: one uninterrupted, one stopped (cancelled) once recovery
+has saved its first epoch, then resumed from the same checkpoint store in a fresh call. Also: a run's
+overall progress never goes back, and a long stage logs its pace.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.errors import JobCancelledError
+from cahp_engine.run import DirectoryCheckpoints, run_pruning
+from tests.support.helpers import write_tiny_dataset, write_tiny_model
+
+#: Dense fine-tuning and distillation on, so every stage that can be checkpointed is.
+CONFIG = PruningConfig(epochs=3, dense_finetune="always", dense_epochs=2, batch_size=16, max_length=32, seed=0,
+                       export="none", recovery_loss="distill", latency_repeats=1, latency_warmup=0)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("inputs")
+    return str(write_tiny_model(root / "model")), str(write_tiny_dataset(root / "data"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(inputs: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("whole") / "out"
+    progress: list[tuple[str, float]] = []
+    lines: list[str] = []
+    report = run_pruning(*inputs, out, CONFIG, progress=lambda s, f: progress.append((s, f)), log=lines.append,
+                         log_interval_s=0.0)
+    return {"report": report, "out": out, "progress": progress, "lines": lines}
+
+
+def test_a_run_stopped_in_recovery_resumes_from_its_last_epoch_and_ends_as_the_uninterrupted_one(
+    inputs: tuple[str, str], uninterrupted: dict, tmp_path: Path,
+) -> None:
+    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+
+    def stop_after_first_epoch() -> bool:
+        saved = store.restore().get("recovery_training")
+        return saved is not None and json.loads((saved / "stage.json").read_text())["step"] >= 1
+
+    first: list[str] = []
+    with pytest.raises(JobCancelledError):
+        run_pruning(*inputs, tmp_path / "a", CONFIG, checkpoints=store, should_cancel=stop_after_first_epoch,
+                    log=first.append)
+    # The dense fine-tuning's own state went once its result was saved.
+    assert set(store.restore()) == {"dense", "selection", "pruned", "recovery_training"}
+    saved_step = json.loads((store.restore()["recovery_training"] / "stage.json").read_text())["step"]
+
+    lines: list[str] = []
+    report = run_pruning(*inputs, tmp_path / "b", CONFIG, checkpoints=store, log=lines.append)
+    text = "\n".join(lines)
+    assert "resuming from the checkpoints of an earlier attempt" in text
+    assert "the fine-tuned dense model saved by an earlier attempt" in text
+    assert "selection: saved by an earlier attempt" in text
+    assert f"recovery: going on from step {saved_step} (saved by an earlier attempt)" in text
+    assert "dense fine-tuning (" not in text and "selecting heads" not in text  # neither ran again
+
+    whole = uninterrupted["report"]
+    assert report.recovery.steps == whole.recovery.steps and saved_step < whole.recovery.steps
+    assert report.recovery.loss_per_epoch == pytest.approx(whole.recovery.loss_per_epoch, rel=1e-6)
+    assert report.summary.pruned_accuracy == whole.summary.pruned_accuracy
+    assert report.selection.kept == whole.selection.kept and report.metrics.pruned == whole.metrics.pruned
+    ours = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    theirs = load_file(str(uninterrupted["out"] / "model" / "model.safetensors"))
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, theirs[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_checkpoints_of_a_run_with_other_settings_are_not_used(inputs: tuple[str, str], tmp_path: Path) -> None:
+    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+    quick = PruningConfig(epochs=1, dense_finetune="never", batch_size=16, max_length=32, seed=0, export="none",
+                          latency_repeats=1, latency_warmup=0)
+    run_pruning(*inputs, tmp_path / "a", quick, checkpoints=store)
+    lines: list[str] = []
+    run_pruning(*inputs, tmp_path / "b", PruningConfig(**{**quick.to_dict(), "seed": 1}), checkpoints=store,
+                log=lines.append)
+    assert any(line.startswith("ignoring the checkpoints ") for line in lines)
+    assert "selecting heads" in lines
+
+
+def test_a_runs_progress_never_goes_back_and_reaches_the_end(uninterrupted: dict) -> None:
+    values = [fraction for _, fraction in uninterrupted["progress"]]
+    assert values == sorted(values) and values[-1] == 1.0
+    stages = [stage for stage, _ in uninterrupted["progress"]]
+    # Every stage of the run was heard, the evaluation before recovery under its own name.
+    assert {"dense_finetune", "signatures", "teacher", "pruned_evaluation", "recovery", "evaluation"} <= set(stages)
+    assert stages.index("pruned_evaluation") < stages.index("recovery")
+
+
+def test_a_fine_tuning_logs_its_epoch_loss_and_pace(uninterrupted: dict) -> None:
+    training = [line for line in uninterrupted["lines"] if line.startswith("recovery: epoch ")]
+    assert training, uninterrupted["lines"]
+    assert all(" of 3, step " in line and ", loss " in line and " rows/s" in line for line in training)
+
+
+def test_a_damaged_checkpoint_is_said_and_its_stage_runs_again(inputs: tuple[str, str], tmp_path: Path) -> None:
+    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+    quick = PruningConfig(epochs=1, dense_finetune="never", batch_size=16, max_length=32, seed=0, export="none",
+                          latency_repeats=1, latency_warmup=0)
+    first = run_pruning(*inputs, tmp_path / "a", quick, checkpoints=store)
+    (store.restore()["selection"] / "selection.json").write_text('{"selection": "not one"}')
+    lines: list[str] = []
+    again = run_pruning(*inputs, tmp_path / "b", quick, checkpoints=store, log=lines.append)
+    assert any(line.startswith("the checkpoint selection cannot be used (") for line in lines)
+    assert "selecting heads" in lines and again.selection.kept == first.selection.kept

@@ -1,0 +1,58 @@
+"""A worker told to stop (SIGTERM, as a redeploy does) hands its running job back at once.
+
+Real ``cahp worker`` processes (Celery's prefork pool) on the real Redis. The lease is long and no
+sweeper runs, so the job can move only because the stopping worker gave it back and sent its message
+again: the next worker takes it within seconds, not after the lease, and goes on from the checkpoint
+the first saved.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from tests.support.stack import TERMINAL, Stack
+
+#: No sweeper and a lease of ten minutes: nothing but the hand-back can move the job during the test.
+STACK_SETTINGS = {"lease_s": 600.0, "heartbeat_interval_s": 20.0, "sweep_interval_s": 0.0,
+                  "requeue_after_s": 3600.0, "checkpoint_interval_s": 0.0}
+
+
+def _saved(stack: Stack, job_id: str) -> bool:
+    path = stack.settings.data_dir / "artifacts" / "jobs" / job_id / "checkpoints" / "index.json"
+    try:
+        return "recovery_training" in json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def test_sigterm_hands_the_running_job_back_and_another_worker_resumes_it_at_once(stack: Stack) -> None:
+    first = stack.start_worker("first", pool="prefork")
+    stack.wait_ready(first)
+    job_id = stack.submit(epochs=1000, batch_size=2)  # never ends by itself
+    running = stack.wait_row(job_id, lambda r: r["stage"] == "recovery" and _saved(stack, job_id)
+                             or r["status"] in TERMINAL, timeout=240, what="the job to save a recovery epoch")
+    assert running["status"] == "running" and running["attempts"] == 1, running
+
+    first.process.send_signal(signal.SIGTERM)  # the worker's main process, as `docker stop` signals it
+    handed = stack.wait_row(job_id, lambda r: r["status"] != "running", timeout=120, what="the job to be handed back")
+    assert handed["status"] == "queued" and handed["attempts"] == 0, handed  # the attempt is given back
+    assert handed["worker_id"] is None and handed["lease_expires_at"] is None and handed["enqueued_at"] is not None
+    assert first.process.wait(timeout=120) == 0  # and the worker then stops
+    text = "\n".join(message for _, message in stack.logs(job_id))
+    assert "is shutting down: attempt 1 is handed back to the queue" in text
+
+    # The message the stopping worker sent: a new worker takes the job long before any lease could lapse.
+    second = stack.start_worker("second", pool="prefork")
+    resumed = stack.wait_row(job_id, lambda r: r["status"] == "running" and r["stage"] == "recovery", timeout=240,
+                             what="another worker to take the job")
+    assert resumed["attempts"] == 1 and resumed["worker_id"] != running["worker_id"]
+    stack.wait_row(job_id, lambda r: "recovery: going on from step" in "\n".join(m for _, m in stack.logs(job_id)),
+                   timeout=120, what="the new attempt to resume recovery")
+    text = "\n".join(message for _, message in stack.logs(job_id))
+    assert "resuming from the checkpoints of an earlier attempt" in text.split("is handed back to the queue")[1]
+
+    assert stack.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+    stack.wait_row(job_id, lambda r: r["status"] in TERMINAL, timeout=120, what="the job to be cancelled")
+    assert not _saved(stack, job_id)  # a job that ended keeps no checkpoints
+    stack.wait_ready(second)

@@ -1,0 +1,105 @@
+"""A job's checkpoints in the artifact store: what the engine saved, for the next attempt on any worker.
+
+:class:`StoreCheckpoints` is the engine's :class:`~cahp_engine.run.CheckpointStore` over the
+artifact store, under ``jobs/<id>/checkpoints/``: every stage's files under a prefix of their own,
+and ``index.json`` naming the prefix that holds each stage now. A save uploads the files, then
+replaces the index (the one write that makes them current), then deletes the stage's previous files,
+so a worker killed at any moment leaves an index that names complete checkpoints. ``restore`` downloads
+what the index names into the attempt's scratch directory. The checkpoints are removed when the job
+ends (:func:`worker.runner.execute_job`), with the job (``DELETE``), or by the sweeper for a job it
+ends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from app.core.errors import NotFoundError
+from app.core.storage import ArtifactStore, checkpoint_prefix
+
+logger = logging.getLogger(__name__)
+
+
+class StoreCheckpoints:
+    """The checkpoints of job ``job_id`` in ``store``; restored into ``local`` (the attempt's scratch space)."""
+
+    def __init__(self, store: ArtifactStore, *, job_id: str, local: Path) -> None:
+        self._store = store
+        self._prefix = checkpoint_prefix(job_id)
+        self._local = local
+
+    @property
+    def _index_key(self) -> str:
+        return f"{self._prefix}/index.json"
+
+    def _index(self) -> dict[str, dict[str, object]]:
+        target = self._local / ".index.json"
+        self._local.mkdir(parents=True, exist_ok=True)
+        try:
+            self._store.download(self._index_key, target)
+            index = json.loads(target.read_text(encoding="utf-8"))
+        except (NotFoundError, FileNotFoundError):
+            return {}
+        except ValueError:
+            logger.warning("checkpoint index %s is unreadable; starting over", self._index_key)
+            return {}
+        return index if isinstance(index, dict) else {}
+
+    def save(self, stage: str, directory: Path) -> None:
+        prefix = f"{self._prefix}/{stage}-{uuid.uuid4().hex[:12]}"
+        files = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+        for name in files:
+            self._store.put_file(f"{prefix}/{name}", directory / name, media_type="application/octet-stream")
+        index = self._index()
+        previous = index.get(stage, {}).get("prefix")
+        index[stage] = {"prefix": prefix, "files": files}
+        written = self._local / ".index.new.json"
+        written.write_text(json.dumps(index), encoding="utf-8")
+        self._store.put_file(self._index_key, written, media_type="application/json")
+        if isinstance(previous, str) and previous != prefix:
+            try:
+                self._store.delete_prefix(previous)
+            except Exception as exc:  # left behind, removed with the job's other checkpoints at its end
+                logger.warning("could not delete the replaced checkpoint %s: %s", previous, exc)
+
+    def restore(self) -> Mapping[str, Path]:
+        restored: dict[str, Path] = {}
+        for stage, entry in self._index().items():
+            target = self._local / stage
+            shutil.rmtree(target, ignore_errors=True)
+            names = entry.get("files") if isinstance(entry, dict) else None
+            try:
+                for name in names if isinstance(names, list) else ():
+                    (target / str(name)).parent.mkdir(parents=True, exist_ok=True)
+                    self._store.download(f"{entry['prefix']}/{name}", target / str(name))
+            except (NotFoundError, FileNotFoundError, KeyError) as exc:
+                logger.warning("checkpoint %s of %s is incomplete (%s); that stage runs again", stage,
+                               self._prefix, exc)
+                shutil.rmtree(target, ignore_errors=True)
+                continue
+            restored[stage] = target
+        return restored
+
+    def discard(self, stage: str) -> None:
+        index = self._index()
+        entry = index.pop(stage, None)
+        if entry is None:
+            return
+        written = self._local / ".index.new.json"
+        written.write_text(json.dumps(index), encoding="utf-8")
+        self._store.put_file(self._index_key, written, media_type="application/json")
+        prefix = entry.get("prefix") if isinstance(entry, dict) else None
+        if isinstance(prefix, str):
+            try:
+                self._store.delete_prefix(prefix)
+            except Exception as exc:  # removed with the job's other checkpoints at its end
+                logger.warning("could not delete the discarded checkpoint %s: %s", prefix, exc)
+
+    def remove(self) -> None:
+        """Delete every checkpoint of the job (at its end)."""
+        self._store.delete_prefix(self._prefix)

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "load": "bench.load",
     "gpu-check": "bench.gpu_check",
     "preflight": "bench.preflight",
+    "budget-pool": "bench.budget_pool",
 }
 
 

@@ -235,6 +235,10 @@ SETTINGS: tuple[Setting, ...] = (
             "accept a candidate only when the upper bound of its drop at this confidence (paired bootstrap "
             "over the validation rows) is within P, e.g. 0.9", "the measured drop itself must be within P",
             nullable=True, group="accuracy budget"),
+    Setting("budget_parallel", 1, Interval("integer", 1, 64),
+            "head counts the budget's search tries per round (1: bisection; W: a k-ary search whose W x "
+            "strategies candidates a pool of W workers runs side by side; the answer depends on this, never on "
+            "the number of workers)", group="accuracy budget", metavar="W"),
     Setting("device", "auto", Device(), "auto, cpu, cuda or cuda:N", surfaces=frozenset({"cli"})),
     Setting("latency_warmup", 3, Interval("integer", 0, 1000),
             "untimed passes per model and batch size before the latency is measured"),

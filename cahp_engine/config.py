@@ -151,6 +151,10 @@ class PruningConfig:
         Accept a candidate only when the one-sided upper bound of its validation drop at this
         confidence (paired bootstrap over the validation rows) is within P. None: the measured drop.
         Without ``max_accuracy_drop`` it has no effect, as the other ``budget_*`` settings.
+    budget_parallel : int, default 1
+        Head counts the search tries per round: 1 is bisection; W > 1 a k-ary search whose candidates
+        a pool of workers runs side by side (:mod:`cahp_engine.run._budget`). The answer depends on
+        this setting only, never on how many workers ran the candidates.
     device : str
         ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     export : {"onnx", "none"}, default "onnx"
@@ -197,6 +201,7 @@ class PruningConfig:
     budget_screen_epochs: float = DEFAULTS["budget_screen_epochs"]
     budget_strategies: tuple[Strategy, ...] = DEFAULTS["budget_strategies"]
     budget_confidence: float | None = DEFAULTS["budget_confidence"]
+    budget_parallel: int = DEFAULTS["budget_parallel"]
     device: str = DEFAULTS["device"]
     latency_warmup: int = DEFAULTS["latency_warmup"]
     latency_repeats: int = DEFAULTS["latency_repeats"]

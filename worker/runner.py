@@ -38,6 +38,7 @@ from cahp_engine.models import check_weight_files
 from cahp_engine.run import RunReport
 from worker import shutdown
 from worker.artifacts import store_artifacts
+from worker.candidates import PoolCandidates
 from worker.checkpoints import StoreCheckpoints
 from worker.delivery import event_details, register, run_identity
 from worker.handback import hand_back, job_ended
@@ -68,6 +69,8 @@ class WorkerContext:
     sessions: sessionmaker[Session]
     store: ArtifactStore
     worker_id: str
+    #: Sends an accuracy budget's piece to the worker pool (None: the job's worker runs its pieces in turn).
+    send_piece: Callable[[str], None] | None = None
 
 
 def new_worker_id() -> str:
@@ -233,8 +236,12 @@ def _run(
 
         pipeline = run_pruning
     try:
+        extra = {} if context.send_piece is None or config.max_accuracy_drop is None else {
+            "candidates": PoolCandidates(context, job_id=claimed.job_id, attempt=claimed.attempt,
+                                         send=context.send_piece, local=workdir / "pieces", say=reporter.log,
+                                         should_cancel=reporter.should_cancel)}
         report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter,
-                       StoreCheckpoints(context.store, job_id=claimed.job_id, local=workdir / "checkpoints"))
+                       StoreCheckpoints(context.store, job_id=claimed.job_id, local=workdir / "checkpoints"), **extra)
     except AccuracyBudgetError as exc:
         # The one failure that leaves artifacts: the report and plots of the candidates it tried.
         if not (output.is_dir() and reporter.still_held()):
@@ -269,7 +276,7 @@ def _run(
 
 
 def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: Any, claimed: _Claimed,
-          settings: Settings, reporter: JobReporter, checkpoints: StoreCheckpoints) -> RunReport:
+          settings: Settings, reporter: JobReporter, checkpoints: StoreCheckpoints, **extra: Any) -> RunReport:
     return pipeline(
         inputs.model_ref, inputs.dataset_ref, output, config,
         dataset_options=options,
@@ -289,6 +296,9 @@ def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: A
         # Each stage and fine-tuning stop saved to the artifact store; an earlier attempt's resumed.
         checkpoints=checkpoints,
         checkpoint_interval_s=settings.checkpoint_interval_s,
+        # A worker shutting down saves the fine-tuning at its last step before handing the job back.
+        checkpoint_when_stopped=lambda: reporter.stop_reason == "shutdown",
+        **extra,  # an accuracy budget's candidates across the pool (worker.candidates)
     )
 
 

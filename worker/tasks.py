@@ -1,4 +1,5 @@
-"""The Celery task: a thin shell around :func:`worker.runner.execute_job`.
+"""The Celery tasks: thin shells around :func:`worker.runner.execute_job` and, for an accuracy budget's
+pieces, :func:`worker.candidates.run_piece`.
 
 The message carries only the job id. Everything the task needs is re-read from the job row, so a
 redelivered or duplicated message is harmless (see :func:`execute_job`), and a job's definition
@@ -8,6 +9,7 @@ down (:mod:`worker.shutdown`) is sent again at once, for another worker to resum
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import lru_cache
 
@@ -20,6 +22,7 @@ from app.core.queue import TASK_NAME
 from app.core.settings import Settings
 from app.core.storage import open_store
 from worker import shutdown
+from worker.candidates import PIECE_TASK_NAME, run_piece
 from worker.lifecycle import watch_parent
 from worker.runner import Outcome, WorkerContext, execute_job, new_worker_id
 
@@ -57,13 +60,28 @@ def register_tasks(app: Celery, settings: Settings) -> None:
     worker_init.connect(started, weak=False)
     worker_shutting_down.connect(stopping, weak=False)
 
+    def send_piece(piece_id: str) -> None:
+        app.send_task(PIECE_TASK_NAME, args=[piece_id], queue=settings.queue)
+
+    # The embedded mode's one worker runs a budget's candidates in turn; a pool shares them out.
+    pool = None if settings.embedded_broker else send_piece
+
     @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
     def run_job(job_id: str) -> str:
-        context = worker_context(settings)
+        context = dataclasses.replace(worker_context(settings), send_piece=pool)
         outcome = execute_job(job_id=job_id, context=context)
         if outcome is Outcome.handed_back:
             requeue(app, context, job_id)
         return outcome.value
+
+    _register_piece_task(app, settings)
+
+
+def _register_piece_task(app: Celery, settings: Settings) -> None:
+    @app.task(name=PIECE_TASK_NAME, acks_late=True, ignore_result=True)
+    def run_budget_piece(piece_id: str) -> str:
+        # Claimed from the database like a job: a duplicated or stale message does nothing.
+        return run_piece(piece_id, worker_context(settings))
 
 
 def requeue(app: Celery, context: WorkerContext, job_id: str) -> None:

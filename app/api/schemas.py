@@ -183,6 +183,7 @@ class JobParams(BaseModel):
     budget_screen_epochs: float | None = param_field("budget_screen_epochs")
     budget_strategies: list[Strategy] | None = param_field("budget_strategies")
     budget_confidence: float | None = param_field("budget_confidence")
+    budget_parallel: int | None = param_field("budget_parallel")
     latency_warmup: int | None = param_field("latency_warmup")
     latency_repeats: int | None = param_field("latency_repeats")
     export: ExportFormat | None = param_field("export")

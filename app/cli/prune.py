@@ -26,7 +26,7 @@ from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.progress import STAGE_SPAN, skipped_stages, stage_spans
 
 if TYPE_CHECKING:
-    from cahp_engine.run import RunReport
+    from cahp_engine.run import RunIdentity, RunReport
 
 #: The ``--help`` sections of the settings, in order (a setting without a group is a general option).
 GROUPS = ("selection", "fine-tuning", "accuracy budget", "deployment")
@@ -74,6 +74,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True, type=Path, help="directory for the artifacts")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output when the run succeeds")
     p.add_argument("--revision", help="hub revision of the model")
+    p.add_argument("--name", type=_name, metavar="NAME",
+                   help="what to call the pruned model: the model cards' title and report.json's identity.name "
+                   "(default: the cards say `<base model> (CAHP-pruned, k/N heads)`)")
+    p.add_argument("--label", action="append", type=_label, default=[], metavar="KEY=VALUE", dest="labels",
+                   help="a label of the run, e.g. --label git/commit=$(git rev-parse --short HEAD) (repeatable; "
+                   "the job service's label rules and limit): in report.json's identity and the model cards")
     p.add_argument("--max-model-params", type=int, default=DEFAULT_MAX_MODEL_PARAMS, metavar="N",
                    help="refuse a model with more parameters than this, counted from its config before it is "
                    "loaded (default %(default)s)")
@@ -87,6 +93,42 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of a summary")
     p.set_defaults(func=run_command)
     return p
+
+
+def _name(text: str) -> str:
+    """``--name``: 1 to 200 characters, as a job's ``name``."""
+    name = text.strip()
+    if not name or len(name) > 200:
+        raise argparse.ArgumentTypeError(f"must be 1 to 200 characters, got {len(name)}")
+    return name
+
+
+def _label(text: str) -> tuple[str, str]:
+    """``--label KEY=VALUE``, checked by the rules of a job's labels."""
+    from app.core.errors import InvalidRequestError  # not at import: client commands load no service code
+    from app.core.labels import check_label
+
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE, got {text[:80]!r}")
+    try:
+        check_label(key, value)
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return key, value
+
+
+def identity_from_args(args: argparse.Namespace) -> RunIdentity:
+    """The run's identity from ``--name`` and ``--label`` (a later ``--label`` of a key wins)."""
+    from app.core.errors import InvalidRequestError
+    from app.core.labels import check_labels
+    from cahp_engine.run import RunIdentity
+
+    try:
+        labels = check_labels(dict(args.labels))
+    except InvalidRequestError as exc:
+        raise InvalidInputError(f"--label: {exc}") from None
+    return RunIdentity(name=args.name, labels=labels)
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[PruningConfig, DatasetOptions]:
@@ -145,11 +187,12 @@ def run_command(args: argparse.Namespace) -> int:
     bars = _Bars(enabled=not args.json)
     try:
         config, options = config_from_args(args)
+        identity = identity_from_args(args)
         bars.spans = stage_spans(skipped_stages(config))  # the spans run_pruning places this run's stages in
         report = run_pruning(
             args.model, args.dataset, args.output, config, dataset_options=options,
             max_dataset_rows=args.max_dataset_rows, max_model_params=args.max_model_params, revision=args.revision,
-            overwrite=args.overwrite, progress=bars,
+            overwrite=args.overwrite, identity=identity, progress=bars,
             log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
         )
     except InvalidInputError as exc:
@@ -192,6 +235,11 @@ def format_summary(report: RunReport, output: Path) -> str:
         + "; knees by degree: " + ", ".join(f"d{d}={k}" for d, k in sel.knees_by_degree.items()) + ")",
         f"  heads kept: {s.heads_kept} of {s.heads_total} ({s.retention:.1%})",
     ]
+    ident = report.identity
+    if ident is not None and (ident.name or ident.labels):
+        named = [f"name: {ident.name}"] if ident.name else []
+        named += [f"labels: {' '.join(f'{k}={v}' for k, v in sorted(ident.labels.items()))}"] if ident.labels else []
+        lines.insert(1, "  " + "; ".join(named))
     for layer, heads in sel.kept.items():
         lines.append(f"    layer {layer:>2}: {len(heads):>2} kept  {list(heads)}")
     for what, record in (("signature", sel.signature_sampling), ("calibration", sel.calibration_sampling)):

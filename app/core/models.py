@@ -250,3 +250,41 @@ class WebhookAttempt(Base):
     status_code: Mapped[int | None] = mapped_column(Integer, default=None)
     error: Mapped[str | None] = mapped_column(Text, default=None)
     duration_ms: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class BudgetPiece(Base):
+    """One piece of an accuracy budget's search: a candidate trained on to a rung, by any worker of the pool.
+
+    The job's worker (the search) writes the pieces of a rung and waits for their results; a piece is
+    claimed like a job (a conditional ``UPDATE`` from ``queued``, or from ``running`` under an expired
+    lease) by whichever worker gets its message first, the search's own included, and renewed while it
+    runs. A piece belongs to one attempt of its job: a later attempt starts its search again and never
+    takes an earlier attempt's pieces (:mod:`worker.candidates`).
+    """
+
+    __tablename__ = "budget_pieces"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "candidate", "piece"),
+        CheckConstraint("status IN ('queued', 'running', 'done', 'cancelled')", name="piece_status_known"),
+        Index("ix_budget_pieces_job_attempt", "job_id", "attempt"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    # The job's attempt whose search asked for it.
+    attempt: Mapped[int] = mapped_column(Integer)
+    # The candidate (a strategy's choice at one k: ``cahp@12``) and its piece number (0, 1, ...).
+    candidate: Mapped[str] = mapped_column(String(128))
+    piece: Mapped[int] = mapped_column(Integer)
+    # The engine's CandidateSpec (which heads, how far to train) and where the candidate's state so far is.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    resume_from: Mapped[str | None] = mapped_column(Text, default=None)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    worker_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Claims so far (a piece whose worker was lost is claimed again).
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # What the piece left: the engine's CandidateResult (without the model) and where its state is now.
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)

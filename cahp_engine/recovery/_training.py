@@ -252,9 +252,9 @@ class FineTuning:
         if self.done:
             return None
         target = self.stops[self._next_stop]
-        self._next_stop += 1
         if target > self.step:
-            self._train_until(target)
+            self._train_until(target)  # stopped part-way (cancelled), the stop is still ahead
+        self._next_stop += 1
         if self.validate is None or self.best is None:
             return None
         point = self.validate(self.model, self.step, self.epoch)
@@ -289,9 +289,10 @@ class FineTuning:
     def state_dict(self) -> dict[str, Any]:
         """Everything the fine-tuning needs to go on from here in another process (with the same inputs).
 
-        Take it between two :meth:`advance` calls, e.g. at every epoch's end, and hand it to
-        :meth:`load_state_dict` of a :class:`FineTuning` built with the same arguments on a fresh copy
-        of the same model.
+        Take it between two :meth:`advance` calls, e.g. at every epoch's end, or after an
+        :meth:`advance` that a cancellation interrupted between two steps (it then holds the last step
+        taken, and the interrupted stop is still ahead), and hand it to :meth:`load_state_dict` of a
+        :class:`FineTuning` built with the same arguments on a fresh copy of the same model.
         """
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -333,11 +334,15 @@ class FineTuning:
                 for p, _ in flags:
                     p.requires_grad_(True)
                 model.to(dev).train()
-                while self.step < target:
-                    self._epoch_until(target)
-                self._rng = torch.get_rng_state()
-                if rng_devices:
-                    self._cuda_rng = torch.cuda.get_rng_state(rng_devices[0])
+                try:
+                    while self.step < target:
+                        self._epoch_until(target)
+                finally:
+                    # Also when cancelled between two steps: the state then is that of the last step
+                    # taken, and state_dict() can be saved and resumed from there.
+                    self._rng = torch.get_rng_state()
+                    if rng_devices:
+                        self._cuda_rng = torch.cuda.get_rng_state(rng_devices[0])
         finally:
             self._wall += time.perf_counter() - start
             model.eval()

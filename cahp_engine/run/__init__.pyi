@@ -3,14 +3,18 @@
 Reading order: ``_run`` (``run_pruning``) -> ``_steps`` (load, dense fine-tune, select, prune, recover,
 evaluate) -> ``_checkpoints`` and ``_live`` (resuming an earlier run's stages; the log of long stages)
 -> ``_holdout`` (the validation split recovery judges on) -> ``_candidates`` (one candidate of an
-accuracy budget, recovered) -> ``_budget`` (the budget's search instead of a knee) -> ``_deploy`` (ONNX, int8, cards)
+accuracy budget, recovered) -> ``_executors`` and ``_candidate_inputs`` (who runs the candidates; their
+inputs rebuilt in a pool's worker) -> ``_budget`` (the budget's search instead of a knee) -> ``_deploy``
+(ONNX, int8, cards)
 -> ``_artifacts`` and ``_plots`` (the files) -> ``_identity`` and ``_quality`` (what the model is, how
 it was made, whether it is broken) -> ``_completion`` (the report's last facts) -> ``_report``
 (``RunReport``, what ``report.json`` holds)."""
 
 from ._artifacts import ARTIFACT_FILES
-from ._candidates import CandidateResult, CandidateSpec, SearchInputs, recover_candidate
+from ._candidate_inputs import candidate_inputs
+from ._candidates import CandidateResult, CandidateRun, CandidateSpec, SearchInputs, recover_candidate
 from ._checkpoints import CheckpointStore, DirectoryCheckpoints
+from ._executors import CandidateExecutor, InTurn, load_candidate, save_candidate
 from ._holdout import carve
 from ._identity import Identity, Recipe, RunIdentity
 from ._plots import plot_head_map, plot_layer_retention, plot_mss_curve
@@ -19,8 +23,11 @@ from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, Run
 from ._run import run_pruning
 
 __all__ = [
-    "ARTIFACT_FILES", "CandidateResult", "CandidateSpec", "carve", "CheckpointStore", "DirectoryCheckpoints",
-    "FailedRunMetrics", "FailedRunReport", "Identity",
+    "ARTIFACT_FILES", "candidate_inputs", "CandidateExecutor", "CandidateResult", "CandidateRun", "CandidateSpec",
+    "carve",
+    "CheckpointStore", "DirectoryCheckpoints",
+    "FailedRunMetrics", "FailedRunReport", "Identity", "InTurn", "load_candidate",
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
-    "recover_candidate", "run_pruning", "RunError", "RunIdentity", "RunReport", "RunSummary", "SearchInputs",
+    "recover_candidate", "run_pruning", "RunError", "RunIdentity", "RunReport", "RunSummary", "save_candidate",
+    "SearchInputs",
 ]

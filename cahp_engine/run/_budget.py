@@ -8,16 +8,22 @@ validation score is within P points of the dense model's, with no class lost:
   N - 1, each step halving the distance left; one step per distinct head count (CAHP's count at k),
   fewest heads first (:func:`ladder`). At each step every strategy of ``budget_strategies`` makes a
   candidate (CAHP's choice, salience top-k at the same count, ...), one per distinct head set.
-* **Bisection**: more heads do not score much worse, so the search bisects the ladder (a step that
-  meets the budget moves the upper end down, one that does not moves the lower end up); about
-  log2(steps + 1) rounds of one step each.
+* **Bisection, or a k-ary search**: more heads do not score much worse, so the search narrows the
+  ladder round by round (a head count that meets the budget moves the upper end down, one that does
+  not moves the lower end up). A round tries ``budget_parallel`` head counts at once, evenly spaced
+  (:func:`probes`): 1 is bisection, about log2(steps + 1) rounds; W head counts need about
+  log_(W+1)(steps + 1) rounds, for a pool of workers to run side by side.
 * **Successive halving in a round** (Hyperband's rule): every candidate of the round trains
-  ``budget_screen_epochs`` of its recovery, then the more promising half (by its best validation
-  score) trains on for twice as far, and so on to the recovery's end. A candidate pauses as soon as
-  it meets the budget (its best weights are kept, so it cannot end lower), and stops when its curve
-  can no longer reach the threshold or early stopping ends it (:mod:`cahp_engine.run._candidates`).
-  At the end of a rung in which some candidate met the budget, the best of those that met it is the
-  round's winner.
+  ``budget_screen_epochs`` of its recovery, then the more promising half of each head count (by its
+  best validation score) trains on for twice as far, and so on to the recovery's end. A candidate
+  pauses as soon as it meets the budget (its best weights are kept, so it cannot end lower), and
+  stops when its curve can no longer reach the threshold or early stopping ends it
+  (:mod:`cahp_engine.run._candidates`). At the end of a rung in which some candidate of a head count
+  met the budget, the best of those that met it wins that head count, and larger head counts of the
+  round stop; the round's answer is the fewest heads won.
+* **Who runs the candidates** does not change the answer: a rung's pieces of work go out together to a
+  :class:`~cahp_engine.run._executors.CandidateExecutor` (this process in turn, or the job service's
+  worker pool) and every decision waits for the whole rung.
 * **No second recovery**: every candidate is recovered with the final protocol (the same ``epochs``,
   schedule, early stopping, loss and class weights); the chosen candidate's recovery goes on from where
   the search paused it to the protocol's end, and its best weights are the result.
@@ -46,16 +52,16 @@ from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.results import BudgetCandidate, BudgetRecord, TrainingResult
 from cahp_engine.run._candidates import (
     CandidateResult,
-    CandidateRun,
     CandidateSpec,
     SearchInputs,
     finish_run,
     recover_candidate,
 )
+from cahp_engine.run._executors import CandidateExecutor, InTurn
 from cahp_engine.run._holdout import ValidationData
 from cahp_engine.selection import HeadAnalysis, Selection, choose
 
-__all__ = ["BudgetOutcome", "LadderStep", "budget_warnings", "ladder", "search"]
+__all__ = ["BudgetOutcome", "LadderStep", "budget_warnings", "ladder", "probes", "search"]
 
 
 @dataclass(frozen=True)
@@ -121,18 +127,28 @@ class _Tried:
     reason: str = ""
     chosen: bool = False
 
-    @property
-    def run(self) -> CandidateRun | None:
-        return None if self.last is None else self.last.run
-
     def rank(self) -> tuple[bool, float]:
         assert self.last is not None
         return (not self.last.best.lost_classes, self.last.best.score)
 
 
+def probes(lo: int, hi: int, width: int) -> list[int]:
+    """The ladder indices a round tries between ``lo`` and ``hi`` (both excluded): ``width`` evenly spaced.
+
+    ``width`` 1 is bisection (the middle); more split the interval into ``width + 1`` parts, so a round
+    of a k-ary search narrows it ``width + 1``-fold.
+    """
+    picked = sorted({lo + ((hi - lo) * j) // (width + 1) for j in range(1, width + 1)} - {lo, hi})
+    return picked or [(lo + hi) // 2]
+
+
 def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: ValidationData,
+           executor: CandidateExecutor | None = None,
            say: Callable[[str], None] = lambda _line: None) -> BudgetOutcome:
-    """Bisect ``steps`` for the fewest heads within the budget and return that candidate, fully recovered.
+    """Search ``steps`` for the fewest heads within the budget and return that candidate, fully recovered.
+
+    Each round tries ``budget_parallel`` head counts of the ladder at once (1: bisection); ``executor``
+    runs the candidates (default :class:`~cahp_engine.run._executors.InTurn`, one after another here).
 
     Raises
     ------
@@ -140,27 +156,33 @@ def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: Validat
         When no candidate meets the budget; its ``budget`` holds the record of every candidate.
     """
     config = inputs.config
+    executor = executor if executor is not None else InTurn()
     metric, max_drop = config.budget_metric, float(config.max_accuracy_drop or 0.0)
     dense = inputs.threshold + max_drop / 100.0
     strict = "" if config.budget_confidence is None else (
         f", and the drop's upper bound at {config.budget_confidence:g} within {max_drop:g} points")
+    width = max(1, int(config.budget_parallel))
     say(f"accuracy budget: {metric} on {validation.split!r} ({len(validation.validation)} rows"
         f"{', carved from train' if validation.carved else ''}) must stay >= {inputs.threshold:.4f} "
         f"(dense {dense:.4f} - {max_drop:g} points) with no class lost{strict}; {len(steps)} head counts "
-        f"({', '.join(str(s.heads) for s in steps)}), strategies {', '.join(config.budget_strategies)}")
+        f"({', '.join(str(s.heads) for s in steps)}), strategies {', '.join(config.budget_strategies)}, "
+        f"{width} head count(s) per round")
     started = time.perf_counter()
     tried: list[_Tried] = []
     gain: list[float | None] = [None]
-    lo, hi, winner = -1, len(steps), None
+    lo, hi, winner, number = -1, len(steps), None, 0
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        found = _round(steps[mid], len({t.round for t in tried}), inputs, tried, gain, say)
+        picked = probes(lo, hi, width)
+        found = _round([steps[i] for i in picked], number, inputs, tried, gain, executor, say)
+        number += 1
         if found is not None:
+            at, best = found
             if winner is not None:
-                _release(winner, keep=False)
-            hi, winner = mid, found
+                executor.release(winner.spec)
+            hi, winner = picked[at], best
+            lo = max([lo, *(i for i in picked if i < hi)])
         else:
-            lo = mid
+            lo = picked[-1]
     search_s = time.perf_counter() - started
     if winner is None:
         record = _record(inputs, validation, steps, tried, search_s, 0.0)
@@ -168,74 +190,107 @@ def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: Validat
     winner.chosen = True
     say(f"chosen: {winner.selection.num_kept} heads ({winner.strategy}, k={winner.k}); its recovery goes on to "
         "the end of the protocol")
-    assert winner.run is not None
     t0 = time.perf_counter()
     finishing = dataclasses.replace(winner.spec, until_epochs=float(config.epochs), finish=True, gain_per_epoch=None)
-    winner.last = recover_candidate(finishing, inputs, resume=winner.run)
+    winner.last = recover_candidate(finishing, inputs, resume=executor.resume(winner.spec, inputs))
+    executor.release(winner.spec)
     assert winner.last.run is not None
     model, recovery = finish_run(winner.last.run)
+    winner.last = dataclasses.replace(winner.last, run=None)
     final_s = time.perf_counter() - t0
-    best = winner.last.best
+    point = winner.last.best
     winner.reason += (f"; chosen, then trained on to {recovery.epochs:g} epoch(s)"
                       + (" (early stopping)" if recovery.stopped_early else "")
-                      + f": best {best.score:.4f} after {best.epoch:g} epoch(s)")
+                      + f": best {point.score:.4f} after {point.epoch:g} epoch(s)")
     record = _record(inputs, validation, steps, tried, search_s, final_s)
     return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery, record=record)
 
 
-def _round(step: LadderStep, number: int, inputs: SearchInputs, tried: list[_Tried], gain: list[float | None],
-           say: Callable[[str], None]) -> _Tried | None:
-    """One round of successive halving over ``step``'s candidates; the winner, or None when none met the budget."""
+def _round(steps: list[LadderStep], number: int, inputs: SearchInputs, tried: list[_Tried],
+           gain: list[float | None], executor: CandidateExecutor,
+           say: Callable[[str], None]) -> tuple[int, _Tried] | None:
+    """One round: successive halving over the candidates of ``steps`` (fewest heads first), rung by rung.
+
+    Every rung's pieces go to ``executor`` together and every decision is taken on the whole rung's
+    results (the abandonment rule's gain per epoch too), so the outcome does not depend on who ran
+    what. A head count is decided when one of its candidates meets the budget (the best of those that
+    did wins it) or none is left; once a head count is won, the larger ones of the round stop. Returns
+    the index in ``steps`` of the fewest heads won, with its winner, or None when none was.
+    """
     config = inputs.config
     epochs = float(config.epochs)
-    entries = [_Tried(strategy=name, k=step.k, selection=sel, round=number,
-                      spec=CandidateSpec(strategy=name, k=step.k, seed=config.seed, until_epochs=0.0,
-                                         kept={layer: tuple(heads) for layer, heads in sel.kept.items()}))
-               for name, sel in step.options]
-    tried.extend(entries)
-    say(f"round {number}: {step.heads} heads (k={step.k}), {len(entries)} candidate(s)")
+    entries: dict[int, list[_Tried]] = {}
+    for i, step in enumerate(steps):
+        entries[i] = [_Tried(strategy=name, k=step.k, selection=sel, round=number,
+                             spec=CandidateSpec(strategy=name, k=step.k, seed=config.seed, until_epochs=0.0,
+                                                kept={layer: tuple(heads) for layer, heads in sel.kept.items()}))
+                      for name, sel in step.options]
+        tried.extend(entries[i])
+    say(f"round {number}: " + "; ".join(f"{step.heads} heads (k={step.k}), {len(entries[i])} candidate(s)"
+                                        for i, step in enumerate(steps)))
     until = min(epochs, float(config.budget_screen_epochs))
-    active = entries
+    active = {i: list(group) for i, group in entries.items()}
+    won: dict[int, _Tried] = {}
     while active:
-        met: list[_Tried] = []
-        for entry in active:
+        work = [entry for i in sorted(active) for entry in active[i]]
+        for entry in work:
             entry.spec = dataclasses.replace(entry.spec, until_epochs=until, gain_per_epoch=gain[0])
-            entry.last = recover_candidate(entry.spec, inputs, resume=entry.run)
-            gains = entry.last.gains_per_epoch()
-            if gains:
-                gain[0] = max(gains + ([] if gain[0] is None else [gain[0]]))
-            if entry.last.status != "paused":
-                entry.stopped, entry.reason = entry.last.status, entry.last.reason
-            if entry.last.status == "within_budget":
-                met.append(entry)
-            say(f"  {entry.strategy}: {entry.selection.num_kept} heads, best {config.budget_metric} "
-                f"{entry.last.best.score:.4f} after {entry.last.epochs:g} epoch(s): {entry.last.reason}")
-        if met:
-            best = max(met, key=_Tried.rank)
-            for entry in entries:
-                if entry is not best and entry.stopped is None:
-                    entry.stopped, entry.reason = "round_decided", (
-                        f"{best.strategy} met the budget first in this round; stopped after "
-                        f"{entry.last.epochs if entry.last else 0:g} epoch(s)")
-                _release(entry, keep=entry is best)
-            return best
-        survivors = sorted((e for e in active if e.stopped is None), key=_Tried.rank, reverse=True)
-        keep = survivors[: math.ceil(len(survivors) / 2)]
-        for entry in survivors[len(keep):]:
-            entry.stopped, entry.reason = "halved", (
-                f"successive halving: {entry.last.best.score if entry.last else 0:.4f} after {until:g} epoch(s) was "
-                "in the less promising half of its round")
-        for entry in entries:
-            if entry.stopped is not None:
-                _release(entry, keep=False)
-        active, until = keep, min(epochs, until * 2)
-    return None
+        results = executor.run([entry.spec for entry in work], inputs)
+        for entry, result in zip(work, results, strict=True):
+            entry.last = result
+            if result.status != "paused":
+                entry.stopped, entry.reason = result.status, result.reason
+            say(f"  {entry.strategy} at {entry.selection.num_kept} heads: best {config.budget_metric} "
+                f"{result.best.score:.4f} after {result.epochs:g} epoch(s): {result.reason}")
+        gains = [g for entry in work if entry.last is not None for g in entry.last.gains_per_epoch()]
+        if gains:
+            gain[0] = max(gains + ([] if gain[0] is None else [gain[0]]))
+        for i in sorted(active):
+            met = [entry for entry in active[i] if entry.stopped == "within_budget"]
+            if met:
+                won[i] = max(met, key=_Tried.rank)
+                _end(entries[i], won[i], "round_decided",
+                     f"{won[i].strategy} met the budget first at this head count", executor)
+                del active[i]
+        if won:
+            fewest = min(won)
+            for i in [i for i in active if i > fewest]:
+                _end(entries[i], None, "round_decided", f"{steps[fewest].heads} heads met the budget in this round",
+                     executor)
+                del active[i]
+        for i in list(active):
+            survivors = sorted((e for e in active[i] if e.stopped is None), key=_Tried.rank, reverse=True)
+            keep = survivors[: math.ceil(len(survivors) / 2)]
+            for entry in survivors[len(keep):]:
+                entry.stopped, entry.reason = "halved", (
+                    f"successive halving: {entry.last.best.score if entry.last else 0:.4f} after {until:g} epoch(s) "
+                    "was in the less promising half of its head count")
+            for entry in entries[i]:
+                if entry.stopped is not None:
+                    executor.release(entry.spec)
+            if keep:
+                active[i] = keep
+            else:
+                del active[i]
+        until = min(epochs, until * 2)
+    if not won:
+        return None
+    fewest = min(won)
+    for i, best in won.items():
+        if i != fewest:
+            executor.release(best.spec)
+    return fewest, won[fewest]
 
 
-def _release(entry: _Tried, *, keep: bool) -> None:
-    """Let go of a candidate's model and optimiser unless it may still be chosen (its record stays)."""
-    if not keep and entry.last is not None:
-        entry.last = dataclasses.replace(entry.last, run=None)
+def _end(entries: list[_Tried], keep: _Tried | None, status: str, why: str, executor: CandidateExecutor) -> None:
+    """Stop and let go every candidate of ``entries`` but ``keep`` (their records stay)."""
+    for entry in entries:
+        if entry is keep:
+            continue
+        if entry.stopped is None:
+            entry.stopped, entry.reason = status, (
+                f"{why}; stopped after {entry.last.epochs if entry.last else 0:g} epoch(s)")
+        executor.release(entry.spec)
 
 
 def _record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep], tried: list[_Tried],
@@ -255,7 +310,8 @@ def _record(inputs: SearchInputs, validation: ValidationData, steps: list[Ladder
         ladder=tuple(s.heads for s in steps), candidates=candidates,
         chosen=None if chosen is None else chosen.selection.num_kept,
         chosen_strategy=None if chosen is None else chosen.strategy,
-        strategy_margin=None if chosen is None else _margin(chosen, [t for t in tried if t.round == chosen.round]),
+        strategy_margin=None if chosen is None else _margin(
+            chosen, [t for t in tried if t.round == chosen.round and t.k == chosen.k]),
         noise_half_width=None if closest is None or closest.last is None else closest.last.drop.half_width,
         epochs_trained=sum(c.epochs for c in candidates), search_seconds=search_s, final_recovery_seconds=final_s,
         cost_vs_single_run=None if not single else (search_s + final_s) / single)

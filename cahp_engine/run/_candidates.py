@@ -4,7 +4,8 @@ The budget's search (:mod:`cahp_engine.run._budget`) hands out its work as :clas
 records: which heads, how far along its recovery schedule to train, and what may stop it early.
 :func:`recover_candidate` does that work from the spec and the run's shared :class:`SearchInputs`
 alone, deterministically for the spec's seed, so a round's candidates are independent units of work;
-the engine runs them one after another. A candidate's recovery is the run's final protocol
+a :class:`~cahp_engine.run._executors.CandidateExecutor` runs them (one after another, or across a
+pool of workers). A candidate's recovery is the run's final protocol
 (``epochs``, ``early_stopping_patience``, ``eval_steps``, the run's loss and class weights):
 :class:`CandidateRun` holds it between two pieces of work, and the chosen candidate's run, trained to
 its end, is the result (no second recovery).
@@ -77,6 +78,11 @@ class CandidateSpec(JsonRecord):
     def heads_kept(self) -> int:
         return sum(len(heads) for heads in self.kept.values())
 
+    @property
+    def key(self) -> str:
+        """Names the candidate (not the piece of work): one strategy's choice at one ``k``."""
+        return f"{self.strategy}@{self.k}"
+
 
 @dataclass(frozen=True)
 class SearchInputs:
@@ -117,6 +123,7 @@ class SearchInputs:
     threshold: float
     progress: Callable[[int, int], None] | None = None
     should_cancel: Callable[[], bool] | None = None
+    steps_done: Callable[[int], None] | None = None  # training steps another process took for the search
 
     def drop(self, predictions: np.ndarray) -> DropInterval:
         """The drop of the model that predicted ``predictions`` on the validation split, with its interval."""

@@ -13,7 +13,8 @@ A run given a :class:`CheckpointStore` saves, as it goes:
     the fine-tuning under way at each of its stops (every epoch's end, or each evaluation), no more
     often than ``interval_s``: weights, AdamW, schedule, random state, losses, best weights so far
     (:meth:`~cahp_engine.recovery.FineTuning.state_dict`); the last stop's state is the finished
-    fine-tuning.
+    fine-tuning. A run stopped in a fine-tuning because its worker shuts down also saves that
+    fine-tuning's state at the last step taken (``save_when_stopped``).
 
 A run given a store that holds some of these starts from the latest: it loads the model and the data
 as always, then takes each saved stage instead of computing it again, and says so in its log; a
@@ -45,7 +46,7 @@ from torch import nn
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, TrainRows
-from cahp_engine.errors import PipelineError
+from cahp_engine.errors import JobCancelledError, PipelineError
 from cahp_engine.recovery import FineTuning, load_training_state, save_training_state
 from cahp_engine.results import ClassificationMetrics
 from cahp_engine.run import _steps as steps
@@ -105,12 +106,15 @@ class Checkpointer:
     """
 
     def __init__(self, store: CheckpointStore | None, config: PruningConfig, say: Callable[[str], None], *,
-                 live: LiveLog, interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 live: LiveLog, interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 save_when_stopped: Callable[[], bool] | None = None) -> None:
         self._store, self._say, self._live = store, say, live
         self._settings = _fingerprint(config)
         self._interval, self._clock = interval_s, clock
+        self._save_when_stopped = save_when_stopped
         self._last_save: dict[str, float] = {}
         self._armed: str | None = None
+        self._tuning: FineTuning | None = None
         self.saved: dict[str, Path] = dict(store.restore()) if store is not None else {}
         stale = sorted(s for s, d in self.saved.items() if _read_stage(d).get("settings") != self._settings)
         if stale:
@@ -194,12 +198,26 @@ class Checkpointer:
 
     @contextmanager
     def training(self, stage: str) -> Iterator[None]:
-        """While open, the fine-tuning of ``stage`` resumes from its saved state and saves its stops."""
-        self._armed = stage
+        """While open, the fine-tuning of ``stage`` resumes from its saved state and saves its stops.
+
+        Stopped between two steps (:class:`~cahp_engine.errors.JobCancelledError`) while
+        ``save_when_stopped()`` answers True (the job service: the worker is shutting down and hands
+        the job back), it saves the state of the last step taken first, so the next attempt loses nothing.
+        """
+        self._armed, self._tuning = stage, None
         try:
             yield
+        except JobCancelledError:
+            tuning = self._tuning
+            if (self._store is not None and tuning is not None and tuning.step > 0 and not tuning.done
+                    and self._save_when_stopped is not None and self._save_when_stopped()):
+                state = tuning.state_dict()
+                self._save(f"{stage}_training", step=tuning.step,
+                           files={"": lambda directory: save_training_state(state, directory)})
+                self._say(f"{stage}: stopped at step {tuning.step}; its state is saved for the next attempt")
+            raise
         finally:
-            self._armed = None
+            self._armed, self._tuning = None, None
 
     def resume(self, stage: str) -> Mapping[str, Any] | None:
         """The saved state of ``stage``'s fine-tuning to go on from, when it is the one under way."""
@@ -219,6 +237,8 @@ class Checkpointer:
 
         def stopped(tuning: FineTuning) -> None:
             self._live.watch(stage, tuning)
+            if stage == self._armed:
+                self._tuning = tuning
             if stage != self._armed or self._store is None or tuning.step == 0:
                 return
             name = f"{stage}_training"

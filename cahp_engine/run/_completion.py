@@ -5,6 +5,8 @@
 the dense, pruned and int8 models (flags first in ``warnings``), the report's ``speed`` taken from the
 run's one latency measurement, and the summary's macro-F1, ONNX and int8 figures and speed-up
 intervals, so the job's result, the webhook, the cards and the console quote the same numbers.
+:func:`complete_failed_report` adds the same records to the report of a run that missed its accuracy
+budget, as far as it went.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import dataclasses
 from cahp_engine.run._deploy import INT8_PRUNED, ONNX_PRUNED, TORCH_PRUNED, torch_speed
 from cahp_engine.run._identity import RunIdentity, identity_of, recipe_of
 from cahp_engine.run._quality import assess_quality
-from cahp_engine.run._report import RunReport
+from cahp_engine.run._report import FailedRunReport, RunReport
 
 #: The batch size the summary's speed-ups are quoted at.
 SUMMARY_BATCH = 32
@@ -57,3 +59,20 @@ def complete_report(report: RunReport, *, identity: RunIdentity | None, model_re
     )
     return dataclasses.replace(report, summary=summary, speed=speed, warnings=warnings, identity=ident,
                                recipe=recipe_of(report), quality=quality)
+
+
+def complete_failed_report(report: FailedRunReport, *, identity: RunIdentity | None, model_ref: str,
+                           dataset_ref: str) -> FailedRunReport:
+    """``report`` of a run that missed its accuracy budget with ``identity``, ``recipe`` and ``quality``.
+
+    The same records as :func:`complete_report` adds, from what such a run reached: the recipe has no
+    recovery (no candidate was kept), and the quality checks are the dense model's, the one model it
+    scored on the evaluation split; their flags open ``warnings``.
+    """
+    ident = identity_of(identity, model_ref=model_ref, dataset_ref=dataset_ref,
+                        class_names=tuple(report.dataset.label_names))
+    quality = assess_quality(dense=report.metrics.dense, pruned=None, int8=None,
+                             label_names=report.dataset.label_names,
+                             max_accuracy_drop=report.config.max_accuracy_drop)
+    warnings = quality.messages + tuple(w for w in report.warnings if w not in quality.messages)
+    return dataclasses.replace(report, warnings=warnings, identity=ident, recipe=recipe_of(report), quality=quality)

@@ -170,7 +170,9 @@ class Recipe(JsonRecord):
     strategy, poly_degree, k_star, heads_kept, heads_total : the selection
     max_accuracy_drop : float or None
         The accuracy budget, in points, when one chose the head count.
-    recovery : TrainingRecipe
+    recovery : TrainingRecipe or None
+        None in the report of a run that missed its accuracy budget: it kept no recovered model (each
+        candidate's training is in the report's ``budget``), and the selection is the knee's choice.
     seed, max_length : int
     train_rows, eval_rows : int
     eval_split : str or None
@@ -185,7 +187,7 @@ class Recipe(JsonRecord):
     heads_kept: int
     heads_total: int
     max_accuracy_drop: float | None
-    recovery: TrainingRecipe
+    recovery: TrainingRecipe | None
     seed: int
     max_length: int
     train_rows: int
@@ -204,7 +206,8 @@ class Recipe(JsonRecord):
                   if self.max_accuracy_drop is not None else "")
         out.append(f"selection: `{self.strategy}`, Kneedle polynomial degree {self.poly_degree}, k* = {self.k_star}, "
                    f"{self.heads_kept} of {self.heads_total} heads kept{budget}")
-        out.append("recovery fine-tuning: " + _training_text(self.recovery))
+        out.append("recovery fine-tuning: " + (_training_text(self.recovery) if self.recovery is not None
+                                               else "none kept: no candidate met the accuracy budget"))
         split = f" (split `{self.eval_split}`)" if self.eval_split else ""
         out.append(f"seed {self.seed}; {self.train_rows} training rows, {self.eval_rows} evaluation rows{split}; "
                    f"inputs up to {self.max_length} tokens")
@@ -240,8 +243,10 @@ def _training_recipe(config: Any, training: Any, *, epochs: float, lr: float) ->
 
 
 def recipe_of(report: Any) -> Recipe:
-    """The :class:`Recipe` of a finished :class:`~cahp_engine.run.RunReport`."""
+    """The :class:`Recipe` of a finished :class:`~cahp_engine.run.RunReport`, or of a
+    :class:`~cahp_engine.run.FailedRunReport` (which has no ``recovery``: its recipe's is None)."""
     config, selection, dense = report.config, report.selection, report.dense_finetune
+    recovery = getattr(report, "recovery", None)
     return Recipe(
         classifier_head="checkpoint" if report.model.classifier_trained else "new",
         dense_finetune=(_training_recipe(config, dense.training, epochs=config.dense_epochs, lr=config.dense_lr)
@@ -249,7 +254,8 @@ def recipe_of(report: Any) -> Recipe:
         strategy=selection.strategy, poly_degree=selection.poly_degree, k_star=selection.k_star,
         heads_kept=selection.heads_kept, heads_total=selection.heads_total,
         max_accuracy_drop=config.max_accuracy_drop,
-        recovery=_training_recipe(config, report.recovery, epochs=config.epochs, lr=config.lr),
+        recovery=(_training_recipe(config, recovery, epochs=config.epochs, lr=config.lr)
+                  if recovery is not None else None),
         seed=config.seed, max_length=config.max_length, train_rows=report.dataset.train_rows,
         eval_rows=report.dataset.eval_rows, eval_split=report.dataset.eval_split, export=config.export,
         quantize=config.quantize,

@@ -96,7 +96,7 @@ def chance_macro_f1(support: Sequence[int]) -> float:
 def assess_quality(
     *,
     dense: ClassificationMetrics,
-    pruned: ClassificationMetrics,
+    pruned: ClassificationMetrics | None,
     int8: ClassificationMetrics | None,
     label_names: Sequence[str],
     max_accuracy_drop: float | None,
@@ -106,7 +106,9 @@ def assess_quality(
     Parameters
     ----------
     dense, pruned, int8 : the models' scores on the same split (int8: None without one); their
-        confusion matrices say which classes the split holds and which each model predicts
+        confusion matrices say which classes the split holds and which each model predicts. ``pruned``
+        is None for a run that kept no pruned model (one that missed its accuracy budget): then the
+        dense model alone is checked, for missing classes and a macro-F1 near chance
     label_names : names of the classes, index i for class i
     max_accuracy_drop : the accuracy budget in points, or None
     """
@@ -116,7 +118,9 @@ def assess_quality(
     allowed, rule = ((max_accuracy_drop / 100, "budget") if max_accuracy_drop is not None
                      else (MAX_ACCURACY_DROP, "threshold"))
     flags: list[QualityFlag] = []
-    models = [("dense", "the dense model", dense), ("pruned", "the pruned model", pruned)]
+    models = [("dense", "the dense model", dense)]
+    if pruned is not None:
+        models.append(("pruned", "the pruned model", pruned))
     if int8 is not None:
         models.append(("onnx-int8", "the int8 ONNX model", int8))
     for key, words, metrics in models:
@@ -125,9 +129,19 @@ def assess_quality(
             flags.append(QualityFlag(key, "near_chance", (
                 f"{words} scores near chance: macro-F1 {metrics.macro_f1:.3f}, where guessing without reading "
                 f"the text reaches {chance:.3f} (flagged below {below:.3f})")))
+    if pruned is not None:
+        flags += _drops(dense, pruned, int8, allowed=allowed, max_accuracy_drop=max_accuracy_drop)
+    return QualityRecord(chance_macro_f1=chance, near_chance_below=below, max_accuracy_drop=allowed, drop_rule=rule,
+                         max_int8_drop=MAX_INT8_DROP, flags=tuple(flags))
+
+
+def _drops(dense: ClassificationMetrics, pruned: ClassificationMetrics, int8: ClassificationMetrics | None, *,
+           allowed: float, max_accuracy_drop: float | None) -> list[QualityFlag]:
+    """The pruned model's drop from the dense one beyond ``allowed``, and the int8 graph's from the pruned one."""
+    flags: list[QualityFlag] = []
     drop = dense.accuracy - pruned.accuracy
     if drop > allowed + 1e-12:
-        limit = (f"the accuracy budget of {max_accuracy_drop:g} points" if rule == "budget"
+        limit = (f"the accuracy budget of {max_accuracy_drop:g} points" if max_accuracy_drop is not None
                  else f"{100 * allowed:g} points")
         flags.append(QualityFlag("pruned", "accuracy_drop", (
             f"the pruned model's accuracy {pruned.accuracy:.2%} is {100 * drop:.1f} points below the dense "
@@ -136,8 +150,7 @@ def assess_quality(
         flags.append(QualityFlag("onnx-int8", "accuracy_drop", (
             f"the int8 ONNX model's accuracy {int8.accuracy:.2%} is {100 * (pruned.accuracy - int8.accuracy):.1f} "
             f"points below the pruned model's {pruned.accuracy:.2%}, more than {100 * MAX_INT8_DROP:g} points")))
-    return QualityRecord(chance_macro_f1=chance, near_chance_below=below, max_accuracy_drop=allowed, drop_rule=rule,
-                         max_int8_drop=MAX_INT8_DROP, flags=tuple(flags))
+    return flags
 
 
 def _support(metrics: ClassificationMetrics) -> list[int]:

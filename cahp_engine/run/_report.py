@@ -405,6 +405,12 @@ class FailedRunReport(JsonRecord):
     The one failed run that leaves files (the curve, the knee's head map, the budget plot and this
     report), so a caller can see every candidate the search tried and why none was kept. The fields it
     shares with :class:`RunReport` are the same records; ``status`` is always ``"failed"``.
+
+    ``identity``, ``recipe`` and ``quality`` come last, after the fields such reports had before them:
+    what the run was asked to make (``recipe.recovery`` is None: no recovered model was kept, and the
+    selection is the knee's choice) and the quality checks of the dense model, the one model it
+    measured on the evaluation split (their flags also open ``warnings``). They are None only in a
+    report built without them.
     """
 
     format_version: int
@@ -424,3 +430,6 @@ class FailedRunReport(JsonRecord):
     timings_s: dict[str, float]
     warnings: tuple[str, ...]
     validation: ValidationRecord | None = None
+    identity: Identity | None = None
+    recipe: Recipe | None = None
+    quality: QualityRecord | None = None

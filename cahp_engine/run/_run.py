@@ -43,7 +43,7 @@ from cahp_engine.run._artifacts import (
 )
 from cahp_engine.run._budget import budget_warnings
 from cahp_engine.run._checkpoints import Checkpointer, CheckpointStore
-from cahp_engine.run._completion import complete_report
+from cahp_engine.run._completion import complete_failed_report, complete_report
 from cahp_engine.run._deploy import (
     INT8_PRUNED,
     ONNX_PRUNED,
@@ -53,6 +53,7 @@ from cahp_engine.run._deploy import (
     torch_speed,
     write_cards,
 )
+from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._identity import RunIdentity
 from cahp_engine.run._live import LOG_INTERVAL_S, LiveLog
 from cahp_engine.run._report import (
@@ -97,6 +98,8 @@ def run_pruning(
     log: Callable[[str], None] | None = None,
     checkpoints: CheckpointStore | None = None,
     checkpoint_interval_s: float = 0.0,
+    checkpoint_when_stopped: Callable[[], bool] | None = None,
+    candidates: CandidateExecutor | None = None,
     log_interval_s: float = LOG_INTERVAL_S,
 ) -> RunReport:
     """Prune ``model_ref`` on ``dataset_ref`` and write the artifacts to ``output_dir``.
@@ -142,6 +145,12 @@ def run_pruning(
         an earlier run of the same job saved (:mod:`cahp_engine.run._checkpoints`).
     checkpoint_interval_s : float
         A fine-tuning's state is saved at its stops (epoch ends), no more often than this.
+    checkpoint_when_stopped : callable() -> bool, optional
+        Asked when ``should_cancel`` stops a fine-tuning: True saves its state at the last step taken
+        first (the job service: a worker that shuts down hands its job back without losing the epoch).
+    candidates : CandidateExecutor, optional
+        Runs an accuracy budget's candidates (default: here, one after another; the job service: its
+        worker pool). The answer is the same whoever runs them.
     log_interval_s : float
 
     Returns
@@ -161,10 +170,11 @@ def run_pruning(
         placed(stage, fraction)
         live.progress(stage, fraction)
 
-    resumed = Checkpointer(checkpoints, config, say, live=live, interval_s=checkpoint_interval_s)
+    resumed = Checkpointer(checkpoints, config, say, live=live, interval_s=checkpoint_interval_s,
+                           save_when_stopped=checkpoint_when_stopped)
     run = steps.RunContext(config=config, device=resolve_device(config.device),
                            monitor=Monitor(overall, should_cancel), say=say, overall=overall,
-                           should_cancel=should_cancel, training=resumed)
+                           should_cancel=should_cancel, training=resumed, candidates=candidates)
     with staged_output(out, publish_on=(AccuracyBudgetError,)) as work:
         # A missed accuracy budget is the one documented exception to "a failed run leaves nothing":
         # the candidates' report and plots say why no head count met it (report.json has "status": "failed").
@@ -172,7 +182,7 @@ def run_pruning(
                       options=dataset_options or DatasetOptions(), max_rows=max_dataset_rows,
                       max_params=max_model_params, revision=revision,
                       hub_token=hub_token, cache_dir=cache_dir, model_name=model_name or model_ref,
-                      dataset_name=dataset_name or dataset_ref)
+                      dataset_name=dataset_name or dataset_ref, identity=identity)
         report = complete_report(report, identity=identity, model_ref=model_ref, dataset_ref=dataset_ref)
         report = dataclasses.replace(report, wall_time_s=time.perf_counter() - started)
         write_cards(work, report)
@@ -209,8 +219,10 @@ def _run(
     cache_dir: str | None,
     model_name: str,
     dataset_name: str,
+    identity: RunIdentity | None = None,
 ) -> RunReport:
-    """The steps in order; the report without its wall time, which the caller adds."""
+    """The steps in order; the report without its wall time, which the caller adds (``identity`` goes
+    only into the report of a missed accuracy budget: the caller completes a finished one)."""
     config = run.config
     inputs = steps.load(run, model_ref=model_ref, dataset_ref=dataset_ref, options=options, revision=revision,
                         hub_token=hub_token, cache_dir=cache_dir, model_name=model_name, dataset_name=dataset_name,
@@ -244,7 +256,7 @@ def _run(
             _write_failure(work, run, exc, result=result, inputs=inputs, options=options, dense=dense,
                            dense_metrics=dense_metrics, warnings=warnings, model_name=model_name,
                            dataset_name=dataset_name, dataset_ref=dataset_ref, revision=revision,
-                           validation=held[0])
+                           validation=held[0], model_ref=model_ref, identity=identity)
             raise
     result, pruned = done.result, done.pruned
     after = steps.evaluate_recovered(run, pruned=pruned, evaluation=inputs.evaluation)
@@ -363,9 +375,11 @@ def _write_failure(
     work: Path, run: steps.RunContext, exc: AccuracyBudgetError, *, result: SelectionResult, inputs: steps.Inputs,
     options: DatasetOptions, dense: DenseFinetuneRecord, dense_metrics: ClassificationMetrics, warnings: list[str],
     model_name: str, dataset_name: str, dataset_ref: str, revision: str | None, validation: ValidationRecord,
+    model_ref: str, identity: RunIdentity | None,
 ) -> None:
     """What a run that missed its accuracy budget leaves: the curve, the head map of the knee's
-    choice, and a report with ``"status": "failed"``, the error and every candidate tried."""
+    choice, and a report with ``"status": "failed"``, the error, every candidate tried, and what the
+    model would have been (identity, recipe, the dense model's quality checks)."""
     config = run.config
     write_curve(work, result, config)
     write_head_map(work, result)
@@ -385,6 +399,7 @@ def _write_failure(
         warnings=tuple(warnings),
         validation=validation,
     )
+    report = complete_failed_report(report, identity=identity, model_ref=model_ref, dataset_ref=dataset_ref)
     write_json(work / "report.json", report.to_dict())
 
 

@@ -8,6 +8,7 @@ artifacts is :mod:`cahp_engine.run._artifacts`, and :func:`cahp_engine.run.run_p
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -42,6 +43,7 @@ from cahp_engine.recovery import (
 from cahp_engine.results import ClassificationMetrics, TrainingResult
 from cahp_engine.run._budget import BudgetOutcome, ladder, search
 from cahp_engine.run._candidates import SearchInputs
+from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._holdout import ValidationData, ValidationScorer, score_of, validation_data
 from cahp_engine.run._live import TrainingHooks
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
@@ -67,6 +69,8 @@ class RunContext:
     training : TrainingHooks, optional
         Given to every fine-tuning: a saved state to go on from, and a call at each stop (checkpoints,
         the live log; :mod:`cahp_engine.run._checkpoints`).
+    candidates : CandidateExecutor, optional
+        Runs an accuracy budget's candidates (None: here, one after another).
     """
 
     config: PruningConfig
@@ -76,6 +80,7 @@ class RunContext:
     overall: Callable[[str, float], None]
     should_cancel: CancelFn | None = None
     training: TrainingHooks | None = None
+    candidates: CandidateExecutor | None = None
 
 
 @dataclass(frozen=True)
@@ -303,6 +308,11 @@ def train_model(
     )
 
 
+def dense_finetune_runs(config: PruningConfig, classifier_trained: bool) -> bool:
+    """Whether :func:`dense_finetune` fine-tunes a model whose classifier is (not) ``classifier_trained``."""
+    return _dense_decision(config.dense_finetune, classifier_trained)[0]
+
+
 def _dense_decision(mode: str, classifier_trained: bool) -> tuple[bool, str]:
     if mode == "always":
         return True, "requested (--dense-finetune always)"
@@ -331,8 +341,7 @@ def budget_search(
     Reads the validation split and the training rows only, never the evaluation split.
     """
     config = run.config
-    assert inputs.validation is not None and inputs.held_out is not None and result.analysis is not None
-    assert config.max_accuracy_drop is not None
+    assert inputs.held_out is not None and result.analysis is not None
     steps = ladder(result.analysis, tuple(config.budget_strategies), seed=config.seed)
     train = inputs.train
     batches = -(-len(train) // config.batch_size)
@@ -341,18 +350,29 @@ def budget_search(
                           * (np.log2(len(steps) + 1) + 1)))
     done = [0]
 
-    def progress(_step: int, _total: int) -> None:
-        done[0] += 1
+    def taken(n: int) -> None:
+        done[0] += n
         run.overall("budget", min(0.99, done[0] / expected))
 
-    shared = SearchInputs(
-        dense=model, train=train, validation=inputs.validation, dense_validation=dense_validation,
-        dense_predictions=dense_predictions, teacher=teacher, class_weights=class_weights(config, train),
+    shared = dataclasses.replace(
+        search_inputs(run, inputs=inputs, model=model, teacher=teacher, dense_validation=dense_validation,
+                      dense_predictions=dense_predictions),
+        progress=lambda _step, _total: taken(1), steps_done=taken)
+    with run.monitor.stage("budget"):
+        return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
+
+
+def search_inputs(run: RunContext, *, inputs: Inputs, model: nn.Module, teacher: TeacherLogits | None,
+                  dense_validation: ClassificationMetrics, dense_predictions: np.ndarray) -> SearchInputs:
+    """What every candidate of the budget's search shares (the same wherever a candidate runs)."""
+    config = run.config
+    assert inputs.validation is not None and config.max_accuracy_drop is not None
+    return SearchInputs(
+        dense=model, train=inputs.train, validation=inputs.validation, dense_validation=dense_validation,
+        dense_predictions=dense_predictions, teacher=teacher, class_weights=class_weights(config, inputs.train),
         config=config, device=run.device,
         threshold=score_of(dense_validation, config.budget_metric) - config.max_accuracy_drop / 100.0,
-        progress=progress, should_cancel=run.should_cancel)
-    with run.monitor.stage("budget"):
-        return search(steps, shared, validation=inputs.held_out, say=run.say)
+        should_cancel=run.should_cancel)
 
 
 def recall_warnings(dense: ClassificationMetrics, pruned: ClassificationMetrics,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from app.core.settings import Settings
 from app.core.signing import KEY_FILE, ArtifactRef, local_link
 from tests.support.helpers import migrated_engine, moto_s3_server, new_key, service_settings
 from tests.support.jobs import finish, start, store, submit
+from tests.support.s3_presigned import checked_moto_s3_server
 
 FILES = {"model.tar.gz": b"\x1f\x8b pretend model " * 4000, "report.json": b'{"summary": {"k_star": 2}}'}
 
@@ -164,3 +166,78 @@ def test_presigned_urls_name_the_public_endpoint_when_there_is_one(tmp_path: Pat
         link = _manifest(client, auth, job_id)["report.json"]["signed_url"]
     assert link.startswith(f"{public}/cahp-artifacts/jobs/{job_id}/1/report.json?")
     engine.dispose()
+
+
+# moto's own server serves a presigned URL however it was changed and however old it is (it checks no
+# query-string signature): these tests put S3's own check of a presigned request in front of it.
+@pytest.fixture
+def checked_s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with checked_moto_s3_server({"testing": "testing"}) as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="cahp-artifacts")
+        yield endpoint
+
+
+def _s3_settings(tmp_path: Path, endpoint: str, ttl_s: int) -> Settings:
+    return service_settings(tmp_path, artifact_store="s3://cahp-artifacts/team-a", s3_endpoint_url=endpoint,
+                            s3_region="us-east-1", allowed_outbound_hosts=("127.0.0.1",), signed_url_ttl_s=ttl_s)
+
+
+def _refusal(response: httpx.Response) -> str:
+    """The S3 error code of a refused request."""
+    assert response.status_code == 403, response.text
+    code = response.text.partition("<Code>")[2].partition("</Code>")[0]
+    assert code, response.text
+    return code
+
+
+def test_a_tampered_presigned_url_is_refused_by_the_store(tmp_path: Path, checked_s3_endpoint: str) -> None:
+    settings = _s3_settings(tmp_path, checked_s3_endpoint, ttl_s=600)
+    engine = migrated_engine(settings)
+    auth = {"Authorization": f"Bearer {new_key(engine)}"}
+    with TestClient(create_app(settings)) as client:
+        job_id = _succeeded_job(client, auth, settings, engine, tmp_path / "files")
+        manifest = _manifest(client, auth, job_id)
+    engine.dispose()
+    link = manifest["model.tar.gz"]["signed_url"]
+    # The link as given is served, with no credentials: the check in front of the store lets it through.
+    fetched = httpx.get(link)
+    assert fetched.status_code == 200 and hashlib.sha256(fetched.content).hexdigest() == manifest["model.tar.gz"][
+        "sha256"]
+    signature = parse_qs(urlsplit(link).query)["X-Amz-Signature"][0]
+    forged = signature[:-1] + ("0" if signature[-1] != "0" else "1")
+    tampered = {
+        "one character of the signature": link.replace(f"X-Amz-Signature={signature}", f"X-Amz-Signature={forged}"),
+        "another object's key": link.replace("/model.tar.gz?", "/report.json?"),
+        "one character of the key": link.replace("/model.tar.gz?", "/model.tar.gz_?"),
+        "a longer life": link.replace("X-Amz-Expires=600", "X-Amz-Expires=6000"),
+        "another file name": link.replace("model.tar.gz%22", "report.json%22"),
+    }
+    for what, url in tampered.items():
+        assert url != link, what
+        assert _refusal(httpx.get(url)) == "SignatureDoesNotMatch", what
+    # The report.json object exists: only the signature made its key unreachable with model.tar.gz's link.
+    assert httpx.get(manifest["report.json"]["signed_url"]).content == FILES["report.json"]
+
+
+def test_a_presigned_url_is_refused_by_the_store_after_its_ttl(tmp_path: Path, checked_s3_endpoint: str) -> None:
+    settings = _s3_settings(tmp_path, checked_s3_endpoint, ttl_s=1)
+    engine = migrated_engine(settings)
+    auth = {"Authorization": f"Bearer {new_key(engine)}"}
+    with TestClient(create_app(settings)) as client:
+        job_id = _succeeded_job(client, auth, settings, engine, tmp_path / "files")
+        entry = _manifest(client, auth, job_id)["report.json"]
+    engine.dispose()
+    link = entry["signed_url"]
+    query = parse_qs(urlsplit(link).query)
+    assert query["X-Amz-Expires"] == ["1"]
+    signed_at = dt.datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
+    expires_at = dt.datetime.fromisoformat(entry["signed_url_expires_at"].replace("Z", "+00:00"))
+    assert abs((expires_at - signed_at).total_seconds() - 1) < 2  # the manifest says when the store stops serving it
+    assert httpx.get(link).content == FILES["report.json"]
+    # Past X-Amz-Date + 1 s (X-Amz-Date is to the second).
+    time.sleep(max(0.0, signed_at.timestamp() + 2.2 - time.time()))
+    assert _refusal(httpx.get(link)) == "AccessDenied"
+    assert "Request has expired" in httpx.get(link).text

@@ -12,10 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from PIL import Image
 
 from cahp_engine.models import load_pruned
 from cahp_engine.recovery import count_parameters
+from cahp_engine.run import FailedRunReport
 from tests.support.fragile import write_fragile_model
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
@@ -170,6 +172,63 @@ def test_json_flag_prints_the_report(tmp_path):
     assert report["selection"]["signature_samples"] == 40 and report["selection"]["calibration_samples"] == 10
     assert report["selection"]["calibration_sampling"]["mode"] == "fixed"
     assert report["selection"]["stability"] is None
+
+
+@pytest.mark.slow  # a whole `cahp prune` process
+def test_name_and_labels_name_the_model_in_its_report_card_and_summary(tmp_path):
+    model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=2)
+    data = write_dataset(tmp_path / "data", num_classes=2, n_train=40, n_test=10)
+    out = tmp_path / "out"
+    proc = cahp(str(model), str(data), "-o", str(out), "--epochs", "0", "--latency-repeats", "1",
+                "--strategy", "salience", "--heads-to-keep", "3", "--signature-samples", "all",
+                "--calibration-fraction", "0.25", "--stability-shards", "0", "--export", "none",
+                "--name", "reviews-pruned", "--label", "git/commit=4f2c9e1", "--label", "branch=main", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "  name: reviews-pruned; labels: branch=main git/commit=4f2c9e1" in proc.stdout
+    identity = json.loads((out / "report.json").read_text())["identity"]
+    assert identity["name"] == "reviews-pruned" and identity["labels"] == {"git/commit": "4f2c9e1", "branch": "main"}
+    card = ModelCard.load(out / "model" / "README.md")
+    assert card.text.startswith("# reviews-pruned\n")
+    assert card.data.to_dict()["model-index"][0]["name"] == "reviews-pruned"
+    assert card.data.to_dict()["cahp"]["labels"] == {"git/commit": "4f2c9e1", "branch": "main"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--label", "commit"], "--label: takes KEY=VALUE, got 'commit'"),
+        (["--label", "bad key=1"], "label key 'bad key' must be 1 to 63 letters"),
+        (["--name", "  "], "--name: must be 1 to 200 characters, got 0"),
+    ],
+)
+def test_a_bad_name_or_label_is_a_usage_error(capsys, flags, message):
+    import argparse
+
+    from app.cli.prune import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["prune", "m", "d", "-o", "out", *flags])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_name_and_labels_reach_the_runs_identity():
+    import argparse
+
+    from app.cli.prune import identity_from_args, register
+    from cahp_engine.errors import InvalidInputError
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    plain = identity_from_args(parser.parse_args(["prune", "m", "d", "-o", "out"]))
+    assert (plain.name, plain.labels) == (None, {})
+    given = identity_from_args(parser.parse_args(["prune", "m", "d", "-o", "out", "--name", " sst5-minilm ",
+                                                  "--label", "k=v=w", "--label", "b=", "--label", "k=2"]))
+    assert (given.name, given.labels) == ("sst5-minilm", {"k": "2", "b": ""})
+    too_many = [arg for i in range(21) for arg in ("--label", f"k{i}=v")]
+    with pytest.raises(InvalidInputError, match="at most 20 labels, got 21"):
+        identity_from_args(parser.parse_args(["prune", "m", "d", "-o", "out", *too_many]))
 
 
 @pytest.mark.parametrize(
@@ -347,9 +406,26 @@ def test_a_missed_budget_exits_1_and_leaves_the_candidates_report(tmp_path):
     out = tmp_path / "out"
     proc = cahp(str(model), str(data), "-o", str(out), "--dense-finetune", "never", "--epochs", "1",
                 "--max-accuracy-drop", "0", "--budget-metric", "macro_f1", "--stability-shards", "0",
-                "--export", "none", cwd=tmp_path)
+                "--export", "none", "--name", "fragile-pruned", "--label", "git/commit=4f2c9e1", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "failed (accuracy_budget_not_met)" in proc.stderr and f"report and plots are in {out}" in proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed" and report["budget"]["chosen"] is None
     assert (out / "mss_curve.png").is_file() and (out / "head_map.png").is_file() and not (out / "model").exists()
+    # What the model would have been: the same records as a succeeded report, after the keys such reports had.
+    assert list(report)[-4:] == ["validation", "identity", "recipe", "quality"]
+    identity = report["identity"]
+    assert (identity["name"], identity["labels"], identity["base_model"], identity["dataset"]) == (
+        "fragile-pruned", {"git/commit": "4f2c9e1"}, "model", "data")
+    assert identity["class_names"] == report["dataset"]["label_names"] and identity["job_id"] is None
+    recipe = report["recipe"]
+    assert recipe["recovery"] is None and recipe["dense_finetune"] is None and recipe["classifier_head"] == "checkpoint"
+    assert (recipe["k_star"], recipe["heads_kept"]) == (report["selection"]["k_star"],
+                                                        report["selection"]["heads_kept"])
+    assert recipe["max_accuracy_drop"] == 0.0 and recipe["train_rows"] == report["dataset"]["train_rows"]
+    quality = report["quality"]
+    assert quality["drop_rule"] == "budget" and quality["max_accuracy_drop"] == 0.0
+    # The dense model is trained: nothing to flag, and only the dense model is checked.
+    assert all(flag["model"] == "dense" for flag in quality["flags"])
+    assert FailedRunReport.from_dict(report).to_dict() == report
+

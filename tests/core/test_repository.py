@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -15,31 +13,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import repository
-from app.core.db import Base, make_engine, make_session_factory, transaction, upgrade_database
+from app.core.db import Base, transaction, upgrade_database
 from app.core.models import Job, JobLog, JobStatus, Upload
 from app.core.repository import ArtifactRecord
 from app.core.security import generate_key
-from tests.support.helpers import postgres_schema_url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        engine = make_engine(f"sqlite:///{tmp_path / 'repo.db'}")
-        upgrade_database(engine)
-        yield engine
-        engine.dispose()
-        return
-    with postgres_schema_url() as url:
-        engine = make_engine(url)
-        upgrade_database(engine)
-        yield engine
-        engine.dispose()
-
-
-@pytest.fixture
-def sessions(db: Engine) -> sessionmaker[Session]:
-    return make_session_factory(db)
 
 
 def _owner(sessions: sessionmaker[Session], name: str = "owner") -> str:

@@ -15,9 +15,11 @@ from cahp_engine.errors import InvalidInputError
 from cahp_engine.export import describe_speedup
 from cahp_engine.recovery import speedup_interval
 from cahp_engine.results import ClassificationMetrics
-from cahp_engine.run import RunIdentity, RunReport, run_pruning
+from cahp_engine.run import FailedRunMetrics, FailedRunReport, RunError, RunIdentity, RunReport, run_pruning
+from cahp_engine.run._completion import complete_failed_report
 from cahp_engine.run._identity import identity_of
 from cahp_engine.run._quality import MAX_ACCURACY_DROP, assess_quality, chance_macro_f1
+from cahp_engine.run._report import DatasetInfo, DenseFinetuneRecord, Environment, ModelInfo, SelectionRecord
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 NAMES = ("bad", "fine", "good")
@@ -184,3 +186,41 @@ def test_a_run_says_what_it_made_warns_and_quotes_one_measurement(tmp_path: Path
         cards["onnx-int8"].text
     [int8_result] = cards["onnx-int8"].data.to_dict()["model-index"][0]["results"]
     assert int8_result["metrics"][0]["value"] == round(report.summary.int8_accuracy, 4)
+
+
+def test_a_failed_report_flags_a_broken_dense_model_first_in_its_warnings(tmp_path: Path) -> None:
+    # A dense model that answers class 0 to every row of a balanced three-class split.
+    broken = _metrics([[10, 0, 0], [10, 0, 0], [10, 0, 0]])
+    report = complete_failed_report(_failed_report(broken, warnings=("a budget warning",)), identity=None,
+                                    model_ref=str(tmp_path / "bert-reviews"), dataset_ref="org/reviews")
+    assert report.quality is not None
+    assert [(f.model, f.kind) for f in report.quality.flags] == [("dense", "missing_classes"),
+                                                                 ("dense", "near_chance")]
+    assert report.quality.flags[0].classes == ("b", "c")
+    assert report.warnings == (*report.quality.messages, "a budget warning")
+    assert report.quality == assess_quality(dense=broken, pruned=None, int8=None, label_names=("a", "b", "c"),
+                                            max_accuracy_drop=1.0)
+    assert report.identity is not None and (report.identity.base_model, report.identity.dataset_hub_id) == (
+        "bert-reviews", "org/reviews")
+    assert report.recipe is not None and report.recipe.recovery is None
+    assert "recovery fine-tuning: none kept: no candidate met the accuracy budget" in report.recipe.lines()
+
+
+def _failed_report(dense: ClassificationMetrics, *, warnings: tuple[str, ...]) -> FailedRunReport:
+    """The smallest failed report: the records a run that missed its budget writes before it is completed."""
+    selection = SelectionRecord(
+        strategy="cahp", k_star=4, poly_degree=2, knee_found=True, knees_by_degree={2: 4}, heads_total=12,
+        heads_kept=5, retention=5 / 12, kept={0: (0, 1), 1: (2,), 2: (0, 3)}, layer_safety_added=(),
+        resolution=6, signature_samples=90, calibration_samples=90, perplexity=3.0, signature_sampling=None,
+        calibration_sampling=None, stability=None)
+    return FailedRunReport(
+        format_version=1, status="failed", error=RunError("accuracy_budget_not_met", "no candidate"),
+        created_at="2026-01-01T00:00:00+00:00",
+        model=ModelInfo(ref="m", revision=None, family="bert", layers=3, heads_per_layer=4, classifier_trained=True),
+        dataset=DatasetInfo(ref="d", source="d", format="files", splits_found=("train", "test"), train_split="train",
+                            eval_split="test", text_column="text", text_pair_column=None, label_column="label",
+                            config=None, label_names=("a", "b", "c"), train_rows=90, eval_rows=30),
+        config=PruningConfig(max_accuracy_drop=1.0), seed=0, device="cpu",
+        environment=Environment(python="3", platform="x", cpu_count=1, torch_threads=1, cuda=None, versions={}),
+        dense_finetune=DenseFinetuneRecord(mode="never", ran=False, reason="off", training=None),
+        selection=selection, metrics=FailedRunMetrics(dense=dense), budget=None, timings_s={}, warnings=warnings)

@@ -115,3 +115,42 @@ def test_a_damaged_checkpoint_is_said_and_its_stage_runs_again(inputs: tuple[str
     again = run_pruning(*inputs, tmp_path / "b", quick, checkpoints=store, log=lines.append)
     assert any(line.startswith("the checkpoint selection cannot be used (") for line in lines)
     assert "selecting heads" in lines and again.selection.kept == first.selection.kept
+
+
+@pytest.mark.parametrize("save_when_stopped", [True, False], ids=["handed-back", "cancelled"])
+def test_a_run_stopped_mid_epoch_saves_its_last_step_only_when_asked_and_resumes_from_it(
+    inputs: tuple[str, str], uninterrupted: dict, tmp_path: Path, save_when_stopped: bool,
+) -> None:
+    whole = uninterrupted["report"]
+    per_epoch = round(whole.recovery.steps / whole.recovery.epochs)
+    stop_at = per_epoch + per_epoch // 2 + 1  # in the middle of recovery's second epoch
+    assert stop_at % per_epoch and stop_at < whole.recovery.steps
+    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+    steps_taken: list[float] = []
+
+    def progress(stage: str, _fraction: float) -> None:
+        if stage == "recovery":
+            steps_taken.append(_fraction)
+
+    first: list[str] = []
+    with pytest.raises(JobCancelledError):
+        # Recovery reports once before training and once per step: stop once stop_at steps are taken.
+        run_pruning(*inputs, tmp_path / "a", CONFIG, checkpoints=store, progress=progress, log=first.append,
+                    should_cancel=lambda: len(steps_taken) > stop_at, checkpoint_when_stopped=lambda: save_when_stopped)
+    saved = json.loads((store.restore()["recovery_training"] / "stage.json").read_text())["step"]
+    if save_when_stopped:
+        assert saved % per_epoch and saved > per_epoch, saved  # the last step taken, not an epoch's end
+        assert f"recovery: stopped at step {saved}; its state is saved for the next attempt" in first
+    else:
+        assert saved == per_epoch  # only the stops (epoch ends) were saved
+        assert not any("its state is saved for the next attempt" in line for line in first)
+
+    lines: list[str] = []
+    report = run_pruning(*inputs, tmp_path / "b", CONFIG, checkpoints=store, log=lines.append)
+    assert f"recovery: going on from step {saved} (saved by an earlier attempt)" in lines
+    assert report.recovery.steps == whole.recovery.steps
+    assert report.recovery.loss_per_epoch == pytest.approx(whole.recovery.loss_per_epoch, rel=1e-5)
+    ours = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    theirs = load_file(str(uninterrupted["out"] / "model" / "model.safetensors"))
+    for name, tensor in ours.items():
+        torch.testing.assert_close(tensor, theirs[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -2,13 +2,14 @@
 
 Real ``cahp worker`` processes (Celery's prefork pool) on the real Redis. The lease is long and no
 sweeper runs, so the job can move only because the stopping worker gave it back and sent its message
-again: the next worker takes it within seconds, not after the lease, and goes on from the checkpoint
-the first saved.
+again: the next worker takes it within seconds, not after the lease, and goes on from the step at
+which the first stopped (saved as it stopped).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 
 from tests.support.stack import TERMINAL, Stack
@@ -41,13 +42,17 @@ def test_sigterm_hands_the_running_job_back_and_another_worker_resumes_it_at_onc
     assert first.process.wait(timeout=120) == 0  # and the worker then stops
     text = "\n".join(message for _, message in stack.logs(job_id))
     assert "is shutting down: attempt 1 is handed back to the queue" in text
+    # It saved recovery at the last step it took, not only at the last epoch's end.
+    stopped = re.search(r"recovery: stopped at step (\d+); its state is saved for the next attempt", text)
+    assert stopped is not None, text
 
     # The message the stopping worker sent: a new worker takes the job long before any lease could lapse.
     second = stack.start_worker("second", pool="prefork")
     resumed = stack.wait_row(job_id, lambda r: r["status"] == "running" and r["stage"] == "recovery", timeout=240,
                              what="another worker to take the job")
     assert resumed["attempts"] == 1 and resumed["worker_id"] != running["worker_id"]
-    stack.wait_row(job_id, lambda r: "recovery: going on from step" in "\n".join(m for _, m in stack.logs(job_id)),
+    going_on = f"recovery: going on from step {stopped.group(1)} (saved by an earlier attempt)"
+    stack.wait_row(job_id, lambda r: going_on in "\n".join(m for _, m in stack.logs(job_id)),
                    timeout=120, what="the new attempt to resume recovery")
     text = "\n".join(message for _, message in stack.logs(job_id))
     assert "resuming from the checkpoints of an earlier attempt" in text.split("is handed back to the queue")[1]

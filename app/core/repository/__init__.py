@@ -13,7 +13,8 @@ One module per topic; everything is re-exported here, so callers write ``reposit
 - :mod:`.jobs` jobs (insert, read, list, cancel, delete, broker marks);
 - :mod:`.leases` a running job and its worker (claim, renew, progress, end, take-over);
 - :mod:`.logs` log lines; :mod:`.artifacts` artifact rows and their retention;
-- :mod:`.webhooks` webhook endpoints and secrets; :mod:`.events` the webhook outbox and deliveries.
+- :mod:`.webhooks` webhook endpoints and secrets; :mod:`.events` the webhook outbox and deliveries;
+- :mod:`.pieces` the pieces of an accuracy budget's search, run by any worker of the pool.
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ from app.core.repository.leases import (
     report_progress,
 )
 from app.core.repository.logs import append_logs, next_log_line, read_logs
+from app.core.repository.pieces import (
+    NewPiece,
+    add_pieces,
+    cancel_pieces,
+    claim_piece,
+    finish_piece,
+    get_pieces,
+    job_pieces,
+    piece_wanted,
+    release_piece,
+    renew_piece,
+    requeue_lost_pieces,
+)
 from app.core.repository.uploads import (
     add_upload,
     complete_upload,
@@ -91,7 +105,9 @@ from app.core.repository.webhooks import (
 )
 
 __all__ = [
-    "add_api_key", "add_job", "add_upload", "add_webhook", "api_key_hash", "append_logs", "ArtifactRecord",
+    "add_api_key", "add_job", "add_pieces", "cancel_pieces", "claim_piece", "finish_piece", "get_pieces",
+    "job_pieces", "NewPiece", "piece_wanted", "release_piece", "renew_piece", "requeue_lost_pieces",
+    "add_upload", "add_webhook", "api_key_hash", "append_logs", "ArtifactRecord",
     "cancel_requested", "claim_delivery", "claim_job", "complete_upload", "delete_finished_job", "delete_job",
     "delete_upload", "delete_webhook", "due_deliveries", "DueDelivery", "ensure_local_principal", "EVENT_TYPES",
     "expire_artifacts", "find_job_by_idempotency_key", "find_upload_by_digest", "finish_job", "get_api_key",

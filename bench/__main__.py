@@ -19,6 +19,7 @@ BENCHMARKS = {
     "gpu-check": "bench.gpu_check",
     "preflight": "bench.preflight",
     "budget-pool": "bench.budget_pool",
+    "resume": "bench.resume",
 }
 
 

@@ -35,15 +35,22 @@ from worker.runner import Outcome, WorkerContext, execute_job
 
 
 def _snapshot(http: httpx.Client, job_ids: list[str]) -> dict[str, Any]:
-    """What a client can read about each job: the job, its log, its manifest and artifact bytes."""
+    """What a client can read about each job: the job, its log, its manifest and artifact bytes.
+
+    Signed links are made afresh on every read (their expiry counts from it): the manifest is kept
+    without them, and what each downloads is kept instead.
+    """
     seen: dict[str, Any] = {}
     for job_id in job_ids:
         manifest = http.get(f"/v1/jobs/{job_id}/artifacts").json()["data"]
+        signed = {a["name"]: hashlib.sha256(http.get(a["signed_url"]).content).hexdigest()
+                  for a in manifest if a.get("signed_url")}
         seen[job_id] = {
             "job": http.get(f"/v1/jobs/{job_id}").json(),
             "logs": http.get(f"/v1/jobs/{job_id}/logs").json(),
-            "manifest": manifest,
+            "manifest": [{k: v for k, v in a.items() if not k.startswith("signed_url")} for a in manifest],
             "bytes": {a["name"]: hashlib.sha256(http.get(a["url"]).content).hexdigest() for a in manifest},
+            "signed_bytes": signed,
         }
     seen["list"] = http.get("/v1/jobs", params={"limit": 100}).json()
     return seen

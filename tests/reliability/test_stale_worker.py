@@ -1,5 +1,6 @@
 """A worker that is still alive after its job was taken over (a long pause, a lost network) stops,
-writes nothing, and leaves nothing in the store: only the new holder's attempt is ever served.
+writes nothing, and leaves no artifact in the store: only the new holder's attempt is ever served. (The
+checkpoints it saved while it held the job stay: they are the job's, for the new holder to resume from.)
 
 These run the worker's own code (:func:`worker.runner.execute_job`) with the real engine in this
 process; the take-over is what :func:`app.core.repository.claim_job` does once the lease expired.
@@ -58,8 +59,11 @@ def _take_over(engine: Engine, job_id: str) -> None:
 
 
 def _stored(settings: Settings, job_id: str) -> list[Path]:
+    """The job's artifacts in the store (its checkpoints, under ``checkpoints/``, are not artifacts)."""
     root = settings.data_dir / "artifacts" / "jobs" / job_id
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+    if not root.exists():
+        return []
+    return sorted(p for p in root.rglob("*") if p.is_file() and "checkpoints" not in p.relative_to(root).parts)
 
 
 def test_the_heartbeat_stops_a_worker_whose_job_was_taken_over_mid_run(

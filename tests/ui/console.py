@@ -28,6 +28,7 @@ from app.core.db import make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.run import run_pruning
+from tests.support import jobs as jobs_support
 from tests.support.helpers import (
     free_port,
     job_body,
@@ -179,13 +180,17 @@ def run_finished_job(console: Console, **params: Any) -> str:
 
 
 def run_failed_job(console: Console) -> str:
-    """A job whose dataset has no ``label`` column: the worker fails it with ``invalid_dataset``."""
+    """A job whose dataset has no ``label`` column: the worker fails it with ``invalid_dataset``.
+
+    Submit refuses such a dataset now (the preflight), so the job is recorded as a submit of before
+    recorded it, and the worker fails it as it failed such jobs then.
+    """
     model, _ = tiny_inputs(console.local_root)
     bad = console.local_root / "no-label"
     for split, n, seed in (("train", 20, 1), ("test", 10, 2)):
         path = write_split(bad / f"{split}.csv", n, seed=seed)
         path.write_text(path.read_text().replace("text,label", "text,category"))
-    job_id = console.submit(job_body(f"file://{model}", f"file://{bad}"))
+    job_id = jobs_support.record(console.engine, job_body(f"file://{model}", f"file://{bad}"))
     assert execute_job(job_id=job_id, context=console.worker()) is Outcome.failed
     return job_id
 

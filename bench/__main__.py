@@ -18,7 +18,6 @@ BENCHMARKS = {
     "load": "bench.load",
     "gpu-check": "bench.gpu_check",
     "preflight": "bench.preflight",
-    "budget-pool": "bench.budget_pool",
     "resume": "bench.resume",
 }
 

@@ -12,8 +12,8 @@ For every degree, each run's choice is made at its own knee by every method: CAH
 consensus strategy, salience top-k and random choice at CAHP's head count (random is seeded by the
 order seed, so its pairs are the floor: about m / (2N - m) for m of N heads). Per pair: the Jaccard
 similarity of the kept heads and the difference of k*; the summary gives their mean, min and max
-over the pairs, per task, stopping rule (``--plateau on`` is the engine's default; ``off`` turns the
-plateau rule off, so that its time and agreement can be compared) and degree.
+over the pairs, per task, stopping rule (``--plateau off`` is the engine's default; ``on`` adds the
+opt-in plateau rule, so that its time and agreement can be compared) and degree.
 
 Tasks are dataset directories (``--task NAME=DIR[,pair=COLUMN][,text=COLUMN][,label=COLUMN]``, any
 layout :func:`cahp_engine.data.load_splits` reads; default SST-5 from ../shared/data). The model
@@ -97,7 +97,7 @@ class Protocol:
     model: str = "dense"
     pairs: int = 5
     degrees: tuple[int, ...] = (2, 6)
-    plateau: tuple[str, ...] = ("on",)
+    plateau: tuple[str, ...] = ("off",)
     seed: int = 42
     resolution: int = 32
     batch_size: int = 32
@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", choices=("dense", "pretrained"), default="dense")
-    p.add_argument("--plateau", default="on", help="comma-separated: on (the default rule), off (without the plateau)")
+    p.add_argument("--plateau", default="off",
+                   help="comma-separated: off (the engine's default rules), on (with the opt-in plateau rule)")
     p.add_argument("--pairs", type=int, default=5)
     p.add_argument("--degrees", default="2,6")
     p.add_argument("--task", action="append", help="NAME=DIR[,pair=COLUMN][,text=COLUMN][,label=COLUMN]; "

@@ -108,11 +108,14 @@ class PoolCandidates:
             if self._should_cancel():
                 raise JobCancelledError("the job was stopped during its accuracy budget's search")
             with transaction(sessions) as session:
-                for lost in repository.requeue_lost_pieces(session, piece_ids=pending):
-                    self._say(f"budget: piece {lost[:8]} lost its worker; it is queued again")
-                    self._post(lost)
+                requeued = repository.requeue_lost_pieces(session, piece_ids=pending)
                 rows = {row.id: (row.status, row.result, row.worker_id, row.attempts)
                         for row in repository.get_pieces(session, piece_ids=pending)}
+            # Logged and sent once committed: the log writes in a transaction of its own (on SQLite it
+            # would wait for this one), and a worker must find the piece queued when its message comes.
+            for lost in requeued:
+                self._say(f"budget: piece {lost[:8]} lost its worker; it is queued again")
+                self._post(lost)
             for piece_id in list(pending):
                 status, result, worker_id, attempts = rows[piece_id]
                 if status == "done" and result is not None:
@@ -324,6 +327,14 @@ def run_piece(piece_id: str, context: Any) -> str:
     return "done" if kept else "dropped"
 
 
+def forget_inputs() -> None:
+    """Let go of the search inputs this process built for pieces (before it runs a job of its own)."""
+    with _BUILT_LOCK:
+        for _inputs_built, scratch in _BUILT.values():
+            shutil.rmtree(scratch, ignore_errors=True)
+        _BUILT.clear()
+
+
 def _inputs(context: Any, job_id: str, attempt: int, definition: tuple[Any, ...],
             should_cancel: Callable[[], bool]) -> SearchInputs:
     """The search's inputs of the job's attempt, built once per process (the last job's are let go)."""
@@ -331,7 +342,7 @@ def _inputs(context: Any, job_id: str, attempt: int, definition: tuple[Any, ...]
         built = _BUILT.get((job_id, attempt))
         if built is not None:
             return built[0]
-        for _key, (_old, scratch) in _BUILT.items():
+        for _old, scratch in _BUILT.values():
             shutil.rmtree(scratch, ignore_errors=True)
         _BUILT.clear()
         settings = context.settings

@@ -22,7 +22,7 @@ from app.core.queue import TASK_NAME
 from app.core.settings import Settings
 from app.core.storage import open_store
 from worker import shutdown
-from worker.candidates import PIECE_TASK_NAME, run_piece
+from worker.candidates import PIECE_TASK_NAME, forget_inputs, run_piece
 from worker.lifecycle import watch_parent
 from worker.runner import Outcome, WorkerContext, execute_job, new_worker_id
 
@@ -68,6 +68,7 @@ def register_tasks(app: Celery, settings: Settings) -> None:
 
     @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
     def run_job(job_id: str) -> str:
+        forget_inputs()  # the memory a budget's pieces held goes to the job
         context = dataclasses.replace(worker_context(settings), send_piece=pool)
         outcome = execute_job(job_id=job_id, context=context)
         if outcome is Outcome.handed_back:

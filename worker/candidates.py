@@ -40,6 +40,7 @@ from cahp_engine.errors import JobCancelledError
 from cahp_engine.models import check_weight_files
 from cahp_engine.results import DropInterval, ValidationPoint
 from cahp_engine.run import (
+    CANDIDATE_FILES,
     CandidateResult,
     CandidateRun,
     CandidateSpec,
@@ -242,8 +243,8 @@ def execute_piece(spec: CandidateSpec, resume_from: str | None, inputs: SearchIn
         if result.status in _RESUMABLE:
             save_candidate(result.run, scratch / "to")
             state = f"{checkpoint_prefix(job_id)}/candidates/{attempt}/{spec.key}-{uuid.uuid4().hex[:12]}"
-            for path in sorted((scratch / "to").iterdir()):
-                store.put_file(f"{state}/{path.name}", path, media_type="application/octet-stream")
+            for name in CANDIDATE_FILES:
+                store.put_file(f"{state}/{name}", scratch / "to" / name, media_type="application/octet-stream")
         return {"result": encode_result(result), "state": state, "steps": result.run.tuning.step - before}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -252,7 +253,7 @@ def execute_piece(spec: CandidateSpec, resume_from: str | None, inputs: SearchIn
 def fetch_state(store: ArtifactStore, prefix: str, directory: Path) -> Path:
     """Download a candidate's state saved under ``prefix`` into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("training.safetensors", "training.json", "candidate.json"):
+    for name in CANDIDATE_FILES:
         store.download(f"{prefix}/{name}", directory / name)
     return directory
 

@@ -22,7 +22,7 @@ from ._evaluation import (
     speedup_interval,
 )
 from ._recipe import AuxiliaryLoss, balanced_class_weights
-from ._resume import load_training_state, save_training_state
+from ._resume import TRAINING_FILES, load_training_state, save_training_state
 from ._training import FineTuning, finetune
 
 __all__ = [
@@ -31,6 +31,6 @@ __all__ = [
     "drop_interval", "evaluate", "FineTuning", "finetune", "latency_of", "load_training_state", "max_positions",
     "measure_latency",
     "metric_of_predictions", "predict", "random_inputs", "Rank", "save_training_state", "speedup_interval",
-    "teacher_logits",
+    "teacher_logits", "TRAINING_FILES",
     "TeacherLogits", "Validator",
 ]

@@ -24,6 +24,8 @@ from cahp_engine.errors import PipelineError
 
 TENSORS_FILE = "training.safetensors"
 STATE_FILE = "training.json"
+#: Every file :func:`save_training_state` writes.
+TRAINING_FILES = (TENSORS_FILE, STATE_FILE)
 #: Changes when what :meth:`TrainingState.save` writes changes; a state of another version is not read.
 STATE_VERSION = 1
 

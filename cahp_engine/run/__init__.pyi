@@ -14,7 +14,7 @@ from ._artifacts import ARTIFACT_FILES
 from ._candidate_inputs import candidate_inputs
 from ._candidates import CandidateResult, CandidateRun, CandidateSpec, SearchInputs, recover_candidate
 from ._checkpoints import CheckpointStore, DirectoryCheckpoints
-from ._executors import CandidateExecutor, InTurn, load_candidate, save_candidate
+from ._executors import CANDIDATE_FILES, CandidateExecutor, InTurn, load_candidate, save_candidate
 from ._holdout import carve
 from ._identity import Identity, Recipe, RunIdentity
 from ._plots import plot_head_map, plot_layer_retention, plot_mss_curve
@@ -23,8 +23,8 @@ from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, Run
 from ._run import run_pruning
 
 __all__ = [
-    "ARTIFACT_FILES", "candidate_inputs", "CandidateExecutor", "CandidateResult", "CandidateRun", "CandidateSpec",
-    "carve",
+    "ARTIFACT_FILES", "CANDIDATE_FILES", "candidate_inputs", "CandidateExecutor", "CandidateResult", "CandidateRun",
+    "CandidateSpec", "carve",
     "CheckpointStore", "DirectoryCheckpoints",
     "FailedRunMetrics", "FailedRunReport", "Identity", "InTurn", "load_candidate",
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",

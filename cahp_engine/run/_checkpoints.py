@@ -211,9 +211,7 @@ class Checkpointer:
             tuning = self._tuning
             if (self._store is not None and tuning is not None and tuning.step > 0 and not tuning.done
                     and self._save_when_stopped is not None and self._save_when_stopped()):
-                state = tuning.state_dict()
-                self._save(f"{stage}_training", step=tuning.step,
-                           files={"": lambda directory: save_training_state(state, directory)})
+                self._save_training(f"{stage}_training", tuning)
                 self._say(f"{stage}: stopped at step {tuning.step}; its state is saved for the next attempt")
             raise
         finally:
@@ -246,12 +244,15 @@ class Checkpointer:
             if not tuning.done and now - self._last_save.get(name, float("-inf")) < self._interval:
                 return
             self._last_save[name] = now
-            state = tuning.state_dict()
-            self._save(name, step=tuning.step, files={"": lambda directory: save_training_state(state, directory)})
+            self._save_training(name, tuning)
 
         return stopped
 
     # --- plumbing ----------------------------------------------------------------------------------
+
+    def _save_training(self, name: str, tuning: FineTuning) -> None:
+        state = tuning.state_dict()
+        self._save(name, step=tuning.step, files={"": lambda directory: save_training_state(state, directory)})
 
     def _unusable(self, stage: str, exc: Exception) -> None:
         """A saved stage that cannot be read (another release wrote it, a file is damaged): run it again."""

@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from cahp_engine.errors import PipelineError
-from cahp_engine.recovery import load_training_state, save_training_state
+from cahp_engine.recovery import TRAINING_FILES, load_training_state, save_training_state
 from cahp_engine.run._candidates import (
     CandidateResult,
     CandidateRun,
@@ -34,10 +34,12 @@ from cahp_engine.run._candidates import (
     start_run,
 )
 
-__all__ = ["CandidateExecutor", "InTurn", "load_candidate", "save_candidate"]
+__all__ = ["CANDIDATE_FILES", "CandidateExecutor", "InTurn", "load_candidate", "save_candidate"]
 
 #: Beside the fine-tuning's own files: the candidate's bookkeeping and every evaluation's predictions.
 CANDIDATE_FILE = "candidate.json"
+#: Every file :func:`save_candidate` writes, for a store that carries a candidate between processes.
+CANDIDATE_FILES = (*TRAINING_FILES, CANDIDATE_FILE)
 
 
 class CandidateExecutor(Protocol):

@@ -4,10 +4,12 @@ Everything starts from the quality study's dense all-MiniLM-L6-v2 (``studies/qua
 on the pinned CPU path, cached under its cache, retrained and checked against the cached record where the
 weights are missing) and its cached CAHP selections. Three parts (``--parts``):
 
-* ``early-stopping``: CAHP's heads of each seed and degree recovered (distillation, the engine's
-  default) with the paper's fixed 3 epochs (``patience0``: the whole training split, the last weights)
-  and with early stopping (``patience1``, ``patience2``: SST-5's own validation split judged after every
-  epoch, the best weights kept); SST-5 test accuracy, macro-F1 and recovery seconds. What decides the
+* ``early-stopping``: CAHP's heads of each seed and degree recovered once (distillation, the engine's
+  default) over the paper's 3 epochs, judged on SST-5's own validation split after every epoch and never
+  stopped, the test split scored at every epoch too; from that one run, what each recovery of
+  :data:`RECOVERIES` returns (``fixed``: the paper's, last weights; ``best-of-3``; ``patience1``,
+  ``patience2``), since an early-stopped fine-tuning is the never-stopped one's prefix (checked by
+  tests/engine/test_early_stopping.py). Test accuracy, macro-F1 and recovery seconds. What decides the
   default of ``early_stopping_patience``.
 * ``budget``: whole runs (``run_pruning``, what ``cahp prune`` runs) on the dense model: one at the knee
   with the same recovery, then accuracy budgets of 1.0, 2.0 and 0.5 points of accuracy and 1.0 point
@@ -19,9 +21,11 @@ weights are missing) and its cached CAHP selections. Three parts (``--parts``):
   recovery (``class_weight`` balanced); per-class test recall and the lost-class warnings. No other
   imbalanced public dataset is reachable offline, hence the copy of SST-5.
 
-Every finished cell or run goes to the cache at once (default studies/results/cache/budget_sst5/, not
-tracked by git), so a killed study resumes after its last finished cell or run (a run killed half-way
-starts again). The figures go to studies/results/budget_sst5.json and .md.
+Every finished cell, and every finished run's report.json, goes at once to the record directory
+(default studies/results/budget_sst5/, tracked by git, so that the study spans sessions); models and
+run directories go to the cache (default studies/results/cache/budget_sst5/, not tracked). A killed
+study resumes after its last finished cell or run (a run killed half-way starts again); two processes
+can share the early-stopping part. The figures go to studies/results/budget_sst5.json and .md.
 
 Run: ``python -m studies budget [--parts early-stopping,budget,imbalanced] [--seeds 42,43,44]
 [--degrees 2,6] [--threads 1] [--report-only]``
@@ -49,7 +53,8 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset, encode, load_splits
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
-from cahp_engine.recovery import evaluate, finetune
+from cahp_engine.recovery import BestWeights, FineTuning, evaluate, finetune
+from cahp_engine.results import ValidationPoint
 from cahp_engine.run import run_pruning
 from cahp_engine.run._holdout import ValidationScorer
 from studies import common, quality
@@ -83,12 +88,14 @@ class Setup:
     base: str
     data_dir: Path
     quality_cache: Path
-    cache: Path
+    cache: Path  # models and run directories (not tracked)
+    record: Path  # every finished cell and run's report.json (tracked: a study spans sessions)
     patience: int = 1  # the budget and imbalanced runs' early stopping
     epochs: float = 3.0
     lr: float = 2e-5
     device: torch.device = torch.device("cpu")
     run_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # the smoke test's tiny runs
+    only: tuple[str, ...] = ()  # the whole runs this process computes (empty: all; the others are read if recorded)
 
 
 def _read(path: Path) -> Any:
@@ -101,32 +108,87 @@ def _store(path: Path, key: str, value: Any) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- early stopping
 
+#: The recoveries compared, derived from one run per (seed, degree): name -> (patience, keeps the best).
+RECOVERIES: dict[str, tuple[int, bool]] = {"fixed": (0, False), "best-of-3": (0, True),
+                                           **{f"patience{p}": (p, True) for p in PATIENCES if p > 0}}
 
-def recover_cell(dense: nn.Module, train: EncodedDataset, validation: EncodedDataset, test: EncodedDataset,
-                 heads: list[list[int]], *, seed: int, patience: int, setup: Setup, teacher: Any) -> dict[str, Any]:
-    """CAHP's heads recovered with ``patience`` (0: the paper's fixed epochs, no validation), scored on test."""
+
+class _TimedScorer:
+    """A :class:`ValidationScorer` that adds up the seconds it spends (validation is part of a recovery's cost)."""
+
+    def __init__(self, scorer: ValidationScorer) -> None:
+        self.scorer, self.seconds = scorer, 0.0
+
+    def __call__(self, model: nn.Module, step: int, epoch: float) -> ValidationPoint:
+        start = time.perf_counter()
+        try:
+            return self.scorer(model, step, epoch)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDataset, test: EncodedDataset,
+                  heads: list[list[int]], *, seed: int, setup: Setup, teacher: Any) -> dict[str, Any]:
+    """CAHP's heads recovered once over the whole schedule, judged on validation after every epoch and
+    never stopped; the test split scored at every evaluation too (outside the timed span, and never
+    seen by the recovery). Each stop's training and validation seconds are recorded apart."""
     pruned = copy.deepcopy(dense)
     kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
     for layer, head in heads:
         kept[layer].append(head)
     prune_heads(pruned, kept)
-    scorer = None
-    if patience > 0:
-        scorer = ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device), 32,
-                                  setup.device)
-    result = finetune(pruned, train, epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1,
-                      weight_decay=0.01, max_grad_norm=1.0, seed=seed, device=setup.device, teacher=teacher,
-                      validate=scorer, early_stopping_patience=patience)
-    after = evaluate(pruned, test, batch_size=32, device=setup.device)
-    return {"patience": patience, "heads_kept": len(heads), "accuracy": after.accuracy, "macro_f1": after.macro_f1,
-            "recall": list(after.recall), "recovery": result.to_dict()}
+    scorer = _TimedScorer(ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device),
+                                           32, setup.device))
+    tuning = FineTuning(pruned, train, epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1,
+                        weight_decay=0.01, max_grad_norm=1.0, seed=seed, device=setup.device, teacher=teacher,
+                        validate=scorer, early_stopping_patience=0)
+    stops: list[dict[str, Any]] = []
+    while not tuning.done:
+        trained, validated = tuning.result().wall_s, scorer.seconds
+        point = tuning.advance()
+        assert point is not None
+        scored = evaluate(pruned, test, batch_size=32, device=setup.device)
+        stops.append({"point": point.to_dict(), "train_s": tuning.result().wall_s - trained,
+                      "validation_s": scorer.seconds - validated,
+                      "test": {"accuracy": scored.accuracy, "macro_f1": scored.macro_f1,
+                               "recall": list(scored.recall)}})
+    result = tuning.finish()
+    return {"heads_kept": len(heads), "stops": stops, "steps": result.steps,
+            "loss_per_epoch": list(result.loss_per_epoch)}
+
+
+def derive(stops: list[dict[str, Any]], total_steps: int, patience: int, keep_best: bool) -> dict[str, Any]:
+    """What a recovery with ``patience`` (and keeping its best, or its last weights) returns, read off one
+    run that was never stopped: early stopping ends a fine-tuning on its schedule's path (the schedule is
+    planned for the whole epochs either way and validation draws nothing from the training's random
+    state), so a stopped run is this run's prefix. The rule is the engine's own :class:`BestWeights`."""
+    if not keep_best:  # the paper's recovery: no validation split read, the last weights
+        last = stops[-1]
+        return {"test": last["test"], "epochs": last["point"]["epoch"], "best_epoch": None, "stopped_early": False,
+                "recovery_s": sum(s["train_s"] for s in stops)}
+    best = BestWeights(patience)
+    nothing = nn.Identity()
+    end = len(stops)
+    for i, stop in enumerate(stops):
+        point = ValidationPoint.from_dict(stop["point"])
+        best.observe(nothing, point)
+        if best.exhausted and point.step < total_steps:
+            end = i + 1
+            break
+    assert best.best is not None
+    chosen = stops[best.best]
+    return {"test": chosen["test"], "epochs": stops[end - 1]["point"]["epoch"], "best_epoch": chosen["point"]["epoch"],
+            "stopped_early": end < len(stops),
+            "recovery_s": sum(s["train_s"] + s["validation_s"] for s in stops[:end])}
 
 
 def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None]) -> dict[str, Any]:
-    """The ``early-stopping`` part: every (seed, degree, patience) cell, resumable."""
-    path = setup.cache / "early-stopping.json"
+    """The ``early-stopping`` part: one never-stopped recovery per (seed, degree), resumable; every
+    recovery of :data:`RECOVERIES` derived from it."""
+    path = setup.record / "early-stopping.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     cells: dict[str, Any] = _read(path) or {}
-    todo = [(s, d, p) for s in setup.protocol.seeds for d in setup.protocol.degrees for p in PATIENCES]
+    todo = [(s, d) for s in setup.protocol.seeds for d in setup.protocol.degrees]
     pending = [t for t in todo if _es_key(*t) not in cells]
     if compute and pending:
         dense, tokenizer, _ = quality.dense_model(setup.base, setup.data_dir, setup.quality_cache, setup.protocol,
@@ -134,32 +196,42 @@ def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None]) -> d
         train, test = quality.load_data(setup.data_dir, tokenizer, setup.protocol)
         validation = _validation(setup, tokenizer)
         teacher = quality.teacher_for(dense, train, setup.quality_cache, setup.protocol, setup.device, say)
-        for seed, degree, patience in pending:
+        for seed, degree in pending:
+            if _es_key(seed, degree) in (_read(path) or {}):
+                continue  # another process of the study took it
             heads = _selection(setup, dense, train, seed)["degrees"][str(degree)]["kept"]["cahp"]
             t0 = time.perf_counter()
-            cell = recover_cell(dense, train, validation, test, heads, seed=seed, patience=patience, setup=setup,
-                                teacher=teacher)
+            cell = recover_curve(dense, train, validation, test, heads, seed=seed, setup=setup, teacher=teacher)
             cell.update(seed=seed, degree=degree, wall_s=time.perf_counter() - t0)
-            cells = _store(path, _es_key(seed, degree, patience), cell)
-            say(f"seed {seed} degree {degree} patience {patience}: {len(heads)} heads, test {cell['accuracy']:.4f}, "
-                f"{cell['recovery']['epochs']:g} epochs in {cell['recovery']['wall_s']:.0f} s")
+            cells = _store(path, _es_key(seed, degree), cell)
+            say(f"seed {seed} degree {degree}: {len(heads)} heads, test by epoch "
+                + ", ".join(f"{s['test']['accuracy']:.4f}" for s in cell["stops"]) + f" ({cell['wall_s']:.0f} s)")
+    rows: list[dict[str, Any]] = []
+    for key in (_es_key(*t) for t in todo):
+        if key not in cells:
+            continue
+        cell = cells[key]
+        for name, (patience, keep_best) in RECOVERIES.items():
+            rows.append({"seed": cell["seed"], "degree": cell["degree"], "recovery": name,
+                         "heads_kept": cell["heads_kept"], **derive(cell["stops"], cell["steps"], patience, keep_best)})
     summary: dict[str, Any] = {}
     for degree in setup.protocol.degrees:
-        for patience in PATIENCES:
-            rows = [cells[k] for s in setup.protocol.seeds if (k := _es_key(s, degree, patience)) in cells]
-            if rows:
-                summary.setdefault(str(degree), {})[f"patience{patience}"] = {
-                    "seeds": [r["seed"] for r in rows],
-                    "accuracy_mean": statistics.fmean(r["accuracy"] for r in rows),
-                    "macro_f1_mean": statistics.fmean(r["macro_f1"] for r in rows),
-                    "recovery_s_mean": statistics.fmean(r["recovery"]["wall_s"] for r in rows),
-                    "epochs_mean": statistics.fmean(r["recovery"]["epochs"] for r in rows)}
-    return {"cells": [cells[k] for t in todo if (k := _es_key(*t)) in cells], "summary": summary,
-            "complete": not [t for t in todo if _es_key(*t) not in cells]}
+        for name in RECOVERIES:
+            mine = [r for r in rows if r["degree"] == degree and r["recovery"] == name]
+            if mine:
+                summary.setdefault(str(degree), {})[name] = {
+                    "seeds": [r["seed"] for r in mine],
+                    "accuracy_mean": statistics.fmean(r["test"]["accuracy"] for r in mine),
+                    "macro_f1_mean": statistics.fmean(r["test"]["macro_f1"] for r in mine),
+                    "recovery_s_mean": statistics.fmean(r["recovery_s"] for r in mine),
+                    "epochs_mean": statistics.fmean(r["epochs"] for r in mine),
+                    "stopped_early": sum(r["stopped_early"] for r in mine)}
+    return {"cells": [cells[k] for t in todo if (k := _es_key(*t)) in cells], "recoveries": rows,
+            "summary": summary, "complete": not [t for t in todo if _es_key(*t) not in cells]}
 
 
-def _es_key(seed: int, degree: int, patience: int) -> str:
-    return f"seed={seed}/degree={degree}/patience={patience}"
+def _es_key(seed: int, degree: int) -> str:
+    return f"seed={seed}/degree={degree}/never-stopped"
 
 
 def _selection(setup: Setup, dense: nn.Module, train: EncodedDataset, seed: int) -> dict[str, Any]:
@@ -185,9 +257,9 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
     """Each of ``runs`` through ``run_pruning`` into ``cache/<folder>/<name>``; a finished run is kept."""
     out: dict[str, Any] = {}
     for name, changes in runs.items():
-        directory = setup.cache / folder / name
-        report = _read(directory / "report.json")
-        if report is None and compute:
+        directory, recorded = setup.cache / folder / name, setup.record / folder / f"{name}.json"
+        report = _read(recorded)
+        if report is None and compute and (not setup.only or name in setup.only):
             config = PruningConfig(dense_finetune="never", export="none", seed=42, epochs=setup.epochs, lr=setup.lr,
                                    early_stopping_patience=setup.patience, device=setup.device.type,
                                    **{**setup.run_overrides, **changes})
@@ -199,6 +271,8 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
             except AccuracyBudgetError as exc:
                 say(f"  [{name}] {exc}")
             report = _read(directory / "report.json")
+            if report is not None:
+                quality._write_json(recorded, report)
             say(f"{folder}/{name}: done in {time.perf_counter() - t0:.0f} s")
         if report is not None:
             out[name] = _run_summary(report)
@@ -284,7 +358,7 @@ def run(setup: Setup, parts: tuple[str, ...], *, compute: bool, say: Callable[[s
     """Every part of ``parts`` (or, with ``compute=False``, what the cache holds); the payload."""
     setup.cache.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"settings": {"parts": list(parts), "seeds": list(setup.protocol.seeds),
-                                            "degrees": list(setup.protocol.degrees), "patiences": list(PATIENCES),
+                                            "degrees": list(setup.protocol.degrees), "recoveries": list(RECOVERIES),
                                             "runs_patience": setup.patience, "epochs": setup.epochs,
                                             "lr": setup.lr}}
     if "early-stopping" in parts:
@@ -309,12 +383,24 @@ def markdown(doc: dict[str, Any]) -> str:
     es = doc.get("early_stopping")
     if es:
         lines += ["## Early stopping against the paper's fixed 3 epochs (CAHP's heads, distillation)", "",
-                  "| degree | recovery | seeds | test accuracy | macro-F1 | epochs | recovery s |",
-                  "|---|---|---|---|---|---|---|"]
+                  "One recovery per seed and degree, judged on validation after every epoch and never stopped; "
+                  "each row is what that recovery would have returned (`fixed`: the last weights, no validation "
+                  "read; `best-of-3`: the best epoch's; `patienceN`: stopped after N epochs without gain, the "
+                  "best epoch's weights). Recovery seconds: training, plus validation where it is read.", "",
+                  "| degree | recovery | seeds | test accuracy | macro-F1 | epochs trained | stopped early | "
+                  "recovery s |", "|---|---|---|---|---|---|---|---|"]
         for degree, rows in es["summary"].items():
             for name, r in rows.items():
                 lines.append(f"| {degree} | {name} | {len(r['seeds'])} | {100 * r['accuracy_mean']:.2f} | "
-                             f"{100 * r['macro_f1_mean']:.2f} | {r['epochs_mean']:.2f} | {r['recovery_s_mean']:.0f} |")
+                             f"{100 * r['macro_f1_mean']:.2f} | {r['epochs_mean']:.2f} | {r['stopped_early']} | "
+                             f"{r['recovery_s_mean']:.0f} |")
+        lines += ["", "| seed | degree | heads | test accuracy after epoch 0, 1, 2, 3 | "
+                  "validation accuracy after 0, 1, 2, 3 |",
+                  "|---|---|---|---|---|"]
+        for cell in es["cells"]:
+            tests = ", ".join(f"{100 * s['test']['accuracy']:.2f}" for s in cell["stops"])
+            vals = ", ".join(f"{100 * s['point']['accuracy']:.2f}" for s in cell["stops"])
+            lines.append(f"| {cell['seed']} | {cell['degree']} | {cell['heads_kept']} | {tests} | {vals} |")
         lines.append("")
     for part in ("budget", "imbalanced"):
         runs = doc.get(part)
@@ -341,22 +427,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--seeds", default="42,43,44")
     p.add_argument("--degrees", default="2,6")
+    p.add_argument("--runs", default="", help="compute only these whole runs (e.g. p2.0,p0.5), so that two "
+                   "processes can share the budget part; the others are reported when recorded")
     p.add_argument("--patience", type=int, default=1, help="early stopping of the budget and imbalanced runs")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data", type=Path, default=common.SST5)
     p.add_argument("--quality-cache", type=Path, default=common.RESULTS / "cache" / "quality_sst5")
     p.add_argument("--cache-dir", type=Path, default=common.RESULTS / "cache" / "budget_sst5")
+    p.add_argument("--record-dir", type=Path, default=common.RESULTS / "budget_sst5",
+                   help="where finished cells and runs' reports are kept (tracked by git)")
     p.add_argument("--report-only", action="store_true")
     args = p.parse_args(argv)
     parts = tuple(part for part in args.parts.split(",") if part)
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         raise SystemExit(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    wrong = sorted(set(filter(None, args.runs.split(","))) - set(BUDGET_RUNS) - set(IMBALANCED_RUNS))
+    if wrong:
+        raise SystemExit(f"--runs: unknown {', '.join(wrong)}; choose from "
+                         f"{', '.join([*BUDGET_RUNS, *IMBALANCED_RUNS])}")
     common.pin_threads(args.threads)
     protocol = dataclasses.replace(quality.Protocol(), seeds=tuple(int(v) for v in args.seeds.split(",") if v),
                                    degrees=tuple(int(v) for v in args.degrees.split(",") if v))
     setup = Setup(protocol=protocol, base=common.minilm_path(), data_dir=args.data, quality_cache=args.quality_cache,
-                  cache=args.cache_dir, patience=args.patience)
+                  cache=args.cache_dir, record=args.record_dir, patience=args.patience,
+                  only=tuple(name for name in args.runs.split(",") if name))
 
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)

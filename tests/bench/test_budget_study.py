@@ -4,6 +4,7 @@ study itself never runs in tests): every part, the rare-class copy, and a rerun 
 from __future__ import annotations
 
 import csv
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def setup(tmp_path: Path) -> budget_study.Setup:
     protocol = quality.Protocol(name="tiny", model="tiny", seeds=(1, 2), degrees=(2,), dense_epochs=2, dense_lr=2e-3,
                                 recovery_lr=1e-3, dense_cpu_path="native", resolution=6)
     return budget_study.Setup(protocol=protocol, base=str(base), data_dir=data, quality_cache=tmp_path / "quality",
-                              cache=tmp_path / "cache", patience=1, epochs=1.0, lr=1e-3, device=torch.device("cpu"),
+                              cache=tmp_path / "cache", record=tmp_path / "record", patience=1, epochs=1.0, lr=1e-3,
+                              device=torch.device("cpu"),
                               run_overrides=TINY_RUN)
 
 
@@ -45,13 +47,12 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     said: list[str] = []
     payload = budget_study.run(setup, budget_study.PARTS, compute=True, say=said.append)
     es = payload["early_stopping"]
-    assert es["complete"] and len(es["cells"]) == 2 * len(budget_study.PATIENCES)
-    fixed = [c for c in es["cells"] if c["patience"] == 0]
-    watched = [c for c in es["cells"] if c["patience"] > 0]
-    assert all(c["recovery"]["validation"] == [] for c in fixed)  # the paper's epochs read no validation
-    assert all(c["recovery"]["validation"][0]["step"] == 0 and c["recovery"]["best_epoch"] is not None
-               for c in watched)
-    assert set(es["summary"]["2"]) == {"patience0", "patience1", "patience2"}
+    assert es["complete"] and len(es["cells"]) == 2
+    assert all([s["point"]["step"] for s in c["stops"]][0] == 0 and len(c["stops"]) == 2 for c in es["cells"])
+    assert len(es["recoveries"]) == 2 * len(budget_study.RECOVERIES)
+    fixed = [r for r in es["recoveries"] if r["recovery"] == "fixed"]
+    assert all(r["best_epoch"] is None and r["epochs"] == 1.0 for r in fixed)  # the paper's: the last weights
+    assert set(es["summary"]["2"]) == set(budget_study.RECOVERIES)
     runs = payload["budget"]
     assert set(runs) == set(budget_study.BUDGET_RUNS)
     assert runs["knee"]["budget"] is None and runs["knee"]["wall_vs_knee"] == 1.0
@@ -60,16 +61,37 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     imbalanced = payload["imbalanced"]
     assert set(imbalanced) == set(budget_study.IMBALANCED_RUNS)
     text = budget_study.markdown({**payload, "date": "today", "command": "python -m studies budget"})
-    assert "| p1.0 |" in text and "| d6-balanced |" in text and "patience1" in text
+    assert "| p1.0 |" in text and "| d6-balanced |" in text and "patience1" in text and "best-of-3" in text
 
     # The rerun computes nothing: every cell and run is in the cache.
     def refuse(*_args, **_kwargs):
         raise AssertionError("a finished cell or run was computed again")
 
     monkeypatch.setattr(budget_study, "run_pruning", refuse)
-    monkeypatch.setattr(budget_study, "recover_cell", refuse)
+    monkeypatch.setattr(budget_study, "recover_curve", refuse)
     again = budget_study.run(setup, budget_study.PARTS, compute=True, say=said.append)
     assert again["early_stopping"]["cells"] == es["cells"] and again["budget"] == runs
+    # ... also from the record alone (another session: the cache of models and run directories is gone).
+    shutil.rmtree(setup.cache)
+    assert budget_study.run(setup, ("early-stopping", "budget"), compute=True, say=said.append)["budget"] == runs
+
+
+def test_a_recovery_read_off_the_never_stopped_run_follows_the_engines_rule():
+    def stop(step: int, score: float, accuracy: float) -> dict:
+        return {"point": {"step": step, "epoch": step / 10, "score": score, "accuracy": score, "macro_f1": score,
+                          "lost_classes": []}, "train_s": 0.0 if step == 0 else 10.0, "validation_s": 1.0,
+                "test": {"accuracy": accuracy}}
+
+    stops = [stop(0, 0.40, 0.41), stop(10, 0.50, 0.52), stop(20, 0.45, 0.49), stop(30, 0.48, 0.50)]
+    fixed = budget_study.derive(stops, 30, 0, keep_best=False)
+    assert fixed["test"]["accuracy"] == 0.50 and fixed["recovery_s"] == 30.0 and not fixed["stopped_early"]
+    best = budget_study.derive(stops, 30, 0, keep_best=True)
+    assert best["test"]["accuracy"] == 0.52 and best["best_epoch"] == 1.0 and best["recovery_s"] == 34.0
+    one = budget_study.derive(stops, 30, 1, keep_best=True)  # epoch 2 brought no gain: stopped there
+    assert one["stopped_early"] and one["epochs"] == 2.0 and one["recovery_s"] == 23.0
+    assert one["test"]["accuracy"] == 0.52
+    two = budget_study.derive(stops, 30, 2, keep_best=True)  # the last evaluation ends it anyway
+    assert not two["stopped_early"] and two["epochs"] == 3.0 and two["best_epoch"] == 1.0
 
 
 def test_the_rare_class_copy_keeps_its_share_and_leaves_the_other_splits(setup, tmp_path):

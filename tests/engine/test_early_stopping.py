@@ -180,3 +180,31 @@ def _mean_probability(model, data, label: int) -> float:
     with torch.no_grad():
         logits = model(**{k: v for k, v in collate(data, np.arange(len(data))).items() if k != "labels"}).logits
     return float(torch.softmax(logits, -1)[:, label].mean())
+
+
+def test_an_early_stopped_fine_tuning_is_the_never_stopped_ones_prefix(train, validation):
+    """Early stopping changes where a fine-tuning ends, not its path: the schedule is planned for every
+    epoch either way and validation takes nothing from the training's random state. What lets a study
+    read every patience off one never-stopped run."""
+    scores = iter([0.2, 0.6, 0.4, 0.3, 0.1])  # a curve that peaks after the first epoch
+
+    def scorer(model, step, epoch):
+        s = next(scores)
+        return ValidationPoint(step=step, epoch=epoch, score=s, accuracy=s, macro_f1=s)
+
+    kwargs = {"epochs": 4, "lr": 2e-3, **RECIPE}
+    never = FineTuning(make_classifier("bert", layers=2, heads=4, seed=5), train, validate=_scorer(validation),
+                       **kwargs)
+    snapshots = {}
+    while not never.done:
+        never.advance()
+        evaluate(never.model, validation)  # another split scored between two stops, as the study does
+        snapshots[never.step] = copy.deepcopy(never.model)
+    plain = make_classifier("bert", layers=2, heads=4, seed=5)
+    finetune(plain, train, **kwargs)  # no validation at all: the never-stopped run's last weights
+    assert _same_weights(plain, snapshots[40])
+
+    stopped_model = make_classifier("bert", layers=2, heads=4, seed=5)
+    stopped = finetune(stopped_model, train, validate=scorer, early_stopping_patience=1, **kwargs)
+    assert stopped.stopped_early and stopped.steps == 20 and stopped.best_step == 10
+    assert _same_weights(stopped_model, snapshots[10])  # the best weights, taken on the same path

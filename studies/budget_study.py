@@ -18,7 +18,8 @@ weights are missing) and its cached CAHP selections. Three parts (``--parts``):
 * ``imbalanced``: SST-5 with its *very negative* class cut to 1.6 % of the training rows (a seeded draw;
   validation and test untouched), a dense model fine-tuned on it as the quality study's is, then runs at
   the knees of degrees 2 and 6 and a macro-F1 budget of 1 point, each without and with class-balanced
-  recovery (``class_weight`` balanced); per-class test recall and the lost-class warnings. No other
+  recovery (``class_weight`` balanced); per-class test recall and the lost-class warnings. The rare-class
+  dense model's test scores are recorded; one retrained in a later session must score the same. No other
   imbalanced public dataset is reachable offline, hence the copy of SST-5.
 
 Every finished cell, and every finished run's report.json, goes at once to the record directory
@@ -337,17 +338,33 @@ def rare_class_copy(data_dir: Path, target: Path, *, share: float = RARE_SHARE, 
 
 
 def rare_class_dense(setup: Setup, data: Path, say: Callable[[str], None]) -> Path:
-    """A dense model fine-tuned on the rare-class copy with the quality study's dense recipe (cached)."""
-    directory = setup.cache / "imbalanced" / "dense"
+    """A dense model fine-tuned on the rare-class copy with the quality study's dense recipe (cached).
+
+    Its test scores go to the record; a later session that must retrain it (the weights are not tracked)
+    goes on only when the retrained model scores the same test confusion matrix, so that the recorded
+    runs and the new ones prune the same model.
+    """
+    directory, recorded = setup.cache / "imbalanced" / "dense", setup.record / "imbalanced" / "dense.json"
     if (directory / "config.json").is_file():
         return directory
     loaded = load_classifier(setup.base, num_labels=5, seed=setup.protocol.dense_seed)
-    train, _ = quality.load_data(data, loaded.tokenizer, setup.protocol)
+    train, test = quality.load_data(data, loaded.tokenizer, setup.protocol)
     say(f"rare-class dense fine-tuning on {len(train)} rows ({int((train.labels == 0).sum())} of class 0)")
-    finetune(loaded.model, train, epochs=setup.protocol.dense_epochs, lr=setup.protocol.dense_lr,
-             batch_size=setup.protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
-             seed=setup.protocol.dense_seed, device=setup.device)
+    training = finetune(loaded.model, train, epochs=setup.protocol.dense_epochs, lr=setup.protocol.dense_lr,
+                        batch_size=setup.protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
+                        seed=setup.protocol.dense_seed, device=setup.device)
+    scored = evaluate(loaded.model, test, batch_size=setup.protocol.batch_size, device=setup.device).to_dict()
+    record = _read(recorded)
+    if record is not None and record["test"]["confusion"] != scored["confusion"]:
+        raise SystemExit(
+            f"the rare-class dense model retrained here (test accuracy {scored['accuracy']:.4f}) is not the one "
+            f"the recorded imbalanced runs pruned ({record['test']['accuracy']:.4f}, trained on "
+            f"{record['trained_on']}); run on that machine type and thread count, or move {recorded.parent} aside")
     save_pruned(loaded.model, loaded.tokenizer, directory)
+    if record is None:
+        machine = common.machine()
+        quality._write_json(recorded, {"test": scored, "training": training.to_dict(),
+                                       "trained_on": {k: machine[k] for k in ("cpu", "vector_isa", "torch_threads")}})
     return directory
 
 
@@ -370,7 +387,9 @@ def run(setup: Setup, parts: tuple[str, ...], *, compute: bool, say: Callable[[s
                                        folder="budget", compute=compute, say=say)
     if "imbalanced" in parts:
         data = rare_class_copy(setup.data_dir, setup.cache / "imbalanced" / "data")
-        model = rare_class_dense(setup, data, say) if compute else setup.cache / "imbalanced" / "dense"
+        wanted = [name for name in IMBALANCED_RUNS if (not setup.only or name in setup.only)
+                  and not (setup.record / "imbalanced" / f"{name}.json").is_file()]
+        model = rare_class_dense(setup, data, say) if compute and wanted else setup.cache / "imbalanced" / "dense"
         payload["imbalanced"] = whole_runs(setup, IMBALANCED_RUNS, model=model, data=data, folder="imbalanced",
                                            compute=compute, say=say)
     payload["dense"] = _read(setup.quality_cache / "dense.json")

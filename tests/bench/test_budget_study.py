@@ -4,6 +4,7 @@ study itself never runs in tests): every part, the rare-class copy, and a rerun 
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 from pathlib import Path
 
@@ -73,7 +74,19 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     assert again["early_stopping"]["cells"] == es["cells"] and again["budget"] == runs
     # ... also from the record alone (another session: the cache of models and run directories is gone).
     shutil.rmtree(setup.cache)
-    assert budget_study.run(setup, ("early-stopping", "budget"), compute=True, say=said.append)["budget"] == runs
+    again = budget_study.run(setup, budget_study.PARTS, compute=True, say=said.append)
+    assert again["budget"] == runs and again["imbalanced"] == imbalanced
+    assert not (setup.cache / "imbalanced" / "dense").exists()  # every run recorded: no model needed
+
+    # A retrained rare-class model that differs from the recorded one is refused: its runs would mix two models.
+    recorded = setup.record / "imbalanced" / "dense.json"
+    doc = json.loads(recorded.read_text())
+    doc["test"]["confusion"][0][0] += 1
+    recorded.write_text(json.dumps(doc))
+    (setup.record / "imbalanced" / "d6-none.json").unlink()  # a run still to do
+    with pytest.raises(SystemExit, match="is not the one the recorded imbalanced runs pruned"):
+        budget_study.run(setup, ("imbalanced",), compute=True, say=said.append)
+    assert not (setup.cache / "imbalanced" / "dense").exists()
 
 
 def test_a_recovery_read_off_the_never_stopped_run_follows_the_engines_rule():

@@ -258,9 +258,9 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
     """Each of ``runs`` through ``run_pruning`` into ``cache/<folder>/<name>``; a finished run is kept."""
     out: dict[str, Any] = {}
     for name, changes in runs.items():
-        directory, recorded = setup.cache / folder / name, setup.record / folder / f"{name}.json"
+        directory, recorded = setup.cache / folder / name, _recorded(setup, folder, name)
         report = _read(recorded)
-        if report is None and compute and (not setup.only or name in setup.only):
+        if report is None and compute and _ours(setup, name):
             config = PruningConfig(dense_finetune="never", export="none", seed=42, epochs=setup.epochs, lr=setup.lr,
                                    early_stopping_patience=setup.patience, device=setup.device.type,
                                    **{**setup.run_overrides, **changes})
@@ -281,6 +281,16 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
     for row in out.values():
         row["wall_vs_knee"] = None if not knee else row["wall_time_s"] / knee["wall_time_s"]
     return out
+
+
+def _recorded(setup: Setup, folder: str, name: str) -> Path:
+    """Where a finished whole run's report.json is kept."""
+    return setup.record / folder / f"{name}.json"
+
+
+def _ours(setup: Setup, name: str) -> bool:
+    """Whether this process computes the whole run ``name`` (``--runs``)."""
+    return not setup.only or name in setup.only
 
 
 def _prefixed(say: Callable[[str], None], name: str) -> Callable[[str], None]:
@@ -387,8 +397,8 @@ def run(setup: Setup, parts: tuple[str, ...], *, compute: bool, say: Callable[[s
                                        folder="budget", compute=compute, say=say)
     if "imbalanced" in parts:
         data = rare_class_copy(setup.data_dir, setup.cache / "imbalanced" / "data")
-        wanted = [name for name in IMBALANCED_RUNS if (not setup.only or name in setup.only)
-                  and not (setup.record / "imbalanced" / f"{name}.json").is_file()]
+        wanted = [name for name in IMBALANCED_RUNS
+                  if _ours(setup, name) and not _recorded(setup, "imbalanced", name).is_file()]
         model = rare_class_dense(setup, data, say) if compute and wanted else setup.cache / "imbalanced" / "dense"
         payload["imbalanced"] = whole_runs(setup, IMBALANCED_RUNS, model=model, data=data, folder="imbalanced",
                                            compute=compute, say=say)

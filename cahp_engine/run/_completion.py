@@ -31,7 +31,8 @@ def complete_report(report: RunReport, *, identity: RunIdentity | None, model_re
     int8_metrics = int8.accuracy if int8 is not None else None
     quality = assess_quality(dense=report.metrics.dense, pruned=report.metrics.pruned, int8=int8_metrics,
                              label_names=report.dataset.label_names,
-                             max_accuracy_drop=report.config.max_accuracy_drop)
+                             max_accuracy_drop=report.config.max_accuracy_drop,
+                             budget_metric=report.config.budget_metric)
     warnings = quality.messages + tuple(w for w in report.warnings if w not in quality.messages)
     speed = torch_speed(export) if export.speed is not None else report.speed
 
@@ -73,6 +74,7 @@ def complete_failed_report(report: FailedRunReport, *, identity: RunIdentity | N
                         class_names=tuple(report.dataset.label_names))
     quality = assess_quality(dense=report.metrics.dense, pruned=None, int8=None,
                              label_names=report.dataset.label_names,
-                             max_accuracy_drop=report.config.max_accuracy_drop)
+                             max_accuracy_drop=report.config.max_accuracy_drop,
+                             budget_metric=report.config.budget_metric)
     warnings = quality.messages + tuple(w for w in report.warnings if w not in quality.messages)
     return dataclasses.replace(report, warnings=warnings, identity=ident, recipe=recipe_of(report), quality=quality)

@@ -10,7 +10,9 @@ recovery, and its int8 graph. A flag is raised when a model
   (a uniform random guess, a guess in the classes' proportions, or always the largest class);
 - lost more accuracy than allowed (``accuracy_drop``): the pruned model against the dense one, by more
   than the accuracy budget when one was set, else :data:`MAX_ACCURACY_DROP`; the int8 graph against the
-  pruned model by more than :data:`MAX_INT8_DROP`.
+  pruned model by more than :data:`MAX_INT8_DROP`;
+- lost more macro-F1 than a macro-F1 budget allows (``macro_f1_drop``); its accuracy is then held to
+  :data:`MAX_ACCURACY_DROP`, since the budget traded accuracy on purpose.
 
 The flags' messages join the run's ``warnings`` (so the job's result, the webhook, ``cahp wait`` and
 the console show them) and open the model cards. Importable without torch.
@@ -36,7 +38,7 @@ class QualityFlag(JsonRecord):
     """One problem with one model.
 
     ``model`` is ``dense``, ``pruned`` or ``onnx-int8``; ``kind`` is ``missing_classes``,
-    ``near_chance`` or ``accuracy_drop``; ``classes`` names the classes concerned (missing ones).
+    ``near_chance``, ``accuracy_drop`` or ``macro_f1_drop``; ``classes`` names the classes concerned (missing ones).
     """
 
     model: str
@@ -59,6 +61,9 @@ class QualityRecord(JsonRecord):
         Accuracy (a share) the pruned model may lose against the dense one: the budget's P / 100, or
         :data:`MAX_ACCURACY_DROP` (``drop_rule`` says which).
     drop_rule : {"budget", "threshold"}
+    drop_metric : {"accuracy", "macro_f1"}
+        What ``max_accuracy_drop`` bounds: the budget's metric. With a macro-F1 budget the pruned
+        model's accuracy is still flagged beyond :data:`MAX_ACCURACY_DROP`, which nothing budgeted.
     max_int8_drop : float
     flags : tuple of QualityFlag
         Empty when every check passed.
@@ -70,6 +75,7 @@ class QualityRecord(JsonRecord):
     drop_rule: str
     max_int8_drop: float
     flags: tuple[QualityFlag, ...]
+    drop_metric: str = "accuracy"
 
     @property
     def messages(self) -> tuple[str, ...]:
@@ -100,6 +106,7 @@ def assess_quality(
     int8: ClassificationMetrics | None,
     label_names: Sequence[str],
     max_accuracy_drop: float | None,
+    budget_metric: str = "accuracy",
 ) -> QualityRecord:
     """Check each model's scores on the evaluation split (see the module's description).
 
@@ -111,12 +118,14 @@ def assess_quality(
         dense model alone is checked, for missing classes and a macro-F1 near chance
     label_names : names of the classes, index i for class i
     max_accuracy_drop : the accuracy budget in points, or None
+    budget_metric : what the budget bounds, ``accuracy`` or ``macro_f1`` (points of macro-F1)
     """
     support = _support(dense)
     chance = chance_macro_f1(support)
     below = chance + NEAR_CHANCE_SHARE * (1 - chance)
     allowed, rule = ((max_accuracy_drop / 100, "budget") if max_accuracy_drop is not None
                      else (MAX_ACCURACY_DROP, "threshold"))
+    metric = budget_metric if max_accuracy_drop is not None else "accuracy"
     flags: list[QualityFlag] = []
     models = [("dense", "the dense model", dense)]
     if pruned is not None:
@@ -130,15 +139,26 @@ def assess_quality(
                 f"{words} scores near chance: macro-F1 {metrics.macro_f1:.3f}, where guessing without reading "
                 f"the text reaches {chance:.3f} (flagged below {below:.3f})")))
     if pruned is not None:
-        flags += _drops(dense, pruned, int8, allowed=allowed, max_accuracy_drop=max_accuracy_drop)
+        flags += _drops(dense, pruned, int8, allowed=allowed, max_accuracy_drop=max_accuracy_drop, metric=metric)
     return QualityRecord(chance_macro_f1=chance, near_chance_below=below, max_accuracy_drop=allowed, drop_rule=rule,
-                         max_int8_drop=MAX_INT8_DROP, flags=tuple(flags))
+                         max_int8_drop=MAX_INT8_DROP, flags=tuple(flags), drop_metric=metric)
 
 
 def _drops(dense: ClassificationMetrics, pruned: ClassificationMetrics, int8: ClassificationMetrics | None, *,
-           allowed: float, max_accuracy_drop: float | None) -> list[QualityFlag]:
-    """The pruned model's drop from the dense one beyond ``allowed``, and the int8 graph's from the pruned one."""
+           allowed: float, max_accuracy_drop: float | None, metric: str) -> list[QualityFlag]:
+    """The pruned model's drop from the dense one beyond ``allowed``, and the int8 graph's from the pruned one.
+
+    With a macro-F1 budget (``metric``), macro-F1 is held to the budget and accuracy to the threshold.
+    """
     flags: list[QualityFlag] = []
+    if metric == "macro_f1":
+        f1_drop = dense.macro_f1 - pruned.macro_f1
+        if f1_drop > allowed + 1e-12:
+            flags.append(QualityFlag("pruned", "macro_f1_drop", (
+                f"the pruned model's macro-F1 {pruned.macro_f1:.2%} is {100 * f1_drop:.1f} points below the dense "
+                f"model's {dense.macro_f1:.2%} on the evaluation split, more than the macro-F1 budget of "
+                f"{max_accuracy_drop:g} points")))
+        allowed, max_accuracy_drop = MAX_ACCURACY_DROP, None
     drop = dense.accuracy - pruned.accuracy
     if drop > allowed + 1e-12:
         limit = (f"the accuracy budget of {max_accuracy_drop:g} points" if max_accuracy_drop is not None

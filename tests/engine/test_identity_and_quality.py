@@ -72,6 +72,25 @@ def test_a_drop_beyond_the_budget_or_the_threshold_is_flagged() -> None:
     assert "more than the accuracy budget of 5 points" in beyond.flags[0].message
 
 
+def test_a_macro_f1_budget_holds_macro_f1_to_it_and_accuracy_to_the_threshold() -> None:
+    dense = _metrics([[18, 2], [2, 18]])  # 90 %, macro-F1 0.90
+    pruned = _metrics([[16, 4], [3, 17]])  # 82.5 %: 7.5 points down; macro-F1 about 7.5 points down
+    gentle = _metrics([[17, 3], [2, 18]])  # 87.5 %: 2.5 points down
+    f1_drop = 100 * (dense.macro_f1 - pruned.macro_f1)
+    within = assess_quality(dense=dense, pruned=gentle, int8=None, label_names=("a", "b"), max_accuracy_drop=3.0,
+                            budget_metric="macro_f1")
+    assert within.flags == () and within.drop_metric == "macro_f1" and within.drop_rule == "budget"
+    beyond = assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"), max_accuracy_drop=5.0,
+                            budget_metric="macro_f1")
+    assert [f.kind for f in beyond.flags] == ["macro_f1_drop", "accuracy_drop"]
+    assert f"macro-F1 {pruned.macro_f1:.2%} is {f1_drop:.1f} points below" in beyond.flags[0].message
+    assert "more than the macro-F1 budget of 5 points" in beyond.flags[0].message
+    assert beyond.flags[1].message.endswith("more than 5 points")  # the threshold, not the budget
+    # without a budget the metric is accuracy whatever is asked
+    assert assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"), max_accuracy_drop=None,
+                          budget_metric="macro_f1").drop_metric == "accuracy"
+
+
 def test_a_speed_up_inside_its_noise_is_no_measurable_change() -> None:
     rng = np.random.default_rng(0)
     same = rng.normal(10.0, 1.0, 40)

@@ -168,3 +168,15 @@ def test_no_module_of_the_service_is_over_450_lines() -> None:
     sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
              for top in ("app", "worker") for path in sorted((ROOT / top).rglob("*.py"))}
     assert {name: n for name, n in sizes.items() if n > 450} == {}
+
+
+def test_no_test_imports_another_test_module() -> None:
+    """Shared setup lives in ``tests/support`` (or a folder's ``conftest.py`` as fixtures); a test module that
+    imports another runs that module's collection twice and ties two files' helpers together."""
+    borrowed = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for name in _imports(path):
+            last = name.rsplit(".", 2)
+            if name.startswith("tests.") and any(part.startswith("test_") or part == "conftest" for part in last):
+                borrowed.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert borrowed == []

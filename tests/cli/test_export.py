@@ -19,8 +19,7 @@ from app.cli import main
 from app.cli.export import EXPORT_FORMATS, export_command
 from cahp_engine.export import _onnx as export_module
 from cahp_engine.models import prune_heads, save_pruned
-from tests.cli.test_prune import write_dataset
-from tests.support.tiny_models import make_classifier, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_tokenizer, write_dataset
 
 
 def _checkpoint(directory: Path, family: str) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -19,22 +18,9 @@ from cahp_engine.models import load_pruned
 from cahp_engine.recovery import count_parameters
 from cahp_engine.run import FailedRunReport
 from tests.support.fragile import write_fragile_model
-from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
+from tests.support.tiny_models import make_classifier, make_tokenizer, write_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_dataset(directory: Path, *, n_train=90, n_test=30, num_classes=3, columns=("text", "label"),
-                  string_labels=False) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n, seed in (("train", n_train, 0), ("test", n_test, 1)):
-        texts, labels = make_texts(n, num_classes=num_classes, seed=seed)
-        rows = [(t, f"class{y}" if string_labels else int(y)) for t, y in zip(texts, labels, strict=True)]
-        with open(directory / f"{split}.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(columns)
-            writer.writerows(rows)
-    return directory
 
 
 def write_model(directory: Path, family="bert", **kwargs) -> Path:
@@ -377,9 +363,9 @@ def test_prune_runs_end_to_end_on_the_newer_encoder_layouts(tmp_path, family):
 
 @pytest.mark.slow  # a whole `cahp prune` process
 def test_prune_reads_a_dataset_configuration_with_mnli_splits(tmp_path):
-    from tests.engine.test_datasets_io import write_repository
+    from tests.support.datasets import write_glue_like_dataset
 
-    repository = write_repository(tmp_path / "glue-like")
+    repository = write_glue_like_dataset(tmp_path / "glue-like")
     model = write_model(tmp_path / "model", layers=2, heads=4, num_labels=3)
     env_cache = tmp_path / "hf-cache"
     proc = subprocess.run(

@@ -11,14 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import repository
 from app.core.db import transaction
-from tests.core.test_repository import _job, _owner
-
-
-def _running_job(sessions: sessionmaker[Session]) -> str:
-    job_id = _job(sessions, _owner(sessions))
-    with transaction(sessions) as session:
-        assert repository.claim_job(session, job_id=job_id, worker_id="search") is not None
-    return job_id
+from tests.support.rows import running_job
 
 
 def _add(sessions: sessionmaker[Session], job_id: str, n: int = 2, attempt: int = 1) -> list[str]:
@@ -28,7 +21,7 @@ def _add(sessions: sessionmaker[Session], job_id: str, n: int = 2, attempt: int 
 
 
 def test_a_piece_is_claimed_once_and_only_its_holder_ends_it(sessions: sessionmaker[Session]) -> None:
-    job_id = _running_job(sessions)
+    job_id = running_job(sessions, worker="search")
     first, _ = _add(sessions, job_id)
     won: list[str] = []
 
@@ -53,7 +46,7 @@ def test_a_piece_is_claimed_once_and_only_its_holder_ends_it(sessions: sessionma
 
 
 def test_a_lost_piece_goes_back_to_the_queue_and_is_claimed_again(sessions: sessionmaker[Session]) -> None:
-    job_id = _running_job(sessions)
+    job_id = running_job(sessions, worker="search")
     first, second = _add(sessions, job_id)
     with transaction(sessions) as session:
         assert repository.claim_piece(session, piece_id=first, worker_id="lost", lease_s=0.05) is not None
@@ -68,7 +61,7 @@ def test_a_lost_piece_goes_back_to_the_queue_and_is_claimed_again(sessions: sess
 
 
 def test_pieces_of_another_attempt_or_of_a_cancelled_job_are_not_taken(sessions: sessionmaker[Session]) -> None:
-    job_id = _running_job(sessions)
+    job_id = running_job(sessions, worker="search")
     (stale,) = _add(sessions, job_id, n=1, attempt=0)  # asked for by an attempt that is over
     (current,) = _add(sessions, job_id, n=1, attempt=1)
     with transaction(sessions) as session:

@@ -16,28 +16,7 @@ from app.core import repository
 from app.core.db import Base, transaction, upgrade_database
 from app.core.models import Job, JobLog, JobStatus, Upload
 from app.core.repository import ArtifactRecord
-from app.core.security import generate_key
-
-
-def _owner(sessions: sessionmaker[Session], name: str = "owner") -> str:
-    new = generate_key()
-    with transaction(sessions) as session:
-        repository.add_api_key(session, key_id=new.id, name=name, key_hash=new.key_hash)
-    return new.id
-
-
-def _job(sessions: sessionmaker[Session], owner: str, *, key: str | None = None, when: dt.datetime | None = None,
-         job_id: str | None = None) -> str:
-    import uuid
-
-    job = Job(id=job_id or uuid.uuid4().hex, owner_id=owner, model_uri="hf://org/name",
-              dataset={"uri": "hf://datasets/org/data"}, params={"epochs": 1}, idempotency_key=key,
-              request_hash="0" * 64)
-    if when is not None:
-        job.created_at = when
-    with transaction(sessions) as session:
-        repository.add_job(session, job)
-    return job.id
+from tests.support.rows import add_job, add_owner
 
 
 def test_migrations_match_the_models(db: Engine) -> None:
@@ -64,36 +43,36 @@ def test_upgrade_is_idempotent_and_downgrade_removes_everything(db: Engine) -> N
 
 
 def test_a_job_round_trips_with_aware_utc_times(sessions: sessionmaker[Session]) -> None:
-    owner = _owner(sessions)
-    job_id = _job(sessions, owner)
+    owner = add_owner(sessions)
+    job_id = add_job(sessions, owner)
     with sessions() as session:
         job = repository.get_job(session, job_id=job_id, owner_id=owner)
         assert job is not None
         assert job.status == "queued" and job.progress == 0.0 and job.attempts == 0
         assert job.created_at.tzinfo is not None and job.created_at.utcoffset() == dt.timedelta(0)
         assert job.dataset == {"uri": "hf://datasets/org/data"} and job.params == {"epochs": 1}
-        assert repository.get_job(session, job_id=job_id, owner_id=_owner(sessions, "other")) is None
+        assert repository.get_job(session, job_id=job_id, owner_id=add_owner(sessions, "other")) is None
 
 
 def test_idempotency_key_is_unique_per_owner(sessions: sessionmaker[Session]) -> None:
-    alice, bob = _owner(sessions, "alice"), _owner(sessions, "bob")
-    first = _job(sessions, alice, key="k-1")
-    _job(sessions, bob, key="k-1")  # another owner may reuse the key
-    _job(sessions, alice)  # jobs without a key never collide
-    _job(sessions, alice)
+    alice, bob = add_owner(sessions, "alice"), add_owner(sessions, "bob")
+    first = add_job(sessions, alice, key="k-1")
+    add_job(sessions, bob, key="k-1")  # another owner may reuse the key
+    add_job(sessions, alice)  # jobs without a key never collide
+    add_job(sessions, alice)
     with pytest.raises(IntegrityError):
-        _job(sessions, alice, key="k-1")
+        add_job(sessions, alice, key="k-1")
     with sessions() as session:
         found = repository.find_job_by_idempotency_key(session, owner_id=alice, key="k-1")
         assert found is not None and found.id == first
 
 
 def test_listing_is_newest_first_with_a_stable_cursor(sessions: sessionmaker[Session]) -> None:
-    owner = _owner(sessions)
+    owner = add_owner(sessions)
     base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     # Two jobs share a timestamp: the id breaks the tie, so no job is skipped or repeated.
-    ids = [_job(sessions, owner, when=base + dt.timedelta(seconds=i // 2), job_id=f"{i:032x}") for i in range(5)]
-    _job(sessions, _owner(sessions, "other"))
+    ids = [add_job(sessions, owner, when=base + dt.timedelta(seconds=i // 2), job_id=f"{i:032x}") for i in range(5)]
+    add_job(sessions, add_owner(sessions, "other"))
     seen: list[str] = []
     before = None
     with sessions() as session:
@@ -107,7 +86,7 @@ def test_listing_is_newest_first_with_a_stable_cursor(sessions: sessionmaker[Ses
 
 
 def test_claim_succeeds_once_and_only_from_queued(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions, _owner(sessions))
+    job_id = add_job(sessions, add_owner(sessions))
     with transaction(sessions) as session:
         claimed = repository.claim_job(session, job_id=job_id, worker_id="w1")
         assert claimed is not None and claimed.status == "running" and claimed.attempts == 1
@@ -118,7 +97,7 @@ def test_claim_succeeds_once_and_only_from_queued(sessions: sessionmaker[Session
 
 
 def test_concurrent_claims_have_exactly_one_winner(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions, _owner(sessions))
+    job_id = add_job(sessions, add_owner(sessions))
     winners: list[str] = []
     barrier = threading.Barrier(4)
 
@@ -140,7 +119,7 @@ def test_concurrent_claims_have_exactly_one_winner(sessions: sessionmaker[Sessio
 
 
 def test_progress_is_written_only_by_the_holder(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions, _owner(sessions))
+    job_id = add_job(sessions, add_owner(sessions))
     with transaction(sessions) as session:
         repository.claim_job(session, job_id=job_id, worker_id="w1")
     with transaction(sessions) as session:
@@ -154,8 +133,8 @@ def test_progress_is_written_only_by_the_holder(sessions: sessionmaker[Session])
 
 
 def test_cancel_finishes_a_queued_job_and_flags_a_running_one(sessions: sessionmaker[Session]) -> None:
-    owner = _owner(sessions)
-    queued, running = _job(sessions, owner), _job(sessions, owner)
+    owner = add_owner(sessions)
+    queued, running = add_job(sessions, owner), add_job(sessions, owner)
     with transaction(sessions) as session:
         repository.claim_job(session, job_id=running, worker_id="w1")
     with transaction(sessions) as session:
@@ -173,7 +152,7 @@ def test_cancel_finishes_a_queued_job_and_flags_a_running_one(sessions: sessionm
 
 
 def test_finish_records_artifacts_atomically_and_only_for_the_holder(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions, _owner(sessions))
+    job_id = add_job(sessions, add_owner(sessions))
     with transaction(sessions) as session:
         repository.claim_job(session, job_id=job_id, worker_id="w1")
     records = [ArtifactRecord(name=n, size=3, sha256="a" * 64, media_type="application/json",
@@ -196,7 +175,7 @@ def test_finish_records_artifacts_atomically_and_only_for_the_holder(sessions: s
 
 
 def test_logs_append_in_order_and_page_by_offset(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions, _owner(sessions))
+    job_id = add_job(sessions, add_owner(sessions))
     with transaction(sessions) as session:
         assert repository.next_log_line(session, job_id=job_id) == 0
         after = repository.append_logs(session, job_id=job_id, messages=["a", "b", "c"])
@@ -214,7 +193,7 @@ def test_logs_append_in_order_and_page_by_offset(sessions: sessionmaker[Session]
 
 
 def test_uploads_are_visible_only_to_their_owner_once_complete(sessions: sessionmaker[Session]) -> None:
-    alice, bob = _owner(sessions, "alice"), _owner(sessions, "bob")
+    alice, bob = add_owner(sessions, "alice"), add_owner(sessions, "bob")
     with transaction(sessions) as session:
         repository.add_upload(session, Upload(id="f" * 32, owner_id=alice, kind="data", filename="train.csv",
                                               suffix=".csv", media_type="text/csv", size=10, sha256="b" * 64,
@@ -229,7 +208,7 @@ def test_uploads_are_visible_only_to_their_owner_once_complete(sessions: session
 
 
 def test_status_and_progress_are_constrained(sessions: sessionmaker[Session]) -> None:
-    owner = _owner(sessions)
+    owner = add_owner(sessions)
     with transaction(sessions) as session:
         repository.ensure_local_principal(session)
         repository.ensure_local_principal(session)  # idempotent

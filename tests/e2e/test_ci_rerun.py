@@ -15,8 +15,8 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from app.core.settings import Settings
-from tests.support.helpers import free_port, write_tiny_dataset, write_tiny_model
-from tests.support.processes import child_env, start, stop, wait_for
+from tests.support.helpers import write_tiny_dataset, write_tiny_model
+from tests.support.processes import answers_ready, child_env, create_key, start_serve, stop, wait_for
 
 #: The README's CI block (section "In CI, and for the platform that takes the model"), with settings that
 #: keep a tiny job to seconds added to its --param.
@@ -31,24 +31,12 @@ echo "$JOB" > job-id
 """
 
 
-def _ready(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def test_the_readme_ci_step_run_twice_uploads_once_and_answers_the_same_job(tmp_path: Path) -> None:
     data_dir = tmp_path / "cahp-data"
     env = child_env(data_dir=str(data_dir))
-    key = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
-                         capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    key = create_key(env)
     log = tmp_path / "serve.log"
-    server = start(["serve", "--port", str(port)], env, log)
+    url, server = start_serve(env, log)
     workspace = tmp_path / "checkout"
     write_tiny_model(workspace / "my-model")
     write_tiny_dataset(workspace / "my-dataset")
@@ -61,7 +49,7 @@ def test_the_readme_ci_step_run_twice_uploads_once_and_answers_the_same_job(tmp_
               "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     try:
-        wait_for(lambda: _ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
+        wait_for(lambda: answers_ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
                  what="cahp serve and its worker", log=log)
         runs = []
         for _ in range(2):

@@ -17,8 +17,17 @@ import pytest
 from app.cli import main
 from cahp_engine import load_pruned
 from cahp_engine.run import ARTIFACT_FILES
-from tests.support.helpers import free_port, write_split, write_tiny_dataset, write_tiny_model
-from tests.support.processes import child_env, group_alive, start, stop, wait_for
+from tests.support.helpers import write_split, write_tiny_dataset, write_tiny_model
+from tests.support.processes import (
+    answers_ready,
+    child_env,
+    create_key,
+    group_alive,
+    start,
+    start_serve,
+    stop,
+    wait_for,
+)
 
 
 def test_embedded_service_runs_a_job_from_the_command_line(
@@ -30,12 +39,10 @@ def test_embedded_service_runs_a_job_from_the_command_line(
     key = created.stdout.strip()
     assert re.fullmatch(r"cahp_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", key) and created.stdout == key + "\n"
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
-    server = start(["serve", "--port", str(port)], env, log)
+    url, server = start_serve(env, log)
     try:
-        wait_for(lambda: _ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
+        wait_for(lambda: answers_ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
                  what="cahp serve and its worker", log=log)
         model = write_tiny_model(tmp_path / "inputs" / "model")
         dataset = write_tiny_dataset(tmp_path / "inputs" / "dataset")
@@ -96,13 +103,6 @@ def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "loopback" in refused.stderr
 
 
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _workers_of(server: int) -> list[int]:
     """Pids of live ``app.cli worker`` processes started by the process ``server`` (not their pool children)."""
     found = []
@@ -119,14 +119,11 @@ def _workers_of(server: int) -> list[int]:
 
 def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(tmp_path: Path) -> None:
     env = child_env(data_dir=str(tmp_path / "cahp-data"))
-    key = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
-                         capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    key = create_key(env)
     log = tmp_path / "serve.log"
-    server = start(["serve", "--port", str(port)], env, log)
+    url, server = start_serve(env, log)
     try:
-        wait_for(lambda: _ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
+        wait_for(lambda: answers_ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
                  what="cahp serve and its worker", log=log)
         # A job keeps the worker's pool process busy when the server is killed.
         model = write_tiny_model(tmp_path / "inputs" / "model")
@@ -150,9 +147,9 @@ def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(
         # No clean-up ran in the server; the worker and its pool process go by themselves.
         wait_for(lambda: not group_alive(server.pid), timeout=15, what="the orphaned worker to exit", log=log)
 
-        restarted = start(["serve", "--port", str(port)], env, tmp_path / "serve2.log")
+        restarted = start(["serve", "--port", url.rsplit(":", 1)[1]], env, tmp_path / "serve2.log")
         try:
-            wait_for(lambda: _ready(url), timeout=120, what="the restarted server", log=tmp_path / "serve2.log")
+            wait_for(lambda: answers_ready(url), timeout=120, what="the restarted server", log=tmp_path / "serve2.log")
             wait_for(lambda: len(_workers_of(restarted.pid)) == 1, timeout=60, what="one worker",
                      log=tmp_path / "serve2.log")
             assert not group_alive(server.pid)

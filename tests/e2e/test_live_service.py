@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from standardwebhooks.webhooks import Webhook as Verifier
 
 from app.cli import main
-from tests.support.helpers import free_port, write_tiny_dataset, write_tiny_model
-from tests.support.processes import child_env, start, stop, wait_for
+from tests.support.helpers import write_tiny_dataset, write_tiny_model
+from tests.support.processes import child_env, create_key, start_serve, stop, wait_for
 from tests.support.receiver import Receiver
 
 
@@ -47,12 +45,9 @@ def test_a_job_is_followed_streamed_notified_and_counted(tmp_path: Path, capsys:
     env = child_env(data_dir=str(tmp_path / "cahp-data"), allowed_local_roots=str(inputs),
                     allowed_outbound_hosts="127.0.0.1", webhook_interval_s="0.2", events_poll_s="0.2",
                     progress_interval_s="0.2")
-    key = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
-                         capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    key = create_key(env)
     log = tmp_path / "serve.log"
-    server = start(["serve", "--port", str(port)], env, log)
+    url, server = start_serve(env, log)
     receiver = Receiver().start()
     try:
         wait_for(lambda: "ready." in log.read_text(errors="replace"), timeout=120, what="serve and its worker", log=log)

@@ -8,8 +8,6 @@ adds a version of another name; a registry that cannot be reached fails the job 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from tests.support.helpers import (
     write_tiny_model,
 )
 from tests.support.mlflow_server import mlflow_server
-from tests.support.processes import child_env, start, stop, wait_for
+from tests.support.processes import child_env, create_key, start_serve, stop, wait_for
 from worker.runner import Outcome, WorkerContext, execute_job
 
 
@@ -48,12 +46,9 @@ def test_a_job_with_register_lands_in_the_registry_and_cahp_register_adds_a_vers
     env = child_env(data_dir=str(tmp_path / "cahp-data"), allowed_local_roots=str(inputs),
                     allowed_outbound_hosts="127.0.0.1", mlflow_tracking_uri=tracking_uri,
                     mlflow_experiment="ci-pruning", progress_interval_s="0.2")
-    key = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
-                         capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    key = create_key(env)
     log = tmp_path / "serve.log"
-    server = start(["serve", "--port", str(port)], env, log)
+    url, server = start_serve(env, log)
     common = ["--url", url, "--api-key", key]
     try:
         wait_for(lambda: "ready." in log.read_text(errors="replace"), timeout=120, what="serve and its worker", log=log)

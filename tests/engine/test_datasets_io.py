@@ -12,18 +12,13 @@ import pytest
 
 from cahp_engine.data import DatasetOptions, DatasetSplits, load_splits
 from cahp_engine.errors import DatasetError, InvalidInputError
+from tests.support.datasets import write_csv, write_glue_like_dataset
 
 # tests/engine/<this file> -> parents[2] is the repository, parents[3] the folder that holds shared/.
 SST5 = Path(__file__).resolve().parents[3] / "shared/data/sst5"
 
 TRAIN = [("a fine film", 1), ("a dull film", 0), ("fine acting", 1), ("dull plot", 0), ("so fine", 1)]
 TEST = [("fine ending", 1), ("dull ending", 0)]
-
-
-def write_csv(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def rows_csv(rows: list[tuple[str, int]]) -> str:
@@ -456,34 +451,9 @@ def test_missing_datasets_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 # --- datasets named as users name them: configurations, MNLI's splits, GLUE's unlabelled tests ----------------
 
 
-def write_repository(root: Path) -> Path:
-    """A script-free hub-style dataset repository with two configurations, like GLUE's ``mnli`` and ``sst2``.
-
-    ``mnli`` has ``validation_matched``/``validation_mismatched`` and an unlabelled ``test_matched``
-    (every label -1); ``sst2`` has ``validation`` and an unlabelled ``test``.
-    """
-    pairs = [("a fine film", "it is good", 0), ("a dull film", "it is bad", 1), ("a film", "it exists", 2)]
-    splits = {
-        "mnli": {"train": pairs * 4, "validation_matched": pairs, "validation_mismatched": pairs[::-1],
-                 "test_matched": [(p, h, -1) for p, h, _ in pairs]},
-        "sst2": {"train": [("good", 1), ("bad", 0)] * 4, "validation": [("fine", 1), ("poor", 0)],
-                 "test": [("unknown", -1), ("hidden", -1)]},
-    }
-    lines = ["---", "configs:"]
-    for config, parts in splits.items():
-        lines += [f"- config_name: {config}", "  data_files:"]
-        for split, rows in parts.items():
-            header = "premise,hypothesis,label" if config == "mnli" else "sentence,label"
-            body = "\n".join(",".join(str(v) for v in row) for row in rows)
-            write_csv(root / config / f"{split}.csv", f"{header}\n{body}\n")
-            lines += [f"  - split: {split}", f"    path: {config}/{split}.csv"]
-    (root / "README.md").write_text("\n".join([*lines, "---", "# a GLUE-like repository", ""]))
-    return root
-
-
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
-    return write_repository(tmp_path / "glue-like")
+    return write_glue_like_dataset(tmp_path / "glue-like")
 
 
 def test_a_configuration_is_read_with_mnli_splits_and_pairs(repository: Path, tmp_path: Path) -> None:

@@ -21,7 +21,10 @@ from cahp_engine.data import LabelledTexts, encode, iterate_batches, length_grou
 from cahp_engine.models import gate_heads, prune_heads
 from cahp_engine.recovery import _training as training
 from cahp_engine.selection import extract_signatures, gradient_salience, select_heads
-from tests.engine.test_surgery import KEPT, _batch, _gates, _model
+from tests.support.surgery import KEPT
+from tests.support.surgery import gates as _gates
+from tests.support.surgery import padded_batch as _batch
+from tests.support.surgery import spread_model as _model
 from tests.support.tiny_models import WORDS, make_classifier, make_tokenizer
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core import repository
 from app.core.db import make_engine, make_session_factory, transaction, upgrade_database, utcnow
 from app.core.models import Job, JobStatus
-from app.core.security import generate_key
 from app.core.settings import Settings
 from tests.support.helpers import postgres_schema_url
+from tests.support.rows import add_job, job_row
 from worker.lease import LeaseKeeper
 
 
@@ -37,23 +36,6 @@ def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[session
         engine.dispose()
 
 
-def _job(sessions: sessionmaker[Session]) -> str:
-    new = generate_key()
-    job_id = uuid.uuid4().hex
-    with transaction(sessions) as session:
-        repository.add_api_key(session, key_id=new.id, name="t", key_hash=new.key_hash)
-        repository.add_job(session, Job(id=job_id, owner_id=new.id, model_uri="hf://a/b", dataset={}, params={},
-                                        request_hash="0" * 64))
-    return job_id
-
-
-def _row(sessions: sessionmaker[Session], job_id: str) -> Job:
-    with sessions() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
-
-
 def _expire(sessions: sessionmaker[Session], job_id: str) -> None:
     """What time does to the lease of a worker that stopped beating."""
     with transaction(sessions) as session:
@@ -69,7 +51,7 @@ def _claim(sessions: sessionmaker[Session], job_id: str, worker: str, max_attemp
 def test_a_live_lease_keeps_the_job_and_an_expired_one_lets_another_worker_take_it(
     sessions: sessionmaker[Session],
 ) -> None:
-    job_id = _job(sessions)
+    job_id = add_job(sessions)
     first = _claim(sessions, job_id, "w1")
     assert first is not None and first.lease_expires_at is not None
     assert first.lease_expires_at > utcnow() + dt.timedelta(seconds=50)
@@ -88,13 +70,13 @@ def test_a_live_lease_keeps_the_job_and_an_expired_one_lets_another_worker_take_
 
 
 def test_no_take_over_of_a_job_being_cancelled_or_out_of_attempts(sessions: sessionmaker[Session]) -> None:
-    cancelling = _job(sessions)
+    cancelling = add_job(sessions)
     _claim(sessions, cancelling, "w1")
     with transaction(sessions) as session:
         session.execute(update(Job).where(Job.id == cancelling).values(cancel_requested=True))
     _expire(sessions, cancelling)
     assert _claim(sessions, cancelling, "w2") is None
-    spent = _job(sessions)
+    spent = add_job(sessions)
     _claim(sessions, spent, "w1", max_attempts=1)
     _expire(sessions, spent)
     assert _claim(sessions, spent, "w2", max_attempts=1) is None
@@ -108,7 +90,7 @@ def test_no_take_over_of_a_job_being_cancelled_or_out_of_attempts(sessions: sess
 def test_the_sweeper_requeues_fails_or_cancels_a_job_whose_lease_expired(
     sessions: sessionmaker[Session], attempts: int, cancel: bool, status: JobStatus, code: str | None
 ) -> None:
-    job_id = _job(sessions)
+    job_id = add_job(sessions)
     for attempt in range(attempts):
         _claim(sessions, job_id, f"w{attempt}")
         _expire(sessions, job_id)
@@ -117,7 +99,7 @@ def test_the_sweeper_requeues_fails_or_cancels_a_job_whose_lease_expired(
     with transaction(sessions) as session:
         [lost] = repository.jobs_with_expired_leases(session)
         assert repository.release_lost_job(session, job=lost, max_attempts=2) is status
-    row = _row(sessions, job_id)
+    row = job_row(sessions, job_id)
     assert (row.status, row.error_code, row.worker_id, row.lease_expires_at) == (status.value, code, None, None)
     assert (row.finished_at is None) == (status is JobStatus.queued)
     with sessions() as session:
@@ -127,7 +109,7 @@ def test_the_sweeper_requeues_fails_or_cancels_a_job_whose_lease_expired(
 
 
 def test_a_lease_renewed_after_the_sweeper_looked_is_not_released(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions)
+    job_id = add_job(sessions)
     _claim(sessions, job_id, "w1")
     _expire(sessions, job_id)
     with transaction(sessions) as session:
@@ -136,18 +118,18 @@ def test_a_lease_renewed_after_the_sweeper_looked_is_not_released(sessions: sess
         assert repository.renew_lease(session, job_id=job_id, worker_id="w1", lease_s=60)
     with transaction(sessions) as session:
         assert repository.release_lost_job(session, job=lost, max_attempts=3) is None
-    assert _row(sessions, job_id).status == "running"
+    assert job_row(sessions, job_id).status == "running"
 
 
 def test_the_heartbeat_renews_the_lease_and_notices_a_take_over(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions)
+    job_id = add_job(sessions)
     _claim(sessions, job_id, "w1")
     with transaction(sessions) as session:
         session.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow()))
     keeper = LeaseKeeper(sessions, job_id=job_id, worker_id="w1", lease_s=30, interval_s=0.05).start()
     try:
         deadline = utcnow() + dt.timedelta(seconds=20)
-        while _row(sessions, job_id).lease_expires_at <= utcnow() + dt.timedelta(seconds=20):
+        while job_row(sessions, job_id).lease_expires_at <= utcnow() + dt.timedelta(seconds=20):
             assert utcnow() < deadline, "the heartbeat did not renew the lease"
             threading.Event().wait(0.05)
         assert not keeper.lost
@@ -173,7 +155,7 @@ def test_a_worker_that_cannot_renew_for_a_whole_lease_stops_itself(tmp_path: Pat
 
 
 def test_concurrent_log_writers_never_collide_on_line_numbers(sessions: sessionmaker[Session]) -> None:
-    job_id = _job(sessions)
+    job_id = add_job(sessions)
     _claim(sessions, job_id, "w1")
     barrier = threading.Barrier(2)
     failures: list[BaseException] = []

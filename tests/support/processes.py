@@ -31,6 +31,28 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=Path(__file__).parents[2])
 
 
+def create_key(env: dict[str, str], name: str = "ci") -> str:
+    """A new API key, made by ``cahp keys create`` against the service that ``env`` configures."""
+    return subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", name], env=env,
+                          capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+
+
+def start_serve(env: dict[str, str], log: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """``cahp serve`` on a free port: its URL and its process. Wait for ``ready.`` in ``log`` before using it."""
+    from tests.support.helpers import free_port
+
+    port = free_port()
+    return f"http://127.0.0.1:{port}", start(["serve", "--port", str(port)], env, log)
+
+
+def answers_ready(url: str) -> bool:
+    """Whether the service at ``url`` answers ``/readyz`` with 200."""
+    try:
+        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def stop(process: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
     """SIGTERM the process (it stops its own children), then SIGKILL its whole group if needed."""
     if process.poll() is None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import numpy as np
 import torch
 import transformers as tf
@@ -75,3 +78,17 @@ def make_texts(n: int, *, num_classes: int = 3, seed: int = 0, min_len: int = 3,
         words = [marker if rng.random() < 0.4 else WORDS[int(rng.integers(len(WORDS)))] for _ in range(k)]
         texts.append(" ".join(words))
     return texts, labels.astype(np.int64)
+
+
+def write_dataset(directory: Path, *, n_train=90, n_test=30, num_classes=3, columns=("text", "label"),
+                  string_labels=False) -> Path:
+    """``train.csv`` and ``test.csv`` of ``make_texts`` sentences under ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", n_train, 0), ("test", n_test, 1)):
+        texts, labels = make_texts(n, num_classes=num_classes, seed=seed)
+        rows = [(t, f"class{y}" if string_labels else int(y)) for t, y in zip(texts, labels, strict=True)]
+        with open(directory / f"{split}.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(rows)
+    return directory

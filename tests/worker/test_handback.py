@@ -8,7 +8,6 @@ leaves of its checkpoints and in ``cahp_job_duration_seconds``.
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -20,57 +19,31 @@ from app.core import repository
 from app.core.db import transaction
 from app.core.metrics import REGISTRY
 from app.core.models import Job
-from app.core.security import generate_key
 from app.core.storage import checkpoint_prefix, open_store
 from tests.support.helpers import job_body
+from tests.support.rows import Clock, job_row, running_job
 from worker import shutdown
 from worker.checkpoints import StoreCheckpoints
 from worker.reporting import ETA_MIN_S, KEEP_ALIVE_S, JobReporter
 from worker.runner import Outcome, WorkerContext, execute_job
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _running_job(sessions: sessionmaker[Session]) -> str:
-    new = generate_key()
-    job_id = uuid.uuid4().hex
-    with transaction(sessions) as session:
-        repository.add_api_key(session, key_id=new.id, name="t", key_hash=new.key_hash)
-        repository.add_job(session, Job(id=job_id, owner_id=new.id, model_uri="hf://a/b", dataset={}, params={},
-                                        request_hash="0" * 64))
-        repository.claim_job(session, job_id=job_id, worker_id="w")
-    return job_id
-
-
-def _row(sessions: sessionmaker[Session], job_id: str) -> Job:
-    with sessions() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
-
-
 def test_the_time_left_follows_the_measured_pace_once_there_is_one(sessions: sessionmaker[Session]) -> None:
-    job_id, clock = _running_job(sessions), Clock()
+    job_id, clock = running_job(sessions), Clock()
     reporter = JobReporter(sessions, job_id=job_id, worker_id="w", clock=clock, progress_interval_s=0.0,
                            cancel_check_interval_s=0.0, time_limit_s=10_000.0)
     reporter.progress("recovery", 0.20)
-    assert _row(sessions, job_id).eta_s is None  # nothing measured yet
+    assert job_row(sessions, job_id).eta_s is None  # nothing measured yet
     clock.now += ETA_MIN_S / 2
     reporter.progress("recovery", 0.25)
-    assert _row(sessions, job_id).eta_s is None  # too soon to tell
+    assert job_row(sessions, job_id).eta_s is None  # too soon to tell
     clock.now += ETA_MIN_S
     reporter.progress("recovery", 0.30)  # 10 points in 1.5 x ETA_MIN_S: 70 points left take 7 times that
-    assert _row(sessions, job_id).eta_s == pytest.approx(7 * 1.5 * ETA_MIN_S)
+    assert job_row(sessions, job_id).eta_s == pytest.approx(7 * 1.5 * ETA_MIN_S)
 
 
 def test_a_quiet_stage_still_gets_a_line_every_half_minute(sessions: sessionmaker[Session]) -> None:
-    job_id, clock = _running_job(sessions), Clock()
+    job_id, clock = running_job(sessions), Clock()
     reporter = JobReporter(sessions, job_id=job_id, worker_id="w", clock=clock, progress_interval_s=0.0,
                            cancel_check_interval_s=0.0, time_limit_s=10_000.0)
     reporter.progress("teacher", 0.3)
@@ -92,7 +65,7 @@ def test_a_quiet_stage_still_gets_a_line_every_half_minute(sessions: sessionmake
 
 
 def test_a_shutdown_flag_stops_the_job_for_a_hand_back(sessions: sessionmaker[Session], tmp_path: Path) -> None:
-    job_id, clock = _running_job(sessions), Clock()
+    job_id, clock = running_job(sessions), Clock()
     reporter = JobReporter(sessions, job_id=job_id, worker_id="w", clock=clock, progress_interval_s=0.0,
                            cancel_check_interval_s=0.0, time_limit_s=10_000.0,
                            shutting_down=lambda: shutdown.requested(tmp_path))
@@ -106,23 +79,23 @@ def test_a_shutdown_flag_stops_the_job_for_a_hand_back(sessions: sessionmaker[Se
 
 def test_a_hand_back_returns_the_attempt_and_queues_the_job_unless_it_was_cancelled(
         sessions: sessionmaker[Session]) -> None:
-    job_id = _running_job(sessions)
+    job_id = running_job(sessions)
     with transaction(sessions) as session:
         assert not repository.hand_back_job(session, job_id=job_id, worker_id="someone else", messages=["x"])
         assert repository.hand_back_job(session, job_id=job_id, worker_id="w", messages=["handed back"])
-    row = _row(sessions, job_id)
+    row = job_row(sessions, job_id)
     assert (row.status, row.attempts, row.worker_id, row.lease_expires_at) == ("queued", 0, None, None)
     assert row.enqueued_at is not None
     with transaction(sessions) as session:
         assert [line.message for line in repository.read_logs(session, job_id=job_id, offset=0, limit=10)] == [
             "handed back"]
 
-    cancelled = _running_job(sessions)
+    cancelled = running_job(sessions)
     with transaction(sessions) as session:
         session.execute(update(Job).where(Job.id == cancelled).values(cancel_requested=True))
     with transaction(sessions) as session:
         assert not repository.hand_back_job(session, job_id=cancelled, worker_id="w", messages=["x"])
-    assert _row(sessions, cancelled).status == "running"  # the worker ends it cancelled instead
+    assert job_row(sessions, cancelled).status == "running"  # the worker ends it cancelled instead
 
 
 def test_a_finished_job_keeps_no_checkpoint_and_its_duration_is_observed(

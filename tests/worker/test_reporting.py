@@ -2,42 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import repository
 from app.core.db import transaction
 from app.core.models import Job
-from app.core.security import generate_key
+from tests.support.rows import Clock, job_row, running_job
 from worker.reporting import MAX_LOG_LINE, JobReporter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _running_job(sessions: sessionmaker[Session]) -> str:
-    new = generate_key()
-    job_id = uuid.uuid4().hex
-    with transaction(sessions) as session:
-        repository.add_api_key(session, key_id=new.id, name="t", key_hash=new.key_hash)
-        repository.add_job(session, Job(id=job_id, owner_id=new.id, model_uri="hf://a/b", dataset={}, params={},
-                                        request_hash="0" * 64))
-        repository.claim_job(session, job_id=job_id, worker_id="w")
-    return job_id
-
-
-def _row(sessions: sessionmaker[Session], job_id: str) -> Job:
-    with sessions() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
 
 
 def _reporter(sessions: sessionmaker[Session], job_id: str, clock: Clock, **kwargs: float) -> JobReporter:
@@ -46,23 +18,23 @@ def _reporter(sessions: sessionmaker[Session], job_id: str, clock: Clock, **kwar
 
 
 def test_progress_is_written_on_stage_changes_and_then_at_most_every_interval(sessions: sessionmaker[Session]) -> None:
-    job_id, clock = _running_job(sessions), Clock()
+    job_id, clock = running_job(sessions), Clock()
     reporter = _reporter(sessions, job_id, clock)
     reporter.progress("recovery", 0.5)
-    assert (_row(sessions, job_id).stage, _row(sessions, job_id).progress) == ("recovery", 0.5)
+    assert (job_row(sessions, job_id).stage, job_row(sessions, job_id).progress) == ("recovery", 0.5)
     for step in range(100):
         clock.now += 0.01
         reporter.progress("recovery", 0.5 + step / 1000)
-    assert _row(sessions, job_id).progress == 0.5  # throttled: nothing written within the interval
+    assert job_row(sessions, job_id).progress == 0.5  # throttled: nothing written within the interval
     clock.now += 10
     reporter.progress("recovery", 0.7)
-    assert _row(sessions, job_id).progress == 0.7
+    assert job_row(sessions, job_id).progress == 0.7
     reporter.progress("evaluation", 0.9)  # a new stage is written at once
-    assert (_row(sessions, job_id).stage, _row(sessions, job_id).progress) == ("evaluation", 0.9)
+    assert (job_row(sessions, job_id).stage, job_row(sessions, job_id).progress) == ("evaluation", 0.9)
 
 
 def test_log_lines_are_batched_and_flushed(sessions: sessionmaker[Session]) -> None:
-    job_id, clock = _running_job(sessions), Clock()
+    job_id, clock = running_job(sessions), Clock()
     reporter = _reporter(sessions, job_id, clock)
     reporter.log("first")  # the first write goes out at once
     reporter.log("second\nthird")
@@ -82,7 +54,7 @@ def test_log_lines_are_batched_and_flushed(sessions: sessionmaker[Session]) -> N
 
 
 def test_the_cancel_flag_is_read_at_most_every_interval(sessions: sessionmaker[Session]) -> None:
-    job_id, clock = _running_job(sessions), Clock()
+    job_id, clock = running_job(sessions), Clock()
     reporter = _reporter(sessions, job_id, clock)
     assert reporter.should_cancel() is False
     with transaction(sessions) as session:
@@ -94,12 +66,12 @@ def test_the_cancel_flag_is_read_at_most_every_interval(sessions: sessionmaker[S
 
 
 def test_losing_the_job_or_the_time_limit_stops_the_run(sessions: sessionmaker[Session]) -> None:
-    job_id, clock = _running_job(sessions), Clock()
+    job_id, clock = running_job(sessions), Clock()
     reporter = _reporter(sessions, job_id, clock, cancel_check_interval_s=0.0)
     with transaction(sessions) as session:
         session.execute(update(Job).where(Job.id == job_id).values(worker_id="someone-else"))
     assert reporter.should_cancel() is True and reporter.stop_reason == "lost"
-    timed = _reporter(sessions, _running_job(sessions), clock, time_limit_s=60.0)
+    timed = _reporter(sessions, running_job(sessions), clock, time_limit_s=60.0)
     assert timed.should_cancel() is False
     clock.now += 61
     assert timed.should_cancel() is True and timed.stop_reason == "time_limit"

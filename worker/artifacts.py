@@ -28,14 +28,6 @@ def media_type(name: str) -> str:
     return MEDIA_TYPES.get(Path(name).suffix.lower(), "application/octet-stream")
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def pack_directory(directory: Path, archive: Path) -> Path:
     """Write ``directory`` as a gzipped tar whose single top-level entry is the directory's name."""
     with tarfile.open(archive, "w:gz") as tar:
@@ -70,7 +62,9 @@ def store_artifacts(
             key = f"{job_prefix(job_id)}/{attempt}/{name}"
             kind = media_type(name)
             store.put_file(key, path, media_type=kind)
-            records.append(ArtifactRecord(name=name, size=path.stat().st_size, sha256=sha256_of(path),
+            with open(path, "rb") as handle:
+                sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
+            records.append(ArtifactRecord(name=name, size=path.stat().st_size, sha256=sha256,
                                           media_type=kind, storage_key=key))
     except BaseException:
         # A full disk (or a store that fails half-way) must not leave objects that no row points at.

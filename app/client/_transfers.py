@@ -95,12 +95,9 @@ def _size(path: Path) -> int:
 
 
 def sha256_of(path: Path) -> str:
-    """The hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """The hex sha256 of a file, read in chunks."""
     with open(path, "rb") as handle:
-        while chunk := handle.read(1024 * 1024):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 #: The modification time every packed member carries (and the gzip header): 2000-01-01, a fixed date.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,6 @@ from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.storage import open_store
 from tests.support.helpers import job_body, write_tiny_dataset
-from worker.artifacts import sha256_of
 
 
 def submit(client: TestClient, auth: dict[str, str], settings: Settings, **extra: Any) -> str:
@@ -43,7 +43,7 @@ def store(settings: Settings, job_id: str, files: dict[str, bytes], tmp: Path, *
         path.write_bytes(data)
         key = f"jobs/{job_id}/{attempt}/{name}"
         open_store(settings).put_file(key, path, media_type="application/octet-stream")
-        records.append(ArtifactRecord(name=name, size=len(data), sha256=sha256_of(path),
+        records.append(ArtifactRecord(name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                                       media_type="application/octet-stream", storage_key=key))
     return records
 

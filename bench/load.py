@@ -193,7 +193,7 @@ async def _load(url: str, key: str, body: dict[str, Any], *, submitters: int, po
 
 def _count(database_url: str, broker_db: Path, accepted: list[str]) -> dict[str, Any]:
     """Rows and messages against what the answers reported: lost and duplicated jobs."""
-    from app.api.broker_probe import job_id_of
+    from app.api.background import job_id_of
 
     engine = create_engine(database_url)
     with engine.connect() as connection:
@@ -262,7 +262,7 @@ def poll_cost(url: str, key: str, job_id: str, cost: PollCost, *, pid: int,
 def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, duration: float,
             cost: PollCost | None = None) -> dict[str, Any]:
     from app.core.db import make_engine, make_session_factory, upgrade_database
-    from app.core.keys import create_api_key
+    from app.core.security import create_api_key
 
     with tempfile.TemporaryDirectory(prefix="cahp-load-") as tmp, (
         _postgres_schema(postgres_url) if database == "postgresql" else _no_schema()

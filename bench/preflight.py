@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from app.api.main import create_app
     from app.client._transfers import packed
-    from app.core.upload_contents import index_upload
+    from app.core.inputs import index_upload
     from tests.support.helpers import migrated_engine, new_key, service_settings
 
     with tempfile.TemporaryDirectory(prefix="cahp-bench-preflight-") as tmp:

@@ -9,8 +9,11 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, text
 
-from app.core import models  # noqa: F401 - registers the tables on Base.metadata
-from app.core.db import Base, make_engine
+from app.core.db import (
+    Base,
+    Job,  # noqa: F401 - loads the tables' module, which registers every table on Base.metadata
+    make_engine,
+)
 
 # An arbitrary constant: the PostgreSQL advisory lock that serialises concurrent upgrades (several
 # API replicas starting at once).

@@ -15,7 +15,7 @@ import tarfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from app.core.repository import ArtifactRecord
+from app.core.db.repository import ArtifactRecord
 from app.core.storage import ARTIFACT_MEDIA_TYPES as MEDIA_TYPES
 from app.core.storage import ArtifactStore, job_prefix
 from worker.redaction import redact_json_file

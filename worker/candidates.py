@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.core import repository
-from app.core.db import transaction
+from app.core.db import repository, transaction
 from app.core.inputs import InputFetcher, refuse_custom_code
 from app.core.params import dataset_options, run_config
 from app.core.periodic import Periodic

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.core.registry import RegisterRequest, Registration, failed_registration, register_model
-from app.core.repository import ArtifactRecord
+from app.core.db.repository import ArtifactRecord
+from app.core.mlflow_registry import RegisterRequest, Registration, failed_registration, register_model
+from app.core.security import ArtifactRef, artifact_link
 from app.core.settings import Settings
-from app.core.signing import ArtifactRef, artifact_link
 from app.core.storage import ArtifactStore
 from cahp_engine.run import RunIdentity, RunReport
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from app.core import repository
-from app.core.db import transaction
+from app.core.db import JobStatus, repository, transaction
 from app.core.metrics import observe_job_end
-from app.core.models import JobStatus
 from app.core.storage import ArtifactStore, checkpoint_prefix
 from worker.reporting import JobReporter
 

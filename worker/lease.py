@@ -17,8 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import transaction
+from app.core.db import repository, transaction
 from app.core.periodic import Periodic
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,7 @@ from typing import Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import transaction
+from app.core.db import repository, transaction
 from app.core.metrics import STAGE_DURATION
 
 logger = logging.getLogger(__name__)

@@ -20,18 +20,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.archives import storage_error
-from app.core.db import transaction
+from app.core.db import JobStatus, repository, transaction
+from app.core.db.repository import ArtifactRecord
 from app.core.errors import RegistryError, ServiceError
-from app.core.inputs import InputFetcher, refuse_custom_code
+from app.core.inputs import InputFetcher, refuse_custom_code, storage_error
+from app.core.inputs.sources._hf import check_revision
 from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, QUEUE_WAIT
-from app.core.models import JobStatus
 from app.core.params import dataset_options, run_config
 from app.core.periodic import Periodic
-from app.core.repository import ArtifactRecord
 from app.core.settings import Settings
-from app.core.sources.hf import check_revision
 from app.core.storage import ArtifactStore
 from cahp_engine.errors import AccuracyBudgetError, CahpError, JobCancelledError, PipelineError
 from cahp_engine.models import check_weight_files

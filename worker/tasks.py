@@ -16,8 +16,7 @@ from functools import lru_cache
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_shutting_down
 
-from app.core import repository
-from app.core.db import make_engine, make_session_factory, transaction
+from app.core.db import make_engine, make_session_factory, repository, transaction
 from app.core.queue import TASK_NAME
 from app.core.settings import Settings
 from app.core.storage import open_store

@@ -3,7 +3,7 @@
 Cheap on purpose: FastAPI runs a plain ``def`` dependency in the thread pool, and every turn there
 costs a thread hand-off that under load costs more than the query it wraps. So the dependencies that
 do no I/O are ``async def``, and the API key check answers from the key cache
-(:class:`app.core.keys.KeyCache`) without leaving the event loop, going to the database (in the
+(:class:`app.core.security.KeyCache`) without leaving the event loop, going to the database (in the
 thread pool) only on a miss.
 """
 
@@ -17,13 +17,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from app.api.background import JobQueue
 from app.api.job_reader import JobReader
-from app.api.producer import JobQueue
-from app.core import keys
 from app.core.db import transaction
 from app.core.errors import AuthenticationError
-from app.core.keys import KeyCache, Principal
-from app.core.security import LOCAL_PRINCIPAL_ID
+from app.core.security import LOCAL_PRINCIPAL_ID, KeyCache, Principal, authenticate
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 
@@ -109,7 +107,7 @@ def _check_key(sessions: sessionmaker[Session], key: str) -> Principal:
     # A session of its own, committed at once: no connection is held while the route runs (or while
     # an upload's body arrives), so waiting requests cannot starve the pool.
     with transaction(sessions) as session:
-        row = keys.authenticate(session=session, key=key)
+        row = authenticate(session=session, key=key)
         return Principal(id=row.id, name=row.name)
 
 

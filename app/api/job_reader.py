@@ -29,8 +29,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import StaticPool
 from starlette.concurrency import run_in_threadpool
 
-from app.core import repository
-from app.core.db import make_engine
+from app.core.db import make_engine, repository
 from app.core.errors import UnavailableError
 
 #: Longest a SQLite read may hold the event loop before it is handed to the thread pool.

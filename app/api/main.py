@@ -9,19 +9,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from app.api.background import JobQueue, Sweeper, WebhookDispatcher
 from app.api.console.routes import router as console_router
-from app.api.dispatcher import WebhookDispatcher
 from app.api.docs_page import router as docs_router
 from app.api.job_reader import job_reader
 from app.api.metrics import MetricsMiddleware, database_registry
 from app.api.metrics import router as metrics_router
 from app.api.problems import install_problem_handlers
-from app.api.producer import JobQueue
 from app.api.routes import artifacts, health, jobs, uploads, webhooks
-from app.api.sweeper import Sweeper
 from app.core.db import make_engine, make_session_factory, transaction
-from app.core.keys import KeyCache
-from app.core.repository import ensure_local_principal
+from app.core.db.repository import ensure_local_principal
+from app.core.security import KeyCache
 from app.core.settings import Settings, get_settings
 from app.core.storage import open_store
 

@@ -19,9 +19,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.db import utcnow
+from app.core.db import Job, JobStatus, WebhookDelivery, utcnow
 from app.core.metrics import HTTP_LATENCY, http_labels, process_registry
-from app.core.models import Job, JobStatus, WebhookDelivery
 
 router = APIRouter(include_in_schema=False)
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from app.api.registration_schemas import RegisterSpec, RegistrationPublic
+from app.core.db import JobStatus
 from app.core.labels import MAX_LABELS, check_labels
-from app.core.models import JobStatus
 from cahp_engine.config import (
     Amount,
     BudgetMetric,

@@ -246,7 +246,7 @@ def cmd_db_upgrade(_args: argparse.Namespace) -> int:
 def cmd_keys_create(args: argparse.Namespace) -> int:
     from app.core.db import make_engine, make_session_factory
     from app.core.errors import InvalidRequestError
-    from app.core.keys import create_api_key
+    from app.core.security import create_api_key
 
     settings = _settings()
     _upgrade(settings)
@@ -281,7 +281,7 @@ def _when(value: Any) -> str:
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    from app.core.keys import list_api_keys
+    from app.core.security import list_api_keys
 
     keys = _with_session(lambda session: list_api_keys(session=session))
     if args.json:
@@ -299,7 +299,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from app.core.errors import InvalidRequestError, NotFoundError
-    from app.core.keys import revoke_api_key
+    from app.core.security import revoke_api_key
 
     try:
         key = _with_session(lambda session: revoke_api_key(session=session, name_or_id=args.key))

@@ -230,7 +230,7 @@ def make_s3_client(settings: Settings, *, endpoint_url: str | None = None) -> An
     import boto3
     from botocore.config import Config
 
-    from app.core.outbound import check_outbound_url
+    from app.core.security import check_outbound_url
 
     endpoint = endpoint_url or settings.s3_endpoint_url
     if endpoint_url is None and settings.s3_endpoint_url is not None:

@@ -11,9 +11,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.core import repository
-from app.core.db import make_session_factory, transaction
-from app.core.models import JobStatus
+from app.core.db import JobStatus, make_session_factory, repository, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store
 from tests.support.helpers import job_body, write_tiny_dataset

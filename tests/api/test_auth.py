@@ -8,10 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from app.core import repository
-from app.core.db import make_session_factory, transaction
-from app.core.models import JobStatus
-from app.core.repository import ArtifactRecord
+from app.core.db import JobStatus, make_session_factory, repository, transaction
+from app.core.db.repository import ArtifactRecord
 from app.core.security import key_id_of
 from tests.support.helpers import job_body, new_key, write_tiny_dataset
 

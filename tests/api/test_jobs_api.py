@@ -226,8 +226,7 @@ def test_a_submit_while_the_broker_is_down_is_kept_queued_for_the_sweeper(
 
 
 def test_logs_page_by_offset(client: TestClient, auth: dict[str, str], dataset_uri: str, engine: Engine) -> None:
-    from app.core import repository
-    from app.core.db import make_session_factory, transaction
+    from app.core.db import make_session_factory, repository, transaction
 
     job = client.post("/v1/jobs", json=job_body("hf://org/model", dataset_uri), headers=auth).json()
     with transaction(make_session_factory(engine)) as session:

@@ -16,11 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
-from app.api.producer import JobQueue
+from app.api.background import JobQueue, sweep_once
 from app.api.schemas import JobResult
-from app.api.sweeper import sweep_once
-from app.core.db import make_session_factory, transaction
-from app.core.models import Job
+from app.core.db import Job, make_session_factory, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store
 from tests.support.helpers import moto_s3_server, service_settings

@@ -17,8 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.core import repository
-from app.core.db import make_session_factory, transaction
+from app.core.db import make_session_factory, repository, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store
 from tests.support import jobs

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.api.main import create_app
+from app.core.security import KEY_FILE, ArtifactRef, local_link
 from app.core.settings import Settings
-from app.core.signing import KEY_FILE, ArtifactRef, local_link
 from tests.support.helpers import migrated_engine, moto_s3_server, new_key, service_settings
 from tests.support.jobs import finish, start, store, submit
 from tests.support.s3_presigned import checked_moto_s3_server

@@ -18,9 +18,9 @@ from sqlalchemy import Engine
 from standardwebhooks.webhooks import Webhook as Verifier
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from app.api.dispatcher import _retry_after, backoff_s, dispatch_once
-from app.core.db import make_session_factory
-from app.core.models import JobStatus
+from app.api.background import backoff_s, dispatch_once
+from app.api.background._dispatcher import _retry_after
+from app.core.db import JobStatus, make_session_factory
 from app.core.settings import Settings
 from tests.support.helpers import service_settings
 from tests.support.jobs import finish, progress, start, submit

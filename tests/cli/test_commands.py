@@ -27,7 +27,7 @@ from app.client import (
     WaitTimeoutError,
 )
 from app.core.db import make_engine, make_session_factory
-from app.core.keys import authenticate
+from app.core.security import authenticate
 from app.core.settings import get_settings
 from tests.support.helpers import free_port
 

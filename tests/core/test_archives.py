@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.archives import archive_suffix, check_archive, unpack
 from app.core.errors import InvalidUploadError
+from app.core.inputs import archive_suffix, check_archive, unpack
 
 LIMITS = {"max_bytes": 1_000_000, "max_members": 50}
 

@@ -9,8 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
 from app.core.db import make_session_factory
-from app.core.keys import KeyCache, Principal, revoke_api_key
-from app.core.security import key_id_of
+from app.core.security import KeyCache, Principal, key_id_of, revoke_api_key
 from app.core.settings import Settings
 from tests.support.jobs import submit
 

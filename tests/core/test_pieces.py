@@ -9,8 +9,7 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import transaction
+from app.core.db import repository, transaction
 from tests.support.rows import running_job
 
 

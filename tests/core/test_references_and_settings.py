@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.core.errors import InvalidReferenceError
+from app.core.inputs.sources import parse_reference, resolve_local, shape_of_name
 from app.core.settings import Settings, is_loopback
-from app.core.sources import parse_reference, resolve_local, shape_of_name
 from cahp_engine.data import FILE_SUFFIXES
 
 

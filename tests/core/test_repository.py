@@ -12,10 +12,8 @@ from sqlalchemy import Engine, inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import Base, transaction, upgrade_database
-from app.core.models import Job, JobLog, JobStatus, Upload
-from app.core.repository import ArtifactRecord
+from app.core.db import Base, Job, JobLog, JobStatus, Upload, repository, transaction, upgrade_database
+from app.core.db.repository import ArtifactRecord
 from tests.support.rows import add_job, add_owner
 
 

@@ -58,9 +58,7 @@ def test_objects_round_trip_under_the_prefix(s3_settings: Settings, tmp_path: Pa
 def test_the_api_stores_uploads_and_serves_artifacts_from_s3(s3_settings: Settings, s3_endpoint: str,
                                                               tmp_path: Path) -> None:
     from app.api.main import create_app
-    from app.core import repository
-    from app.core.db import make_session_factory, transaction
-    from app.core.models import JobStatus
+    from app.core.db import JobStatus, make_session_factory, repository, transaction
     from tests.support.helpers import job_body, write_tiny_dataset
     from worker.artifacts import store_artifacts
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from app.api.broker_probe import waiting_job_ids
+from app.api.background import waiting_job_ids
 from app.core.db import make_session_factory
 from app.core.storage import open_store
 from tests.support import jobs as jobs_support

@@ -24,8 +24,7 @@ import transformers
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.core.db import make_session_factory
-from app.core.models import Job
+from app.core.db import Job, make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
 from tests.support.helpers import (

@@ -12,9 +12,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import text
 
-from app.api.broker_probe import waiting_job_ids
-from app.api.producer import JobQueue
-from app.api.sweeper import sweep_once
+from app.api.background import JobQueue, sweep_once, waiting_job_ids
 from app.core.db import make_session_factory
 from app.core.storage import open_store
 from tests.support.helpers import (

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from app.api.broker_probe import job_id_of
+from app.api.background import job_id_of
 from app.core.settings import Settings
 from tests.support.helpers import job_body, migrated_engine, new_key, postgres_schema_url, service_settings
 from tests.support.processes import stop

@@ -26,11 +26,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, event, text
 
-import app.core.keys as keys_module
+import app.core.security._keys as keys_module
 from app.api.main import create_app
-from app.core import keys
-from app.core.db import make_session_factory, transaction
-from app.core.models import ApiKey
+from app.core.db import ApiKey, make_session_factory, transaction
+from app.core.security import _keys as keys
 from app.core.settings import Settings
 from app.core.storage import open_store
 from app.http_headers import retry_after_s
@@ -325,7 +324,7 @@ def test_a_wrong_key_costs_the_same_work_whether_or_not_its_id_exists(
 
 
 def test_the_strings_behind_the_dummy_hashes_are_not_keys(client: TestClient, engine: Engine) -> None:
-    from app.core import repository
+    from app.core.db import repository
 
     with transaction(make_session_factory(engine)) as session:
         repository.ensure_local_principal(session)  # as a --no-auth server leaves it

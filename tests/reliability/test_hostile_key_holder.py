@@ -26,11 +26,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.api.main import create_app
-from app.core import repository
-from app.core.archives import check_archive, unpack
-from app.core.db import make_session_factory, transaction
+from app.core.db import Job, make_session_factory, repository, transaction
 from app.core.errors import InvalidUploadError
-from app.core.models import Job
+from app.core.inputs import check_archive, unpack
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.errors import ModelLoadError
@@ -483,7 +481,7 @@ def test_a_revoked_key_is_refused_at_once_and_keys_are_listed_without_secrets(
 
 
 def test_last_used_is_written_at_most_once_a_minute(client: TestClient, engine: Engine) -> None:
-    from app.core.models import ApiKey
+    from app.core.db import ApiKey
 
     client.get("/v1/jobs")
     with make_session_factory(engine)() as session:

@@ -29,8 +29,7 @@ from sqlalchemy import Engine
 
 from app.cli import main as cahp
 from app.cli.exit_codes import ExitCode
-from app.core.db import make_session_factory
-from app.core.models import Job
+from app.core.db import Job, make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine._torch import num_parameters

@@ -29,14 +29,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, update
 from sqlalchemy import select as sql_select
 
-from app.api.dispatcher import dispatch_once
+from app.api.background import dispatch_once
 from app.api.main import create_app
 from app.api.schemas import WebhookCreate
 from app.api.services.webhooks import MAX_WEBHOOKS, create_webhook
-from app.core import outbound
-from app.core.db import make_session_factory, transaction, utcnow
+from app.core.db import ApiKey, Webhook, WebhookDelivery, make_session_factory, transaction, utcnow
 from app.core.errors import InvalidRequestError
-from app.core.models import ApiKey, Webhook, WebhookDelivery
+from app.core.security import _outbound as outbound
 from app.core.settings import Settings
 from tests.support.helpers import (
     free_port,
@@ -339,7 +338,7 @@ def test_an_attempt_record_says_delivered_or_not_and_the_status_code_only(
     closed = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: "connection refused" would map the port
     _register(client, alice, closed)
     job_id = _cancelled_job(client, alice, settings)
-    with caplog.at_level(logging.WARNING, logger="app.api.dispatcher"):
+    with caplog.at_level(logging.WARNING, logger="app.api.background._dispatcher"):
         dispatch_once(sessions=make_session_factory(engine), settings=settings)
     [delivery] = _deliveries(client, alice, job_id)
     assert delivery["attempts"] == [{"time": delivery["attempts"][0]["time"], "delivered": False, "status_code": None}]

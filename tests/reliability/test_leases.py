@@ -12,9 +12,16 @@ from pydantic import ValidationError
 from sqlalchemy import create_engine, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import make_engine, make_session_factory, transaction, upgrade_database, utcnow
-from app.core.models import Job, JobStatus
+from app.core.db import (
+    Job,
+    JobStatus,
+    make_engine,
+    make_session_factory,
+    repository,
+    transaction,
+    upgrade_database,
+    utcnow,
+)
 from app.core.settings import Settings
 from tests.support.helpers import postgres_schema_url
 from tests.support.rows import add_job, job_row

@@ -26,7 +26,7 @@ def _delivered_message(stack: Stack, job_id: str) -> str:
     A copy carries the same delivery tag, so acknowledging a copy removes the record: it is read
     once, before any redelivery.
     """
-    from app.api.broker_probe import job_id_of
+    from app.api.background import job_id_of
 
     client = redis.Redis.from_url(str(stack.settings.broker_url))
     try:

@@ -28,10 +28,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from app.api.main import create_app
-from app.core import repository
-from app.core.db import make_session_factory, transaction
-from app.core.models import JobStatus
-from app.core.repository import ArtifactRecord
+from app.core.db import JobStatus, make_session_factory, repository, transaction
+from app.core.db.repository import ArtifactRecord
 from app.core.storage import open_store
 from tests.support.helpers import job_body, migrated_engine, new_key, service_settings, write_tiny_dataset
 

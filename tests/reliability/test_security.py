@@ -22,13 +22,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from app.api.main import create_app
-from app.core import repository
-from app.core.db import make_session_factory, transaction
+from app.core.db import JobStatus, make_session_factory, repository, transaction
+from app.core.db.repository import ArtifactRecord
 from app.core.errors import OutboundUrlRefusedError
-from app.core.keys import authenticate
-from app.core.models import JobStatus
-from app.core.outbound import check_outbound_url
-from app.core.repository import ArtifactRecord
+from app.core.security import authenticate, check_outbound_url
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.models import load_classifier

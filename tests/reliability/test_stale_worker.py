@@ -15,9 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
-from app.core import repository
-from app.core.db import make_session_factory, transaction
-from app.core.models import Job
+from app.core.db import Job, make_session_factory, repository, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.run import run_pruning

@@ -16,13 +16,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api.broker_probe import job_id_of, waiting_job_ids
+from app.api.background import JobQueue, SweepReport, job_id_of, sweep_once, waiting_job_ids
 from app.api.main import create_app
-from app.api.producer import JobQueue
-from app.api.sweeper import SweepReport, sweep_once
-from app.core import repository
-from app.core.db import make_session_factory, transaction, utcnow
-from app.core.models import Job, Upload
+from app.core.db import Job, Upload, make_session_factory, repository, transaction, utcnow
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore, open_store
 from tests.support.helpers import free_port, job_body, migrated_engine, new_key, postgres_schema_url, service_settings

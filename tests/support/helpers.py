@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
 from app.core.db import make_engine, make_session_factory, upgrade_database
-from app.core.keys import create_api_key
+from app.core.security import create_api_key
 from app.core.settings import Settings
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 

@@ -9,10 +9,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.core import repository
-from app.core.db import make_session_factory, transaction
-from app.core.models import JobStatus
-from app.core.repository import ArtifactRecord
+from app.core.db import JobStatus, make_session_factory, repository, transaction
+from app.core.db.repository import ArtifactRecord
 from app.core.settings import Settings
 from app.core.storage import open_store
 from tests.support.helpers import job_body, write_tiny_dataset
@@ -73,7 +71,7 @@ def record(engine: Engine, body: dict[str, Any], *, key_name: str | None = None)
 
     from sqlalchemy import select
 
-    from app.core.models import ApiKey, Job
+    from app.core.db import ApiKey, Job
 
     sessions = make_session_factory(engine)
     with transaction(sessions) as session:

@@ -9,9 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import transaction
-from app.core.models import Job
+from app.core.db import Job, repository, transaction
 from app.core.security import generate_key
 
 

@@ -26,8 +26,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.main import create_app
-from app.core.db import make_session_factory
-from app.core.models import Job
+from app.core.db import Job, make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
 from tests.support.helpers import (

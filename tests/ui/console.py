@@ -23,8 +23,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from app.api.main import create_app
-from app.core import repository
-from app.core.db import make_session_factory
+from app.core.db import make_session_factory, repository
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.run import run_pruning

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kombu import Connection
 
-from app.api.producer import JobQueue
+from app.api.background import JobQueue
 from app.core.queue import TASK_NAME, celery_config
 from app.core.settings import Settings
 from tests.support.helpers import service_settings

@@ -15,10 +15,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import transaction
+from app.core.db import Job, repository, transaction
 from app.core.metrics import REGISTRY
-from app.core.models import Job
 from app.core.storage import checkpoint_prefix, open_store
 from tests.support.helpers import job_body
 from tests.support.rows import Clock, job_row, running_job

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from huggingface_hub import ModelCard
 
-from app.api.dispatcher import dispatch_once
+from app.api.background import dispatch_once
 from app.core.settings import Settings
 from tests.support.helpers import job_body, service_settings, tar_directory, write_tiny_model
 from tests.support.receiver import Receiver

@@ -5,9 +5,7 @@ from __future__ import annotations
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import transaction
-from app.core.models import Job
+from app.core.db import Job, repository, transaction
 from tests.support.rows import Clock, job_row, running_job
 from worker.reporting import MAX_LOG_LINE, JobReporter
 

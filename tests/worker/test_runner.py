@@ -16,9 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core import repository
-from app.core.db import transaction
-from app.core.models import Job
+from app.core.db import Job, repository, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.models import load_pruned

@@ -21,7 +21,7 @@ from app.api.schemas import (
     RegistrationPublic,
 )
 from app.api.services import events, jobs, registrations, webhooks
-from app.core.models import JobStatus
+from app.core.db import JobStatus
 from app.core.storage import ARTIFACT_MEDIA_TYPES
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

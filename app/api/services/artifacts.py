@@ -7,11 +7,10 @@ from collections.abc import Iterator
 from sqlalchemy.orm import Session
 
 from app.api.ranges import ByteRange, requested_range
-from app.core import repository
+from app.core.db import Artifact, repository
 from app.core.errors import ArtifactsExpiredError, LinkInvalidError
-from app.core.models import Artifact
+from app.core.security import check_local_link
 from app.core.settings import Settings
-from app.core.signing import check_local_link
 from app.core.storage import ArtifactStore
 
 

@@ -33,8 +33,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.schemas import JobPublic, LogLine
 from app.api.services.jobs import MAX_LOG_PAGE, get_job, to_public
-from app.core import repository
-from app.core.models import JobStatus
+from app.core.db import JobStatus, repository
 
 #: A comment line this often keeps proxies from closing a quiet stream.
 KEEP_ALIVE_S = 15.0

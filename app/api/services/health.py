@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.api.producer import JobQueue
+from app.api.background import JobQueue
 from app.core.errors import UnavailableError
 
 

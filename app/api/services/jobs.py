@@ -17,8 +17,8 @@ from sqlalchemy import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.api.background import JobQueue
 from app.api.job_reader import JobReader
-from app.api.producer import JobQueue
 from app.api.ranges import ByteRange, requested_range
 from app.api.schemas import (
     ArtifactPublic,
@@ -36,8 +36,7 @@ from app.api.schemas import (
     RegistrationPublic,
     given_params,
 )
-from app.core import repository
-from app.core.db import utcnow
+from app.core.db import Artifact, Job, JobStatus, repository, utcnow
 from app.core.errors import (
     ArtifactsExpiredError,
     IdempotencyKeyReusedError,
@@ -48,20 +47,16 @@ from app.core.errors import (
     NotFoundError,
     UnavailableError,
 )
+from app.core.inputs import PreflightReport, preflight, reference_name
+from app.core.inputs.sources import Reference, SourceContext, check_reference, parse_reference
+from app.core.inputs.sources._hf import check_revision
+from app.core.inputs.sources._upload import find_upload
 from app.core.labels import MAX_LABELS, parse_selector
 from app.core.metrics import JOBS_SUBMITTED
-from app.core.models import Artifact, Job, JobStatus
-from app.core.naming import reference_name
-from app.core.outbound import check_webhook_url
+from app.core.mlflow_registry import check_registry
 from app.core.params import dataset_options, stored_params
-from app.core.preflight import PreflightReport, preflight
-from app.core.registry import check_registry
-from app.core.security import generate_webhook_secret
+from app.core.security import ArtifactRef, artifact_link, check_webhook_url, generate_webhook_secret
 from app.core.settings import Settings
-from app.core.signing import ArtifactRef, artifact_link
-from app.core.sources import Reference, SourceContext, check_reference, parse_reference
-from app.core.sources.hf import check_revision
-from app.core.sources.upload import find_upload
 from app.core.storage import ArtifactStore, checkpoint_prefix, job_prefix
 
 logger = logging.getLogger(__name__)

@@ -15,11 +15,10 @@ from sqlalchemy.orm import Session
 
 from app.api.schemas import RegisterSpec, RegistrationPublic
 from app.api.services.jobs import get_job
-from app.core import repository
-from app.core.archives import unpack
+from app.core.db import JobStatus, repository
 from app.core.errors import ArtifactsExpiredError, InvalidRequestError, JobNotFinishedError, RegistryError
-from app.core.models import JobStatus
-from app.core.registry import RegisterRequest, check_registry, failed_registration, register_model
+from app.core.inputs import unpack
+from app.core.mlflow_registry import RegisterRequest, check_registry, failed_registration, register_model
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 

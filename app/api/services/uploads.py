@@ -23,8 +23,7 @@ from typing import BinaryIO
 from sqlalchemy.orm import Session
 
 from app.api.schemas import UploadPublic
-from app.core import repository
-from app.core.archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, storage_error
+from app.core.db import Upload, repository
 from app.core.errors import (
     InvalidRequestError,
     InvalidUploadError,
@@ -32,10 +31,9 @@ from app.core.errors import (
     PayloadTooLargeError,
     UnavailableError,
 )
-from app.core.models import Upload
+from app.core.inputs import ARCHIVE_SUFFIXES, archive_suffix, check_archive, index_upload, storage_error
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
-from app.core.upload_contents import index_upload
 from cahp_engine.data import FILE_SUFFIXES as DATA_SUFFIXES
 
 MEDIA_TYPES = {".csv": "text/csv", ".jsonl": "application/jsonl", ".parquet": "application/vnd.apache.parquet",

@@ -8,11 +8,9 @@ from sqlalchemy.orm import Session
 
 from app.api.schemas import DeliveryAttempt, DeliveryPublic, Page, WebhookCreate, WebhookCreated, WebhookPublic
 from app.api.services.jobs import get_job
-from app.core import repository
+from app.core.db import Webhook, repository
 from app.core.errors import InvalidRequestError, NotFoundError
-from app.core.models import Webhook
-from app.core.outbound import check_webhook_url
-from app.core.security import generate_webhook_secret
+from app.core.security import check_webhook_url, generate_webhook_secret
 from app.core.settings import Settings
 
 #: Endpoints one key may register: each event is sent to each of them.

@@ -1,0 +1,40 @@
+"""The job database: the engine and sessions, the tables, and every read and write of them.
+
+Reading order: ``_database`` (``make_engine``, ``transaction``, ``upgrade_database``: SQLAlchemy and
+Alembic) -> ``_models`` (the tables: ``Job``, ``ApiKey``, ``Upload``, ``Artifact``...) -> ``repository``
+(every state change as a conditional ``UPDATE``; callers write ``repository.claim_job(...)``)."""
+
+from . import repository
+from ._database import (
+    NAMING_CONVENTION,
+    SQLITE_BUSY_TIMEOUT_S,
+    Base,
+    UTCDateTime,
+    make_engine,
+    make_session_factory,
+    migrations_dir,
+    transaction,
+    upgrade_database,
+    utcnow,
+)
+from ._models import (
+    ApiKey,
+    Artifact,
+    BudgetPiece,
+    Job,
+    JobEvent,
+    JobLabel,
+    JobLog,
+    JobStatus,
+    Upload,
+    Webhook,
+    WebhookAttempt,
+    WebhookDelivery,
+)
+
+__all__ = [
+    "ApiKey", "Artifact", "Base", "BudgetPiece", "Job", "JobEvent", "JobLabel", "JobLog", "JobStatus",
+    "make_engine", "make_session_factory", "migrations_dir", "NAMING_CONVENTION", "repository",
+    "SQLITE_BUSY_TIMEOUT_S", "transaction", "upgrade_database", "Upload", "UTCDateTime", "utcnow", "Webhook",
+    "WebhookAttempt", "WebhookDelivery",
+]

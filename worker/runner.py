@@ -24,7 +24,7 @@ from app.core.db import JobStatus, repository, transaction
 from app.core.db.repository import ArtifactRecord
 from app.core.errors import RegistryError, ServiceError
 from app.core.inputs import InputFetcher, refuse_custom_code, storage_error
-from app.core.inputs.sources._hf import check_revision
+from app.core.inputs.sources import check_revision
 from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, QUEUE_WAIT
 from app.core.params import dataset_options, run_config
 from app.core.periodic import Periodic

@@ -48,9 +48,14 @@ from app.core.errors import (
     UnavailableError,
 )
 from app.core.inputs import PreflightReport, preflight, reference_name
-from app.core.inputs.sources import Reference, SourceContext, check_reference, parse_reference
-from app.core.inputs.sources._hf import check_revision
-from app.core.inputs.sources._upload import find_upload
+from app.core.inputs.sources import (
+    Reference,
+    SourceContext,
+    check_reference,
+    check_revision,
+    find_upload,
+    parse_reference,
+)
 from app.core.labels import MAX_LABELS, parse_selector
 from app.core.metrics import JOBS_SUBMITTED
 from app.core.mlflow_registry import check_registry

@@ -20,8 +20,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import transaction
 from app.core.errors import InvalidReferenceError
 from app.core.inputs._archives import unpack
-from app.core.inputs.sources import Reference, Role, SourceContext, UploadInfo, fetch_reference, parse_reference
-from app.core.inputs.sources._upload import find_upload
+from app.core.inputs.sources import (
+    Reference,
+    Role,
+    SourceContext,
+    UploadInfo,
+    fetch_reference,
+    find_upload,
+    parse_reference,
+)
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 from cahp_engine.data import check_split_name

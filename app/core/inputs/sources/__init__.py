@@ -37,10 +37,13 @@ from app.core.inputs.sources._base import (
     shape_of_name,
 )
 from app.core.inputs.sources._file import resolve_local
+from app.core.inputs.sources._hf import check_revision
 from app.core.inputs.sources._s3 import check_s3_reference
+from app.core.inputs.sources._upload import find_upload
 
 __all__ = ["Fetched", "Reference", "Role", "Shape", "SourceContext", "UploadInfo", "SOURCES", "check_reference",
-           "check_s3_reference", "fetch_reference", "parse_reference", "resolve_local", "shape_of_name"]
+           "check_revision", "check_s3_reference", "fetch_reference", "find_upload", "parse_reference", "resolve_local",
+           "shape_of_name"]
 
 #: Scheme -> its module (``parse``, ``check``, ``fetch``). A new scheme is one module and one entry.
 SOURCES: dict[str, ModuleType] = {module.SCHEME: module for module in (hf, file, upload, s3)}

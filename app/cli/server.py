@@ -281,9 +281,9 @@ def _when(value: Any) -> str:
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    from app.core.security import list_api_keys
+    from app.core.security import list_keys
 
-    keys = _with_session(lambda session: list_api_keys(session=session))
+    keys = _with_session(lambda session: list_keys(session=session))
     if args.json:
         print_json([{"id": k.id, "name": k.name, "created_at": _when(k.created_at),
                  "last_used_at": None if k.last_used_at is None else _when(k.last_used_at),
@@ -299,10 +299,10 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from app.core.errors import InvalidRequestError, NotFoundError
-    from app.core.security import revoke_api_key
+    from app.core.security import revoke_key
 
     try:
-        key = _with_session(lambda session: revoke_api_key(session=session, name_or_id=args.key))
+        key = _with_session(lambda session: revoke_key(session=session, name_or_id=args.key))
     except (InvalidRequestError, NotFoundError) as exc:
         return fail(str(exc))
     print(f"cahp: key {key.id} ({key.name}) revoked at {_when(key.revoked_at)}; requests with it get 401 "

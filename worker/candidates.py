@@ -3,7 +3,7 @@
 The engine's search hands each rung of successive halving to a
 :class:`~cahp_engine.run.CandidateExecutor` and waits for the whole rung
 (:mod:`cahp_engine.run._budget`). :class:`PoolCandidates` is that executor in the job service: it
-records the rung's pieces in ``budget_pieces`` (:mod:`app.core.repository.pieces`), sends one
+records the rung's pieces in ``budget_pieces`` (:mod:`app.core.db.repository._pieces`), sends one
 message per piece (:data:`PIECE_TASK_NAME`) and waits. Any worker that takes a message claims the
 piece (a conditional ``UPDATE``, like a job), renews its lease while it trains and records the result;
 the search's own worker claims the pieces nobody has taken yet, so a pool of one worker (or a pool

@@ -3,7 +3,7 @@
 After the artifacts are stored, :func:`event_details` gives the final event each one's time-limited
 link (a receiver fetches the model without the submitter's key) and the run's identity and recipe, and
 :func:`register` logs the run and registers the model in the operator's MLflow registry when the job
-asked for it (:mod:`app.core.registry`). :func:`run_identity` is what the engine is told about the job
+asked for it (:mod:`app.core.mlflow_registry`). :func:`run_identity` is what the engine is told about the job
 (its name, id, labels, and what its inputs are called) for the report, the cards and the registry.
 """
 

@@ -1,7 +1,7 @@
 """A stopping worker's job: handed back to the queue with its checkpoints, or ended with them removed.
 
 A worker that is shutting down (:mod:`worker.shutdown`) does not finish its job: the job goes back to
-``queued`` with its attempt returned (:func:`app.core.repository.hand_back_job`), keeps the checkpoints
+``queued`` with its attempt returned (:func:`app.core.db.repository.hand_back_job`), keeps the checkpoints
 the engine saved (:mod:`worker.checkpoints`), and the caller sends its message again at once, so any
 worker resumes it. A job that ends (succeeded, failed, cancelled) has its checkpoints removed.
 """

@@ -128,7 +128,7 @@ class PostgresReader:
 
     psycopg directly, not SQLAlchemy's asyncio layer: measured on this read, that layer (greenlets and
     adapters around every call) cost 470 us of CPU against psycopg's 74 us. The statement is still
-    the repository's (:func:`app.core.repository.job_row_sql`), compiled once.
+    the repository's (:func:`app.core.db.repository.job_row_sql`), compiled once.
     """
 
     POOL_SIZE = 5

@@ -36,12 +36,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.no_auth:
             await run_in_threadpool(_ensure_local_principal)
-        # Takes over jobs of lost workers and re-sends lost messages; see app.api.sweeper.
+        # Takes over jobs of lost workers and re-sends lost messages; see app.api.background._sweeper.
         sweeper = None
         if settings.sweep_interval_s > 0:
             sweeper = Sweeper(sessions=sessions, queue=app.state.queue, store=app.state.store,
                               settings=settings).start()
-        # Sends webhook deliveries from the outbox; see app.api.dispatcher.
+        # Sends webhook deliveries from the outbox; see app.api.background._dispatcher.
         dispatcher = None
         if settings.webhook_interval_s > 0:
             dispatcher = WebhookDispatcher(sessions=sessions, settings=settings).start()

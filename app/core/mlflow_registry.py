@@ -11,7 +11,7 @@ the model card and, with ``quantize: int8``, ``onnx-int8/``.
 
 The tracking server and its credentials are the operator's settings (``CAHP_MLFLOW_*``), never a
 job's: a job names a model and tags only. The server's address passes the outbound guard
-(:mod:`app.core.outbound`) like any other address the service connects to.
+(:mod:`app.core.security._outbound`) like any other address the service connects to.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class ArtifactStore(Protocol):
 
     def presigned_url(self, key: str, *, expires_s: int, filename: str) -> str | None:
         """A URL that reads the object without credentials for ``expires_s`` seconds, or None when the
-        store cannot make one (the API then signs its own links: :mod:`app.core.signing`)."""
+        store cannot make one (the API then signs its own links: :mod:`app.core.security._signing`)."""
 
 
 def job_prefix(job_id: str) -> str:
@@ -225,7 +225,7 @@ def make_s3_client(settings: Settings, *, endpoint_url: str | None = None) -> An
     ------
     OutboundUrlRefusedError
         When the endpoint leads to a loopback, link-local or metadata address that
-        ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow (:mod:`app.core.outbound`).
+        ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow (:mod:`app.core.security._outbound`).
     """
     import boto3
     from botocore.config import Config

@@ -28,7 +28,7 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @pytest.fixture
 def s3_settings(tmp_path: Path, s3_endpoint: str) -> Settings:
-    # moto listens on loopback, which outbound URLs may reach only when allowed (app.core.outbound).
+    # moto listens on loopback, which outbound URLs may reach only when allowed (app.core.security._outbound).
     return service_settings(tmp_path, artifact_store="s3://cahp-artifacts/team-a", s3_endpoint_url=s3_endpoint,
                             s3_region="us-east-1", allowed_outbound_hosts=("127.0.0.1",),
                             allowed_s3_prefixes=("cahp-artifacts/models",))

@@ -3,7 +3,7 @@ writes nothing, and leaves no artifact in the store: only the new holder's attem
 checkpoints it saved while it held the job stay: they are the job's, for the new holder to resume from.)
 
 These run the worker's own code (:func:`worker.runner.execute_job`) with the real engine in this
-process; the take-over is what :func:`app.core.repository.claim_job` does once the lease expired.
+process; the take-over is what :func:`app.core.db.repository.claim_job` does once the lease expired.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One sweep at a time (:func:`app.api.sweeper.sweep_once`), against the embedded broker and a real store,
+"""One sweep at a time (:func:`app.api.background._sweeper.sweep_once`), against the embedded broker and a real store,
 with the job database on SQLite and on PostgreSQL.
 """
 

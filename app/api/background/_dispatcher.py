@@ -1,7 +1,7 @@
 """The webhook dispatcher: the API's background duty that sends the outbox's deliveries.
 
 It keeps up to ``CAHP_WEBHOOK_MAX_IN_FLIGHT`` deliveries in flight, each in a thread of its pool, and
-claims due ones (:mod:`app.core.repository.events`) into free slots every ``CAHP_WEBHOOK_INTERVAL_S``
+claims due ones (:mod:`app.core.db.repository._events`) into free slots every ``CAHP_WEBHOOK_INTERVAL_S``
 and whenever a send ends, so a slow receiver holds one slot, never the others. No key has more than
 ``CAHP_WEBHOOK_MAX_IN_FLIGHT_PER_KEY`` of them: the deliveries of a key at its cap are left out of the
 claim, so one key's slow receivers cannot take every slot. A claim is a conditional ``UPDATE`` that
@@ -11,7 +11,7 @@ send one at once, and one claimed by a process that died is taken again once its
 Each delivery POSTs the event's stored body, signed as Standard Webhooks says (``webhook-id``,
 ``webhook-timestamp``, ``webhook-signature``; the ``standardwebhooks`` package signs), within
 ``CAHP_WEBHOOK_TIMEOUT_S`` in all: connecting, sending and reading the status and headers
-(:mod:`app.api.webhook_http`). A 2xx answer delivers it. Anything else, any exception included, is an
+(:mod:`app.api.background._webhook_http`). A 2xx answer delivers it. Anything else, any exception included, is an
 attempt recorded and tried again after an exponential back-off (``CAHP_WEBHOOK_RETRY_INITIAL_S``,
 doubling, at most ``CAHP_WEBHOOK_RETRY_MAX_S``, or the receiver's ``Retry-After`` when longer) until
 ``CAHP_WEBHOOK_RETRY_PERIOD_S`` after the event, when it ends ``failed``.
@@ -20,7 +20,7 @@ At least once: a delivery is recorded as delivered only after the receiver answe
 between the answer and the record sends it again, with the same ``webhook-id`` for the receiver to
 deduplicate.
 
-Every attempt re-checks the URL with the outbound guard (:func:`app.core.outbound.check_webhook_url`),
+Every attempt re-checks the URL with the outbound guard (:func:`app.core.security._outbound.check_webhook_url`),
 connects only to addresses the guard allows at that moment, and follows no redirect, so neither a DNS
 answer that changes nor a receiver's redirect can point the request at an address the guard refuses.
 """
@@ -88,14 +88,14 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def _no_lookup(_host: str) -> list[str]:
-    # The addresses are checked as they are connected to (app.api.webhook_http), not looked up twice.
+    # The addresses are checked as they are connected to (app.api.background._webhook_http), not looked up twice.
     return []
 
 
 def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings: Settings) -> Attempt:
     """POST one delivery, signed; says whether it was delivered, is to be retried, or has failed.
 
-    ``http`` must come from :func:`app.api.webhook_http.webhook_client`: its backend checks the
+    ``http`` must come from :func:`app.api.background._webhook_http.webhook_client`: its backend checks the
     addresses connected to and keeps the deadline. Never raises: whatever goes wrong is the attempt's
     error, so the retry period ends every delivery.
     """

@@ -9,7 +9,7 @@ Each sweep, at start-up and then every ``CAHP_SWEEP_INTERVAL_S``:
    worker is gone (:attr:`app.core.settings.Settings.takeover_bound_s`).
 2. **Lost messages.** A queued job that was never sent (the broker was down at submit, or the job
    was just re-queued), or whose message is no longer waiting in the broker (Redis restarted
-   without persistence, a queue was purged) is sent again (:mod:`app.api.broker_probe`).
+   without persistence, a queue was purged) is sent again (:mod:`app.api.background._broker_probe`).
 3. **Abandoned uploads.** An upload whose API process died before it was complete is removed,
    object and row, and partial files in the spool directory are deleted.
 4. **Retention.** With ``CAHP_ARTIFACT_TTL_DAYS`` set, the stored artifacts of jobs that finished

@@ -3,7 +3,7 @@
 It makes two promises httpx's own client does not:
 
 - **The address connected to is the address checked.** The backend resolves the receiver's name once,
-  checks every answer with the outbound guard (:func:`app.core.outbound.check_address`), and connects
+  checks every answer with the outbound guard (:func:`app.core.security._outbound.check_address`), and connects
   to those addresses only. Checking a URL and then letting the client resolve the name again would
   leave a window in which the DNS answer can change (rebinding) to an address the guard refuses.
 - **A delivery ends at its deadline.** httpx's timeouts bound each read and write; a receiver that

@@ -1,4 +1,5 @@
-"""Downloads through signed links: no API key, the link's signature and expiry instead (:mod:`app.core.signing`)."""
+"""Downloads through signed links: no API key, the link's signature and expiry instead
+(:mod:`app.core.security._signing`)."""
 
 from __future__ import annotations
 

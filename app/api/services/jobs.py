@@ -90,7 +90,7 @@ def submit_job(
 
     The database is the source of truth: once the row is committed the job exists. If the broker
     cannot be reached, the job stays ``queued`` and the sweeper sends it when the broker is back
-    (:mod:`app.api.sweeper`), so a broker outage delays jobs but loses none.
+    (:mod:`app.api.background._sweeper`), so a broker outage delays jobs but loses none.
 
     Raises
     ------
@@ -151,7 +151,7 @@ def submit_job(
 def check_job(*, session: Session, settings: Settings, owner_id: str, body: JobCreate) -> PreflightReport:
     """Every check a submit makes before recording the job: settings, references, and the preflight.
 
-    The preflight (:mod:`app.core.preflight`) runs the worker's own checks on the model and the
+    The preflight (:mod:`app.core.inputs._preflight`) runs the worker's own checks on the model and the
     dataset as far as submit can see them, so a wrong column or a model without weights is a 422 now
     rather than a failed job later. ``POST /v1/jobs/check`` (``cahp submit --check``) runs this alone.
 
@@ -330,7 +330,7 @@ def _kept_artifacts(session: Session, owner_id: str, job_id: str) -> Job:
 
 def list_artifacts(*, session: Session, owner_id: str, job_id: str, settings: Settings, store: ArtifactStore,
                    base_url: str | None = None) -> Page[ArtifactPublic]:
-    """The manifest, each artifact with its time-limited signed link (:mod:`app.core.signing`)."""
+    """The manifest, each artifact with its time-limited signed link (:mod:`app.core.security._signing`)."""
     _kept_artifacts(session, owner_id, job_id)
     rows = repository.list_artifacts(session, job_id=job_id)
     data = []

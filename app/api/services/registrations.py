@@ -1,7 +1,7 @@
 """Registering a finished job's model in the MLflow registry on request (``POST /v1/jobs/{id}/register``).
 
 The job's stored artifacts are read back (the directories unpacked), registered with
-:func:`app.core.registry.register_model`, and the outcome recorded on the job. A job may be
+:func:`app.core.mlflow_registry.register_model`, and the outcome recorded on the job. A job may be
 registered again: each call adds a new version. A job whose own registration failed
 (``registration_failed``) keeps its artifacts, so this is how its registration is retried.
 """

@@ -7,7 +7,7 @@ unsafe archive is refused at upload time rather than when a job runs.
 An upload either completes or leaves nothing. The file is first written to the spool directory;
 then the row is recorded as incomplete, the object stored, and the row marked complete. Only
 complete uploads can be used. If the API dies in between, the sweeper removes the incomplete row,
-its object and the spool file after ``CAHP_UPLOAD_STALE_S`` (:mod:`app.api.sweeper`).
+its object and the spool file after ``CAHP_UPLOAD_STALE_S`` (:mod:`app.api.background._sweeper`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def store_upload(
 
     Uploads are content-addressed per key: bytes the key uploaded before (same sha256 and suffix) give
     that upload back, so repeating an upload is harmless and its ``upload://`` URI is stable. Archives
-    are indexed as they arrive (:mod:`app.core.upload_contents`) for the checks at submit.
+    are indexed as they arrive (:mod:`app.core.inputs._upload_contents`) for the checks at submit.
 
     Raises
     ------

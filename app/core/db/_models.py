@@ -3,7 +3,7 @@
 The ``jobs`` row is the source of truth for a job: the broker only carries its id. Statuses move
 ``queued -> running -> succeeded | failed | cancelled``; ``queued -> cancelled`` is also allowed, and
 a running job whose worker stopped renewing its lease goes back to ``queued`` (or ends ``failed`` or
-``cancelled``) through the sweeper (:mod:`app.api.sweeper`).
+``cancelled``) through the sweeper (:mod:`app.api.background._sweeper`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
-    # Refreshed at most once a minute per key (see app.core.keys), so reads stay reads.
+    # Refreshed at most once a minute per key (see app.core.security._keys), so reads stay reads.
     last_used_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
     # Standard Webhooks secret (``whsec_...``) that signs deliveries to jobs' own ``notify_url``;
     # made on first use (GET /v1/webhooks/default/secret, or a submit with a notify_url).
@@ -78,9 +78,9 @@ class Upload(Base):
     # Set once the object is stored; until then the upload is invisible, and the sweeper removes
     # one left incomplete by a crash (row and object) after CAHP_UPLOAD_STALE_S.
     completed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
-    # What the upload holds, read when it arrived (app.core.upload_contents): an archive's files, its
+    # What the upload holds, read when it arrived (app.core.inputs._upload_contents): an archive's files, its
     # config.json and safetensors headers, its split files' columns and labels. Submit checks a job
-    # against it (app.core.preflight) without reading the object again. None: not indexed.
+    # against it (app.core.inputs._preflight) without reading the object again. None: not indexed.
     contents: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
@@ -141,7 +141,7 @@ class Job(Base):
     model_name: Mapped[str | None] = mapped_column(String(255), default=None)
     dataset_name: Mapped[str | None] = mapped_column(String(255), default=None)
     # The MLflow registration the job asked for (JobCreate.register), and how the last one went
-    # (app.core.registry.Registration as a dict: status, model, version, run id, error).
+    # (app.core.mlflow_registry.Registration as a dict: status, model, version, run id, error).
     register: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 

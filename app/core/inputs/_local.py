@@ -2,7 +2,7 @@
 
 Hub references pass through as ids. Everything else becomes a local directory under the job's
 scratch directory: uploads and ``s3://`` objects are downloaded, archives are unpacked safely
-(:func:`app.core.archives.unpack`), and a single dataset split file (with its ``eval_uri`` partner) is
+(:func:`app.core.inputs._archives.unpack`), and a single dataset split file (with its ``eval_uri`` partner) is
 placed in a directory as ``{train_split}.csv`` and ``{eval_split}.csv`` (or .jsonl/.parquet).
 """
 
@@ -49,7 +49,7 @@ class Inputs:
 
 @dataclass
 class InputFetcher:
-    """Fetches one job's references into ``workdir`` through the sources (:mod:`app.core.sources`)."""
+    """Fetches one job's references into ``workdir`` through the sources (:mod:`app.core.inputs.sources`)."""
 
     settings: Settings
     sessions: sessionmaker[Session]

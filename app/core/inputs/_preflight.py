@@ -2,7 +2,7 @@
 
 What can be known without building the model or reading a weight is checked here, in the order and
 with the words of the worker (the engine's functions, on what was recorded of each upload when it
-arrived, :mod:`app.core.upload_contents`, or on the files of a ``file://`` directory):
+arrived, :mod:`app.core.inputs._upload_contents`, or on the files of a ``file://`` directory):
 
 * the model: no code shipped with it (``auto_map``), safetensors weights only, named by a clean index
   and all present, a ``config.json`` that is a JSON object of a supported family, readable safetensors

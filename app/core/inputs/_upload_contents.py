@@ -1,11 +1,11 @@
 """What an upload holds, read once when it arrives, so that a job can be checked at submit without it.
 
-An archive's top level (the root :func:`app.core.archives.unpack` would give the engine) is recorded:
+An archive's top level (the root :func:`app.core.inputs._archives.unpack` would give the engine) is recorded:
 its file and directory names, its small JSON files (``config.json``, the safetensors index, tokenizer
 configs), the tensor names and shapes in the header of each safetensors file, and, for a dataset,
 each split file's profile (:class:`cahp_engine.data.DatasetProfile`: columns, rows, label counts,
 missing values; the engine reads the split files of a skeleton of the root for it). A single split
-file gets its profile alone. :mod:`app.core.preflight` checks a job against this record.
+file gets its profile alone. :mod:`app.core.inputs._preflight` checks a job against this record.
 
 Messages and names in the record are written as the worker's log shows them: ``<dataset>/...`` and
 ``<model>/...`` (the labels :mod:`worker.redaction` gives the unpacked inputs), so a refusal at submit

@@ -19,7 +19,7 @@ self-hosted S3 usually lives, so those stay open to them.
 A URL check resolves the name when it runs; a connection made afterwards resolves it again, and a
 DNS answer that changed in between (rebinding) is outside what a URL check can see. So the webhook
 dispatcher checks the address it actually connects to, with :func:`check_address`, in the network
-backend of its HTTP client (:mod:`app.api.webhook_http`).
+backend of its HTTP client (:mod:`app.api.background._webhook_http`).
 """
 
 from __future__ import annotations

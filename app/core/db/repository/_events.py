@@ -4,7 +4,7 @@
 after their conditional ``UPDATE`` succeeded, in the same transaction: the event exists if and only
 if the change was committed. It writes one delivery per target (each endpoint of the job's key that
 takes this event type, and the job's own ``notify_url``); with no target it writes nothing, so a
-service without webhooks keeps no events. The dispatcher (:mod:`app.api.dispatcher`) sends the
+service without webhooks keeps no events. The dispatcher (:mod:`app.api.background._dispatcher`) sends the
 deliveries; a delivery is claimed with a conditional ``UPDATE`` of its next attempt time, so two API
 processes do not send it at once.
 """

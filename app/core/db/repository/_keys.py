@@ -34,7 +34,7 @@ def api_key_hash(session: Session, *, key_id: str, default: str) -> str:
 
     One row of one column either way (the database picks the default), read on the connection with
     no ORM object built, so a missing id costs what a found one does (see
-    :func:`app.core.keys.authenticate`).
+    :func:`app.core.security._keys.authenticate`).
     """
     return str(session.connection().execute(_KEY_HASH, {"key_id": key_id, "default": default}).scalar_one())
 

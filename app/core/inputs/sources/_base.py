@@ -2,7 +2,7 @@
 
 A *source* is one URI scheme. It parses its URIs, checks a reference at submit time (what the API
 can answer at once), and fetches it in the worker (a local path, or a hub id passed through). The
-registry in :mod:`app.core.sources` maps each scheme to its module, the way the engine's adapter
+registry in :mod:`app.core.inputs.sources` maps each scheme to its module, the way the engine's adapter
 registry maps model families to adapters: adding a scheme is one module and one entry.
 """
 
@@ -40,7 +40,7 @@ class UploadInfo:
     kind: str
     suffix: str
     size: int | None = None
-    #: What it holds, read at upload (:mod:`app.core.upload_contents`); None when not indexed.
+    #: What it holds, read at upload (:mod:`app.core.inputs._upload_contents`); None when not indexed.
     contents: dict[str, Any] | None = None
 
 

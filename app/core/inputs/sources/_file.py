@@ -5,7 +5,7 @@ file below a directory, since a link inside a root may lead anywhere. A file wit
 hard link is refused too: the other name may be outside the roots, and nothing on the file says
 where. Checked at submit and again in the worker, because files can change in between. A dataset's
 own files (a ``README.md`` listing ``data_files``, ``save_to_disk`` JSON) are checked at submit
-as the engine checks them when the job runs (:mod:`app.core.dataset_checks`).
+as the engine checks them when the job runs (:mod:`app.core.inputs._dataset_checks`).
 """
 
 from __future__ import annotations

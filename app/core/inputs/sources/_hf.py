@@ -2,7 +2,7 @@
 
 Nothing is fetched here: the engine loads hub ids itself, through the hub client and its cache.
 The worker checks first that the hub endpoint is not a loopback, link-local or metadata address
-(:func:`app.core.outbound.check_hub_endpoint`).
+(:func:`app.core.security._outbound.check_hub_endpoint`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Readable only under ``CAHP_ALLOWED_S3_PREFIXES`` (none by default) and never ins
 store's own bucket and prefix, which holds every key's uploads and results. The S3 endpoint and
 credentials are the artifact store's settings. At submit, a dataset's cards (``README.md``,
 ``.huggingface.yaml``, under the prefix or at the root of the archive) are read and checked as the
-engine checks them (:mod:`app.core.dataset_checks`); an object that cannot be read yet is left to
+engine checks them (:mod:`app.core.inputs._dataset_checks`); an object that cannot be read yet is left to
 the worker, which checks it when the job runs.
 """
 

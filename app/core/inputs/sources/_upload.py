@@ -3,7 +3,7 @@
 An upload is an archive (model or dataset) or one dataset split file. Another key's upload id is
 answered exactly like one that does not exist. A dataset archive's cards (``README.md``,
 ``.huggingface.yaml``) are read from the stored object at submit and checked as the engine checks
-them (:mod:`app.core.dataset_checks`).
+them (:mod:`app.core.inputs._dataset_checks`).
 """
 
 from __future__ import annotations

@@ -6,10 +6,8 @@ Alembic) -> ``_models`` (the tables: ``Job``, ``ApiKey``, ``Upload``, ``Artifact
 
 from . import repository
 from ._database import (
-    NAMING_CONVENTION,
     SQLITE_BUSY_TIMEOUT_S,
     Base,
-    UTCDateTime,
     make_engine,
     make_session_factory,
     migrations_dir,
@@ -17,24 +15,10 @@ from ._database import (
     upgrade_database,
     utcnow,
 )
-from ._models import (
-    ApiKey,
-    Artifact,
-    BudgetPiece,
-    Job,
-    JobEvent,
-    JobLabel,
-    JobLog,
-    JobStatus,
-    Upload,
-    Webhook,
-    WebhookAttempt,
-    WebhookDelivery,
-)
+from ._models import ApiKey, Artifact, Job, JobLog, JobStatus, Upload, Webhook, WebhookDelivery
 
 __all__ = [
-    "ApiKey", "Artifact", "Base", "BudgetPiece", "Job", "JobEvent", "JobLabel", "JobLog", "JobStatus",
-    "make_engine", "make_session_factory", "migrations_dir", "NAMING_CONVENTION", "repository",
-    "SQLITE_BUSY_TIMEOUT_S", "transaction", "upgrade_database", "Upload", "UTCDateTime", "utcnow", "Webhook",
-    "WebhookAttempt", "WebhookDelivery",
+    "ApiKey", "Artifact", "Base", "Job", "JobLog", "JobStatus", "make_engine", "make_session_factory",
+    "migrations_dir", "repository", "SQLITE_BUSY_TIMEOUT_S", "transaction", "upgrade_database", "Upload",
+    "utcnow", "Webhook", "WebhookDelivery",
 ]

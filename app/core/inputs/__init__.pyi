@@ -7,33 +7,13 @@ worker would) -> ``_local`` (a job's references to local directories) -> ``_nami
 called)."""
 
 from . import sources
-from ._archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, read_root_files, storage_error, unpack
-from ._dataset_checks import (
-    MAX_CARD_BYTES,
-    check_card_bytes,
-    check_dataset_archive,
-    check_dataset_directory,
-    ranged_file,
-)
-from ._local import CODE_CONFIGS, DEFAULT_EVAL_SPLIT, InputFetcher, Inputs, refuse_code_configs, refuse_custom_code
-from ._naming import reference_name, strip_archive_suffix
+from ._archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, storage_error, unpack
+from ._local import InputFetcher, refuse_custom_code
+from ._naming import reference_name
 from ._preflight import PreflightReport, preflight
-from ._upload_contents import (
-    CONTENTS_VERSION,
-    MAX_NAMES,
-    MAX_SMALL_FILE,
-    SMALL_FILES,
-    SPLIT_PLACEHOLDER,
-    index_archive,
-    index_upload,
-    relabel,
-)
+from ._upload_contents import index_upload
 
 __all__ = [
-    "archive_suffix", "ARCHIVE_SUFFIXES", "check_archive", "check_card_bytes", "check_dataset_archive",
-    "check_dataset_directory", "CODE_CONFIGS", "CONTENTS_VERSION", "DEFAULT_EVAL_SPLIT", "index_archive",
-    "index_upload", "InputFetcher", "Inputs", "MAX_CARD_BYTES", "MAX_NAMES", "MAX_SMALL_FILE", "preflight",
-    "PreflightReport", "ranged_file", "read_root_files", "reference_name", "refuse_code_configs",
-    "refuse_custom_code", "relabel", "SMALL_FILES", "sources", "SPLIT_PLACEHOLDER", "storage_error",
-    "strip_archive_suffix", "unpack",
+    "archive_suffix", "ARCHIVE_SUFFIXES", "check_archive", "index_upload", "InputFetcher", "preflight",
+    "PreflightReport", "reference_name", "refuse_custom_code", "sources", "storage_error", "unpack",
 ]

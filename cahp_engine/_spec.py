@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from cahp_engine._strategy_names import STRATEGIES
 from cahp_engine._validation import Amount, Constraint, Device, Interval, OffOr, Options, SubsetOf, TupleOf
-from cahp_engine.selection import STRATEGIES
 
 if TYPE_CHECKING:
     Strategy = str

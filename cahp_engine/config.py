@@ -37,6 +37,7 @@ from cahp_engine._spec import (
     Strategy,
     settings_for,
 )
+from cahp_engine._strategy_names import CONSENSUS_STRATEGIES, STRATEGIES
 from cahp_engine._validation import (
     Amount,
     Constraint,
@@ -53,7 +54,8 @@ from cahp_engine._validation import (
 from cahp_engine.errors import ConfigError
 
 __all__ = [
-    "BUDGET_METRICS", "BUDGET_STRATEGIES", "CLASS_WEIGHTS", "ClassWeight", "SubsetOf", "DEFAULTS",
+    "BUDGET_METRICS", "BUDGET_STRATEGIES", "CLASS_WEIGHTS", "CONSENSUS_STRATEGIES", "ClassWeight", "STRATEGIES",
+    "SubsetOf", "DEFAULTS",
     "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES",
     "REPORTED_DEGREES", "SETTINGS", "Amount", "BudgetMetric", "CalibrationAmount", "Constraint", "DenseFinetune",
     "Device", "ExportFormat", "Interval", "OffOr", "Options", "PruningConfig", "Quantize", "RecoveryLoss",

@@ -46,11 +46,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from cahp_engine.config import PruningConfig
+from cahp_engine.config import CONSENSUS_STRATEGIES, PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset, draw_subset, encode, load_splits, take_rows
 from cahp_engine.models import load_classifier, save_pruned
 from cahp_engine.recovery import finetune
-from cahp_engine.selection import CONSENSUS_STRATEGIES, PLATEAU_GAIN, Selection, analyze_heads, choose
+from cahp_engine.selection import PLATEAU_GAIN, Selection, analyze_heads, choose
 from studies import common, quality
 
 #: Every method compared, in the table's order.

@@ -15,7 +15,6 @@ from ._convergence import PLATEAU_GAIN, class_difference_noise, is_plateau, sali
 from ._graph_space import default_perplexity, embed_heads
 from ._head_structure import head_structure
 from ._knee import chord_knee, find_knee, knees_by_degree
-from ._registry import CONSENSUS_STRATEGIES, REGISTRY, STRATEGIES
 from ._salience import gradient_salience, minmax
 from ._sampling import checkpoint_sizes, resolve_amount, stratified_order
 from ._select_heads import SelectionResult, select_heads
@@ -36,7 +35,7 @@ from ._sweep import cluster, mean_simplified_silhouette, mss_sweep
 
 __all__ = [
     "PLATEAU_GAIN",
-    "CONSENSUS_STRATEGIES", "REGISTRY", "STRATEGIES", "analyze_heads", "bhattacharyya_normal", "checkpoint_sizes",
+    "analyze_heads", "bhattacharyya_normal", "checkpoint_sizes",
     "choose", "chord_knee", "class_difference_noise", "ClassMoments", "cluster", "co_association",
     "consensus_runs", "crop_and_resize", "default_perplexity", "default_resolution", "embed_heads",
     "extract_signatures", "find_knee", "get_strategy", "gradient_salience", "head_structure", "HeadAnalysis",

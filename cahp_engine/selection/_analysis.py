@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from cahp_engine._strategy_names import CONSENSUS_STRATEGIES
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LazyEncodedDataset, TrainRows, row_lengths
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError
@@ -36,7 +37,6 @@ from cahp_engine.selection._convergence import (
 from cahp_engine.selection._graph_space import GraphSpace
 from cahp_engine.selection._head_structure import HeadStructure, head_structure
 from cahp_engine.selection._knee import Knee
-from cahp_engine.selection._registry import CONSENSUS_STRATEGIES
 from cahp_engine.selection._salience import HeadImportance, gradient_salience, minmax
 from cahp_engine.selection._sampling import SampleOrder, resolve_amount, stratified_order
 from cahp_engine.selection._signatures import Signatures, default_resolution

@@ -6,8 +6,7 @@ import dataclasses
 
 from fastapi.testclient import TestClient
 
-from cahp_engine.config import PruningConfig
-from cahp_engine.selection import STRATEGIES
+from cahp_engine.config import STRATEGIES, PruningConfig
 
 
 def test_health_and_readiness_need_no_key(client: TestClient) -> None:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol, cast
 
+from cahp_engine._strategy_names import REGISTRY, STRATEGIES
 from cahp_engine.errors import ConfigError
-from cahp_engine.selection._registry import REGISTRY, STRATEGIES
 
 if TYPE_CHECKING:
     from cahp_engine.selection._analysis import HeadAnalysis

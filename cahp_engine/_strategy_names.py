@@ -7,7 +7,7 @@ API and ``cahp prune --strategy`` can list the choices without importing torch, 
 from __future__ import annotations
 
 #: Strategy name -> the module whose ``choose`` implements it.
-REGISTRY: dict[str, str] = {
+STRATEGY_MODULES: dict[str, str] = {
     "cahp": "cahp_engine.selection._strategies.cahp",
     "salience": "cahp_engine.selection._strategies.salience",
     "random": "cahp_engine.selection._strategies.random",
@@ -15,8 +15,8 @@ REGISTRY: dict[str, str] = {
     "stability-selection": "cahp_engine.selection._strategies.stability_selection",
     "mean-distance": "cahp_engine.selection._strategies.mean_distance",
 }
-#: The registered names, in the registry's order (``cahp`` first).
-STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
+#: The strategy names, in the table's order (``cahp`` first).
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_MODULES)
 #: The strategies that combine CAHP's K + 1 analyses of one selection (the full one and the
 #: leave-one-shard-out ones; :mod:`cahp_engine.selection._consensus`).
 CONSENSUS_STRATEGIES: tuple[str, ...] = ("coassociation", "stability-selection", "mean-distance")

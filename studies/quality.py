@@ -57,7 +57,7 @@ from cahp_engine.selection import HeadAnalysis, Selection, analyze_heads, choose
 from studies import common
 from studies.common import minilm_path
 
-#: Names in the engine's strategy registry (``cahp_engine.selection.STRATEGIES``) that the grid compares.
+#: Names in the engine's strategy table (``cahp_engine.config.STRATEGIES``) that the grid compares.
 STRATEGIES = ("cahp", "salience", "random")
 LABELS = {"cahp": "CAHP", "salience": "Salience top-k", "random": "Random"}
 TOTAL_HEADS_MINILM = 72

@@ -1,6 +1,6 @@
 """The supported model families: one small :class:`ModelAdapter` each, naming where a family keeps its heads.
 
-The registry (``_ADAPTERS``) and :func:`get_adapter` need no torch, so the job service can tell at submit
+The adapter table (``_ADAPTERS``) and :func:`get_adapter` need no torch, so the job service can tell at submit
 whether a model's ``config.json`` names a supported family; what works on a model's modules (gating,
 eager switching) is in :mod:`cahp_engine.models._adapters`. Adding a family means adding one entry to
 ``_ADAPTERS`` and one parametrised test case.
@@ -77,7 +77,7 @@ class ModelAdapter:
     def attention(self, layer: nn.Module) -> AttentionParts:
         """The attention modules of ``layer``."""
         module = _get(layer, self.attention_path)
-        from torch import nn  # here: the registry itself is read without torch
+        from torch import nn  # here: the table itself is read without torch
 
         present = tuple(n for n in self.position_names if isinstance(getattr(module, n, None), nn.Linear))
         names = self.qkv_names + present

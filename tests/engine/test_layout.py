@@ -208,3 +208,11 @@ def test_light_names_load_no_torch_numpy_or_transformers(module, name):
 def test_public_names_stay_importable(module, names):
     loaded = importlib.import_module(module)
     assert [n for n in names if not hasattr(loaded, n)] == []
+
+
+def test_the_bottom_floor_imports_no_room():
+    """The shared modules (config, errors, results, progress and their private helpers) are what the rooms
+    stand on: the parameter spec lists the strategies' names from here, not from the selection room."""
+    bottom = [p for p in ENGINE.glob("*.py") if p.name != "__init__.py"]
+    upward = [f"{p.name}: {module}" for p in bottom for module, _name in _imports(p) if _room(module)]
+    assert upward == []

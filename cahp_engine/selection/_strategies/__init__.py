@@ -1,4 +1,4 @@
-"""Head-selection strategies: a registry of names, each served by one small module.
+"""Head-selection strategies: a table of names, each served by one small module.
 
 A strategy turns a :class:`~cahp_engine.selection.HeadAnalysis` into the heads to keep. ``cahp`` keeps
 the most salient head of each of the ``k`` clusters (plus layer safety); the baselines keep ``count``
@@ -6,7 +6,7 @@ heads by another rule; the consensus strategies (``coassociation``, ``stability-
 ``mean-distance``) make CAHP's choice steadier by combining the analysis with its leave-one-shard-out
 analyses (:mod:`cahp_engine.selection._consensus`). Adding a baseline is one module defining
 ``choose(analysis, k, *, count, seed) -> Selection`` and one entry in
-:data:`~cahp_engine.selection.REGISTRY`; ``PruningConfig.strategy``, ``cahp prune --strategy`` and the
+:data:`~cahp_engine._strategy_names.STRATEGY_MODULES`; ``PruningConfig.strategy``, ``cahp prune --strategy`` and the
 job API take their choices from it.
 
 This package is importable without torch or numpy (the configuration validates names against it);
@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol, cast
 
-from cahp_engine._strategy_names import REGISTRY, STRATEGIES
+from cahp_engine._strategy_names import STRATEGIES, STRATEGY_MODULES
 from cahp_engine.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -43,9 +43,9 @@ class Strategy(Protocol):
 
 def get_strategy(name: str) -> Strategy:
     """The ``choose`` function registered under ``name``."""
-    if name not in REGISTRY:
+    if name not in STRATEGY_MODULES:
         raise ConfigError(f"`strategy` must be one of {', '.join(STRATEGIES)}, got {name!r}")
-    return cast(Strategy, importlib.import_module(REGISTRY[name]).choose)
+    return cast(Strategy, importlib.import_module(STRATEGY_MODULES[name]).choose)
 
 
 def choose(analysis: HeadAnalysis, k: int, strategy: str = "cahp", *, count: int | None = None,
@@ -59,7 +59,7 @@ def choose(analysis: HeadAnalysis, k: int, strategy: str = "cahp", *, count: int
     k : int
         Number of clusters, 1 <= k <= N - 1 for N heads: a knee of ``analysis`` or a fixed count.
     strategy : str
-        A name in :data:`REGISTRY`.
+        A name in :data:`STRATEGY_MODULES`.
     count : int, optional
         Heads a baseline keeps; default CAHP's count at ``k`` (k representatives plus layer safety),
         so every strategy keeps as many heads. CAHP and the consensus strategies ignore it (they keep

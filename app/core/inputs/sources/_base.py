@@ -2,8 +2,8 @@
 
 A *source* is one URI scheme. It parses its URIs, checks a reference at submit time (what the API
 can answer at once), and fetches it in the worker (a local path, or a hub id passed through). The
-registry in :mod:`app.core.inputs.sources` maps each scheme to its module, the way the engine's adapter
-registry maps model families to adapters: adding a scheme is one module and one entry.
+table in :mod:`app.core.inputs.sources` (``SOURCES``) maps each scheme to its module, the way the engine's
+adapter table maps model families to adapters: adding a scheme is one module and one entry.
 """
 
 from __future__ import annotations

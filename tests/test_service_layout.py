@@ -118,3 +118,17 @@ def test_app_core_is_its_shared_modules_and_its_rooms() -> None:
     flat = {p.stem for p in core.glob("*.py") if p.name != "__init__.py"}
     rooms = {p.name for p in core.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert (flat, rooms) == (CORE_MODULES, {"db", "inputs", "security"})
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_a_rooms_stub_ships_in_the_package(room: str) -> None:
+    """lazy_loader reads ``__init__.pyi`` at import time: an installed package without it cannot import the room."""
+    import fnmatch
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    stub = f"{room.replace('.', '/')}/__init__.pyi"
+    shipped = [f"{package}:{pattern}" for package, patterns in data.items() for pattern in patterns
+               if stub.startswith(package.replace(".", "/") + "/")
+               and fnmatch.fnmatch(stub.removeprefix(package.replace(".", "/") + "/"), pattern)]
+    assert shipped != []

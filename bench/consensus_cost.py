@@ -23,9 +23,8 @@ import numpy as np
 
 from bench.common import pin_threads, save
 from bench.stages import NUM_CLASSES, bert_shaped, synthetic_data
-from cahp_engine.config import PruningConfig
+from cahp_engine.config import CONSENSUS_STRATEGIES, PruningConfig
 from cahp_engine.selection import (
-    CONSENSUS_STRATEGIES,
     HeadAnalysis,
     Signatures,
     choose,

@@ -5,8 +5,8 @@ shards) -> ``_signatures`` (per-class attention statistics) -> ``_convergence`` 
 -> ``_separation`` (Jeffries-Matusita features) -> ``_graph_space`` (t-SNE) -> ``_sweep`` (FasterPAM
 and MSS for every k) -> ``_knee`` (k*) -> ``_head_structure`` (those four stages in one call)
 -> ``_salience`` (head importance) -> ``_analysis`` (``analyze_heads``) -> ``_strategies`` (``choose``,
-by the names in ``_registry``) -> ``_choice`` (the ``Selection`` rules) -> ``_stability`` -> ``_consensus``
-(the consensus strategies' shared parts)."""
+by the names in ``cahp_engine._strategy_names``) -> ``_choice`` (the ``Selection`` rules) -> ``_stability``
+-> ``_consensus`` (the consensus strategies' shared parts)."""
 
 from ._analysis import HeadAnalysis, analyze_heads, validate_inputs
 from ._choice import Selection, select_most_frequent, select_random, select_representatives, select_top_salience

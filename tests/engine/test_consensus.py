@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cahp_engine.config import PruningConfig
+from cahp_engine.config import CONSENSUS_STRATEGIES, PruningConfig
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.run import RunReport, run_pruning
 from cahp_engine.selection import (
-    CONSENSUS_STRATEGIES,
     analyze_heads,
     choose,
     co_association,

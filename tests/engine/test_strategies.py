@@ -1,4 +1,4 @@
-"""The analysis once, then any strategy's choice; the registry; the importance protocol."""
+"""The analysis once, then any strategy's choice; the strategy table; the importance protocol."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from cahp_engine.config import PruningConfig
+from cahp_engine._strategy_names import STRATEGY_MODULES
+from cahp_engine.config import CONSENSUS_STRATEGIES, STRATEGIES, PruningConfig
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.errors import ConfigError, PipelineError
 from cahp_engine.selection import (
-    CONSENSUS_STRATEGIES,
-    REGISTRY,
-    STRATEGIES,
     Selection,
     analyze_heads,
     choose,
@@ -39,9 +37,9 @@ def setup():
     return model, data, analyze_heads(model, data, CONFIG)
 
 
-def test_the_registry_names_the_strategies_the_config_accepts():
+def test_the_table_names_the_strategies_the_config_accepts():
     assert STRATEGIES == ("cahp", "salience", "random", "coassociation", "stability-selection",
-                          "mean-distance") == tuple(REGISTRY)
+                          "mean-distance") == tuple(STRATEGY_MODULES)
     assert CONSENSUS_STRATEGIES == STRATEGIES[3:]
     for name in STRATEGIES:
         assert PruningConfig(strategy=name).strategy == name
@@ -77,7 +75,7 @@ def test_baselines_keep_cahps_count_at_the_same_k_unless_told(setup):
     assert analysis.partition(4).k == 4 and analysis.shape == (3, 4)
 
 
-def test_a_baseline_is_one_module_and_one_registry_entry(setup, monkeypatch):
+def test_a_baseline_is_one_module_and_one_table_entry(setup, monkeypatch):
     _, _, analysis = setup
     module = types.ModuleType("tests_first_heads")
 
@@ -88,7 +86,7 @@ def test_a_baseline_is_one_module_and_one_registry_entry(setup, monkeypatch):
 
     module.choose = first  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(strategies.REGISTRY, "first", module.__name__)
+    monkeypatch.setitem(strategies.STRATEGY_MODULES, "first", module.__name__)
     chosen = choose(analysis, 3, "first")
     assert chosen.strategy == "first" and chosen.num_kept == choose(analysis, 3).num_kept
     assert chosen.kept_mask.reshape(-1)[: chosen.num_kept].all()

@@ -104,7 +104,8 @@ class JobError:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobResult:
-    """The headline figures of a succeeded job (each None where the run did not measure it)."""
+    """The headline figures of a succeeded job (each None where the run did not measure it): the engine's
+    ``RunSummary`` field for field, as the API's ``JobResult`` is (a test keeps the three equal)."""
 
     k_star: int | None = None
     heads_total: int | None = None
@@ -119,15 +120,28 @@ class JobResult:
     int8_speedup: float | None = None
     #: The dense model by name (hub id, its checkpoint's ``_name_or_path``, or the upload's name).
     base_model: str | None = None
+    #: The dataset by name.
+    dataset: str | None = None
     dense_macro_f1: float | None = None
     pruned_macro_f1: float | None = None
+    onnx_accuracy: float | None = None
+    onnx_macro_f1: float | None = None
+    int8_macro_f1: float | None = None
+    int8_max_abs_diff: float | None = None
+    #: 95 % intervals of the speed-ups (an interval holding 1 is no measurable change).
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    onnx_speedup_low: float | None = None
+    onnx_speedup_high: float | None = None
+    int8_speedup_low: float | None = None
+    int8_speedup_high: float | None = None
     #: Every warning of the run, quality warnings (a class never predicted, near chance, too large a drop) first.
     warnings: tuple[str, ...] | None = None
 
     @classmethod
     def from_json(cls, data: object) -> JobResult:
         d = _object(data, "JobResult")
-        counts, texts = {"k_star", "heads_total", "heads_kept"}, {"base_model"}
+        counts, texts = {"k_star", "heads_total", "heads_kept"}, {"base_model", "dataset"}
 
         def convert(name: str) -> Callable[[Any], Any]:
             if name == "warnings":

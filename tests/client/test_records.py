@@ -103,6 +103,11 @@ def test_each_record_field_is_in_its_schema_with_a_compatible_type(record: type,
     assert USED_BY_THE_CLI.get(record, set()) <= set(_fields(record)) & set(schema["properties"])
 
 
+def test_the_result_has_every_field_of_the_schema_in_its_order(components: dict[str, Any]) -> None:
+    """A job's result is the engine's summary; the client reads all of it, so a new figure cannot be left out."""
+    assert list(_fields(JobResult)) == list(components["JobResult"]["properties"])
+
+
 @pytest.mark.parametrize(("item", "page"), [(Job, "Page_JobPublic_"), (Artifact, "Page_ArtifactPublic_")])
 def test_a_page_reads_the_lists_envelope(item: type, page: str, components: dict[str, Any]) -> None:
     schema = components[page]

@@ -15,10 +15,23 @@ from ._database import (
     upgrade_database,
     utcnow,
 )
-from ._models import ApiKey, Artifact, Job, JobLog, JobStatus, Upload, Webhook, WebhookDelivery
+from ._models import (
+    ApiKey,
+    Artifact,
+    BudgetPiece,
+    Job,
+    JobEvent,
+    JobLabel,
+    JobLog,
+    JobStatus,
+    Upload,
+    Webhook,
+    WebhookAttempt,
+    WebhookDelivery,
+)
 
 __all__ = [
-    "ApiKey", "Artifact", "Base", "Job", "JobLog", "JobStatus", "make_engine", "make_session_factory",
-    "migrations_dir", "repository", "SQLITE_BUSY_TIMEOUT_S", "transaction", "upgrade_database", "Upload",
-    "utcnow", "Webhook", "WebhookDelivery",
+    "ApiKey", "Artifact", "Base", "BudgetPiece", "Job", "JobEvent", "JobLabel", "JobLog", "JobStatus", "make_engine",
+    "make_session_factory", "migrations_dir", "repository", "SQLITE_BUSY_TIMEOUT_S", "transaction",
+    "upgrade_database", "Upload", "utcnow", "Webhook", "WebhookAttempt", "WebhookDelivery",
 ]

@@ -281,7 +281,7 @@ def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: A
         inputs.model_ref, inputs.dataset_ref, output, config,
         dataset_options=options,
         max_dataset_rows=settings.max_dataset_rows,
-        max_model_params=settings.max_model_params,
+        max_model_params=settings.model_params_limit,
         model_name=claimed.model["uri"],
         dataset_name=claimed.dataset["uri"],
         revision=claimed.model.get("revision"),

@@ -19,14 +19,19 @@ is the worker's first check.
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.core.archives import check_archive
+from app.core.errors import InvalidReferenceError, ModelTooLargeError
 from app.core.inputs import refuse_code_configs
-from app.core.sources import Reference, SourceContext, resolve_local
+from app.core.params import dataset_options
+from app.core.settings import BYTES_PER_PARAMETER, Settings
+from app.core.sources import Reference, SourceContext, check_reference, parse_reference, resolve_local
+from app.core.sources.hf import check_revision
 from app.core.upload_contents import (
     CONTENTS_VERSION,
     MAX_SMALL_FILE,
@@ -49,6 +54,71 @@ class PreflightReport:
     skipped: tuple[str, ...]
 
 
+def check_inputs(*, model: dict[str, Any], dataset: dict[str, Any], context: SourceContext) -> PreflightReport:
+    """Every check of a job's ``model`` and ``dataset`` records that reads what they name, then :func:`preflight`.
+
+    Runs in the inspection sandbox (:mod:`app.core.sandbox`): it reads uploaded and referenced files.
+
+    Raises
+    ------
+    InvalidReferenceError, DatasetError, ModelLoadError, UnsupportedModelError, ModelTooLargeError
+        What to change, in the words the worker would use.
+    """
+    options = dataset_options(dataset)
+    dataset_ref, eval_ref = _dataset_references(dataset, context)
+    model_ref = parse_reference(model["uri"], role="model")
+    check_reference(model_ref, role="model", context=context)
+    revision = model.get("revision")
+    if revision is not None and model_ref.scheme != "hf":
+        raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
+    if revision is not None:
+        check_revision(revision, field="model.revision")
+    return preflight(model=model_ref, dataset=dataset_ref, eval_dataset=eval_ref, options=options, context=context)
+
+
+def _dataset_references(dataset: dict[str, Any], context: SourceContext) -> tuple[Reference, Reference | None]:
+    ref = parse_reference(dataset["uri"], role="dataset")
+    shape = check_reference(ref, role="dataset", context=context)
+    eval_uri = dataset.get("eval_uri")
+    if eval_uri is None:
+        if shape == "file":
+            raise InvalidReferenceError(
+                f"{dataset['uri']} is a single file, which holds one split; give the evaluation split as "
+                "`dataset.eval_uri`, or upload an archive holding train and test files"
+            )
+        return ref, None
+    if shape != "file":
+        raise InvalidReferenceError("`dataset.eval_uri` applies only when `dataset.uri` is a single split file")
+    eval_ref = parse_reference(eval_uri, role="dataset")
+    if check_reference(eval_ref, role="dataset", context=context) != "file":
+        raise InvalidReferenceError(f"`dataset.eval_uri` ({eval_uri}) must be a single split file")
+    return ref, eval_ref
+
+
+def check_model_size(parameters: int, settings: Settings, *, where: str) -> None:
+    """Refuse a model of more parameters than :attr:`Settings.model_params_limit`, with the memory it needs.
+
+    Raises
+    ------
+    ModelTooLargeError
+        "needs about 38 GB; this worker has 24", and the setting that changes the limit.
+    """
+    limit = settings.model_params_limit
+    if parameters <= limit:
+        return
+    need = parameters * BYTES_PER_PARAMETER / 1e9
+    has = settings.resolved_worker_memory_bytes / 1e9
+    if settings.max_model_params is not None:
+        why = f"more than the limit of {limit:,} parameters (CAHP_MAX_MODEL_PARAMS)"
+    else:
+        why = (f"more than the {limit:,} this worker's memory holds at about {BYTES_PER_PARAMETER} bytes per "
+               "parameter (the limit is derived from CAHP_WORKER_MEMORY_BYTES; CAHP_MAX_MODEL_PARAMS overrides it)")
+    raise ModelTooLargeError(
+        f"{where} holds {parameters:,} parameters, {why}: a job on it needs about {need:.0f} GB; this worker has "
+        f"{has:.0f}. Use a smaller model, or a worker with more memory"
+    )
+
+
 def preflight(*, model: Reference, dataset: Reference, eval_dataset: Reference | None, options: DatasetOptions,
               context: SourceContext) -> PreflightReport:
     """Raise what the worker would raise first for this job's inputs, as far as submit can tell.
@@ -69,7 +139,7 @@ def preflight(*, model: Reference, dataset: Reference, eval_dataset: Reference |
         profile.check(options, where)
         checked.append(f"dataset: splits {options.train_split!r} and the evaluation split, columns, labels, texts")
     if files is not None:
-        checked.append(_check_model(files))
+        checked.append(_check_model(files, context.settings))
     return PreflightReport(checked=tuple(checked), skipped=tuple(skipped))
 
 
@@ -84,7 +154,7 @@ class _Model:
         return self.listing.names
 
 
-def _check_model(files: _Model) -> str:
+def _check_model(files: _Model, settings: Settings) -> str:
     raw = files.listing.config()
     adapter = get_adapter(types.SimpleNamespace(model_type=raw.get("model_type")))
     if "cahp" in raw:
@@ -98,6 +168,8 @@ def _check_model(files: _Model) -> str:
             raise ModelLoadError(str(header["error"]))
         shapes.update({key: tuple(shape) for key, shape in header["shapes"].items()})
     check_declarations(raw, adapter, shapes, ref=files.listing.where)
+    parameters = sum(math.prod(shape) for shape in shapes.values())
+    check_model_size(parameters, settings, where=files.listing.where)
     return f"model: {adapter.family} config, {len(shapes)} tensors in safetensors"
 
 

@@ -1,0 +1,85 @@
+"""The inspection child: ``python -m app.core.sandbox._child MEMORY_BYTES OUTPUT_BYTES``.
+
+It limits its own address space first (``RLIMIT_AS``, so no parser it runs can take more), then
+answers tasks one at a time over its standard input and output, each frame an 8-byte little-endian
+length and the bytes. A task comes as a pickle from the API (trusted); the answer goes back as JSON
+(plain data only, at most ``OUTPUT_BYTES``), so nothing the child computes from a hostile file can
+be more than a bounded summary, nor run code in the API when it is read. Before each task the CPU
+limit (``RLIMIT_CPU``) is moved to the seconds already used plus the task's budget: past it the
+kernel ends the child with ``SIGXCPU``, which the pool reports as the CPU limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import resource
+import struct
+import sys
+from typing import IO, Any
+
+#: Longest error message sent back (a message may quote the input; this is the last bound on it).
+MAX_MESSAGE = 2000
+_HEADER = struct.Struct("<Q")
+
+
+def read_frame(stream: IO[bytes]) -> bytes | None:
+    """One length-prefixed frame from ``stream``, or None at its end."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (length,) = _HEADER.unpack(head)
+    data = stream.read(length)
+    return data if len(data) == length else None
+
+
+def frame(data: bytes) -> bytes:
+    return _HEADER.pack(len(data)) + data
+
+
+def _cpu_budget(seconds: int) -> None:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = int(usage.ru_utime + usage.ru_stime) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = used + seconds if hard == resource.RLIM_INFINITY else min(used + seconds, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _answer(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    from app.core.sandbox._tasks import TASKS
+
+    try:
+        return {"ok": TASKS[task](**kwargs)}
+    except MemoryError:
+        return {"limit": "memory"}
+    except RecursionError:
+        return {"limit": "nesting"}
+    except Exception as exc:  # every other failure goes back as plain data, its message cut short
+        kind = type(exc)
+        return {"error": {"module": kind.__module__, "name": kind.__qualname__, "message": str(exc)[:MAX_MESSAGE]}}
+
+
+def main(argv: list[str]) -> int:
+    memory, output = int(argv[1]), int(argv[2])
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    requests = sys.stdin.buffer
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print never corrupts the channel
+    while (request := read_frame(requests)) is not None:
+        task, kwargs, cpu_s = pickle.loads(request)
+        _cpu_budget(cpu_s)
+        try:
+            data = json.dumps(_answer(task, kwargs), separators=(",", ":")).encode()
+        except (TypeError, ValueError, MemoryError, RecursionError):
+            data = json.dumps({"limit": "output", "size": -1}).encode()
+        if len(data) > output:
+            data = json.dumps({"limit": "output", "size": len(data)}).encode()
+        answers.write(frame(data))
+        answers.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

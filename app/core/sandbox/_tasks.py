@@ -1,0 +1,45 @@
+"""What an inspection child may be asked to do; each task takes picklable arguments and returns plain data.
+
+These run only in a child of :class:`app.core.sandbox.InspectionPool`, under its limits: they read
+the files a key holder sent or named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.core.settings import Settings
+from app.core.sources import SourceContext, UploadInfo
+
+
+def index_upload(*, local: str, kind: str, suffix: str, shown: str, settings: Settings) -> dict[str, Any] | None:
+    """Check an arrived upload (an archive member by member) and return its contents record.
+
+    Raises
+    ------
+    InvalidUploadError
+        For an unsafe or corrupt archive (:func:`app.core.archives.check_archive`).
+    """
+    from app.core.archives import check_archive
+    from app.core.upload_contents import index_upload as index
+
+    path = Path(local)
+    if kind == "archive":
+        check_archive(path, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members,
+                      shown=shown)
+    return index(path, kind=kind, suffix=suffix, max_rows=settings.max_dataset_rows)
+
+
+def check_inputs(*, settings: Settings, owner_id: str, model: dict[str, Any], dataset: dict[str, Any],
+                 uploads: dict[str, UploadInfo | None]) -> dict[str, list[str]]:
+    """The submit-time checks of a job's model and dataset (:func:`app.core.preflight.check_inputs`)."""
+    from app.core.preflight import check_inputs as check
+
+    context = SourceContext(settings=settings, owner_id=owner_id, find_upload=lambda upload_id: uploads.get(upload_id))
+    report = check(model=model, dataset=dataset, context=context)
+    return {"checked": list(report.checked), "skipped": list(report.skipped)}
+
+
+TASKS: dict[str, Callable[..., Any]] = {"index_upload": index_upload, "check_inputs": check_inputs}

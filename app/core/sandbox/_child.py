@@ -15,27 +15,13 @@ import json
 import os
 import pickle
 import resource
-import struct
 import sys
-from typing import IO, Any
+from typing import Any
+
+from app.core.sandbox._frames import frame, read_frame
 
 #: Longest error message sent back (a message may quote the input; this is the last bound on it).
 MAX_MESSAGE = 2000
-_HEADER = struct.Struct("<Q")
-
-
-def read_frame(stream: IO[bytes]) -> bytes | None:
-    """One length-prefixed frame from ``stream``, or None at its end."""
-    head = stream.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        return None
-    (length,) = _HEADER.unpack(head)
-    data = stream.read(length)
-    return data if len(data) == length else None
-
-
-def frame(data: bytes) -> bytes:
-    return _HEADER.pack(len(data)) + data
 
 
 def _cpu_budget(seconds: int) -> None:

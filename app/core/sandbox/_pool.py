@@ -44,7 +44,7 @@ from app.core.errors import (
     NestingTooDeepError,
     ServiceError,
 )
-from app.core.sandbox._child import frame
+from app.core.sandbox._frames import HEADER, frame
 
 logger = logging.getLogger(__name__)
 _ROOT = Path(__file__).resolve().parents[3]  # the directory that holds the `app` package
@@ -92,7 +92,7 @@ class _Child:
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._ended() from None
-        (length,) = _unpack(self._read(8, deadline))
+        (length,) = HEADER.unpack(self._read(HEADER.size, deadline))
         if length > output_bytes + _ENVELOPE:
             raise _Failed("output", length)
         try:
@@ -146,10 +146,6 @@ class _Child:
     @property
     def alive(self) -> bool:
         return self.process.poll() is None
-
-
-def _unpack(head: bytes) -> tuple[int]:
-    return (int.from_bytes(head, "little"),)
 
 
 class InspectionPool:

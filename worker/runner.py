@@ -30,6 +30,7 @@ from app.core.models import JobStatus
 from app.core.params import dataset_options, run_config
 from app.core.periodic import Periodic
 from app.core.repository import ArtifactRecord
+from app.core.sandbox import inspection_pool
 from app.core.settings import Settings
 from app.core.sources.hf import check_revision
 from app.core.storage import ArtifactStore
@@ -230,6 +231,11 @@ def _run(
     if Path(inputs.model_ref).is_dir():
         refuse_custom_code(Path(inputs.model_ref))
         check_weight_files(Path(inputs.model_ref))
+    # The submit checks again, on what was fetched, in a bounded child: a hostile header, config, card
+    # or split file fails the job with the limit it reached rather than growing this process.
+    inspection_pool(settings).run("check_fetched", what="checking the job's model and dataset",
+                                  model=inputs.model_ref, dataset=inputs.dataset_ref, dataset_record=claimed.dataset,
+                                  settings=settings)
     output = workdir / "output"
     if pipeline is None:
         from cahp_engine.run import run_pruning

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.archives import check_archive
+from app.core.dataset_checks import check_dataset_directory
 from app.core.errors import InvalidReferenceError, ModelTooLargeError
 from app.core.inputs import refuse_code_configs
 from app.core.params import dataset_options
@@ -95,6 +96,30 @@ def _dataset_references(dataset: dict[str, Any], context: SourceContext) -> tupl
     return ref, eval_ref
 
 
+def check_directories(*, model: Path | None, dataset: Path | None, options: DatasetOptions, settings: Settings
+                      ) -> PreflightReport:
+    """The submit checks again on the directories a worker fetched and unpacked, before the engine loads them.
+
+    The worker runs this in its inspection sandbox, so a hostile header, config, card or split file
+    costs a bounded child rather than the worker; the model's size is left to the engine's own
+    count on the ``meta`` device, which is exact.
+    """
+    checked: list[str] = []
+    files = None
+    if model is not None:
+        files = _from_directory(model)
+        refuse_code_configs(lambda name: files.texts.get(name) if name in files.names else None)
+        files.listing.check()
+    if dataset is not None:
+        check_dataset_directory(dataset, shown=str(dataset))
+        profile = profile_directory(dataset, max_rows=settings.max_dataset_rows)
+        profile.check(options, str(dataset))
+        checked.append(f"dataset: splits {options.train_split!r} and the evaluation split, columns, labels, texts")
+    if files is not None:
+        checked.append(_check_model(files, settings, size=False))
+    return PreflightReport(checked=tuple(checked), skipped=())
+
+
 def check_model_size(parameters: int, settings: Settings, *, where: str) -> None:
     """Refuse a model of more parameters than :attr:`Settings.model_params_limit`, with the memory it needs.
 
@@ -154,7 +179,7 @@ class _Model:
         return self.listing.names
 
 
-def _check_model(files: _Model, settings: Settings) -> str:
+def _check_model(files: _Model, settings: Settings, *, size: bool = True) -> str:
     raw = files.listing.config()
     adapter = get_adapter(types.SimpleNamespace(model_type=raw.get("model_type")))
     if "cahp" in raw:
@@ -168,8 +193,8 @@ def _check_model(files: _Model, settings: Settings) -> str:
             raise ModelLoadError(str(header["error"]))
         shapes.update({key: tuple(shape) for key, shape in header["shapes"].items()})
     check_declarations(raw, adapter, shapes, ref=files.listing.where)
-    parameters = sum(math.prod(shape) for shape in shapes.values())
-    check_model_size(parameters, settings, where=files.listing.where)
+    if size:
+        check_model_size(sum(math.prod(shape) for shape in shapes.values()), settings, where=files.listing.where)
     return f"model: {adapter.family} config, {len(shapes)} tensors in safetensors"
 
 

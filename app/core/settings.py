@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.core.machine import machine_memory_bytes
 from cahp_engine.config import parse_device
 from cahp_engine.data import DEFAULT_MAX_ROWS
 from cahp_engine.errors import ConfigError
@@ -393,6 +394,11 @@ class Settings(BaseSettings):
             "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
             "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
             "CAHP_ALLOWED_S3_PREFIXES": ",".join(self.allowed_s3_prefixes),
+            "CAHP_INSPECTION_WORKERS": str(self.inspection_workers),
+            "CAHP_INSPECTION_MEMORY_BYTES": str(self.inspection_memory_bytes),
+            "CAHP_INSPECTION_CPU_S": str(self.inspection_cpu_s),
+            "CAHP_INSPECTION_WALL_S": str(self.inspection_wall_s),
+            "CAHP_INSPECTION_OUTPUT_BYTES": str(self.inspection_output_bytes),
         }
         if self.broker_url is not None:
             env["CAHP_BROKER_URL"] = self.broker_url
@@ -409,19 +415,6 @@ class Settings(BaseSettings):
             if value is not None:
                 env[f"CAHP_{secret.upper()}"] = value.get_secret_value()
         return env
-
-
-def machine_memory_bytes() -> int:
-    """This machine's memory: its RAM, or the memory limit of its cgroup (v2 or v1) when that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and 0 < int(text) < total:
-            total = int(text)
-    return int(total)
 
 
 @lru_cache(maxsize=1)

@@ -228,7 +228,7 @@ def _config_object(text: Callable[[], str], shown: str) -> dict[str, Any]:
     try:
         config = json.loads(text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"cannot read {shown!r}: {exc}") from exc
+        raise ModelLoadError(f"cannot read {shown!r}: {str(exc)[:200]}") from exc
     if not isinstance(config, dict):
         raise ModelLoadError(f"{shown!r} must hold a JSON object")
     return config
@@ -237,7 +237,7 @@ def _config_object(text: Callable[[], str], shown: str) -> dict[str, Any]:
 def _index_names(text: Callable[[], str]) -> list[str]:
     try:
         content = json.loads(text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelLoadError(f"the model's {WEIGHTS_INDEX} cannot be read as JSON ({type(exc).__name__})") from exc
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:

@@ -33,7 +33,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from app.api.main import create_app
+from app.core.db import make_session_factory
 from app.core.settings import Settings
+from app.core.storage import open_store
 from tests.support.helpers import (
     job_body,
     migrated_engine,
@@ -45,6 +47,7 @@ from tests.support.helpers import (
 )
 from tests.support.processes import stop
 from tests.support.stack import start_server
+from worker.runner import Outcome, WorkerContext, execute_job
 
 #: How far the API's resident memory may rise while it answers one attack (it was 1.5 to 3.3 GB).
 RSS_BOUND = 300 * 1024**2
@@ -465,3 +468,54 @@ def test_deep_json_in_a_config_is_a_4xx_not_a_500(
     answer = client.post("/v1/jobs/check", json=job_body(model.json()["uri"], dataset.json()["uri"]))
     assert 400 <= answer.status_code < 500, answer.text
     assert answer.json()["code"] in ("model_not_loadable", "nesting_too_deep"), answer.json()
+
+
+# --- what reaches a worker (files changed after submit) -----------------------------------------------------
+
+
+@pytest.fixture
+def worker_app(tmp_path: Path) -> Iterator[tuple[TestClient, Settings, Engine]]:
+    settings = service_settings(tmp_path)
+    engine = migrated_engine(settings)
+    key = new_key(engine, "mallory")
+    with TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {key}"
+        yield client, settings, engine
+    engine.dispose()
+
+
+def _worker_fails(client: TestClient, settings: Settings, engine: Engine, job_id: str, code: str,
+                  *fragments: str) -> None:
+    context = WorkerContext(settings=settings, sessions=make_session_factory(engine), store=open_store(settings),
+                            worker_id="attacked-worker")
+    assert execute_job(job_id=job_id, context=context) is Outcome.failed
+    error = client.get(f"/v1/jobs/{job_id}").json()["error"]
+    assert error["code"] == code, error
+    assert len(error["message"]) < 4096, len(error["message"])
+    for fragment in fragments:
+        assert fragment in error["message"], (fragment, error["message"])
+
+
+def test_a_card_of_aliases_written_after_submit_fails_the_job_without_expanding(
+        worker_app: tuple[TestClient, Settings, Engine]) -> None:
+    client, settings, engine = worker_app
+    local = settings.allowed_local_roots[0]
+    model, data = write_tiny_model(local / "model"), write_tiny_dataset(local / "data")
+    answer = client.post("/v1/jobs", json=job_body(f"file://{model}", f"file://{data}"))
+    assert answer.status_code == 202, answer.text
+    levels = ['a0: &a0 ["train.csv"]'] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    (data / "README.md").write_text("---\n" + "\n".join(levels) +
+                                    "\nconfigs:\n- config_name: default\n  data_files: *a8\n---\n")
+    _worker_fails(client, settings, engine, answer.json()["id"], "invalid_dataset", "aliases (*name) are not accepted")
+
+
+def test_a_config_nested_too_deep_after_submit_fails_the_job_as_not_loadable(
+        worker_app: tuple[TestClient, Settings, Engine]) -> None:
+    client, settings, engine = worker_app
+    local = settings.allowed_local_roots[0]
+    model, data = write_tiny_model(local / "model"), write_tiny_dataset(local / "data")
+    answer = client.post("/v1/jobs", json=job_body(f"file://{model}", f"file://{data}"))
+    assert answer.status_code == 202, answer.text
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _worker_fails(client, settings, engine, answer.json()["id"], "model_not_loadable", "config.json")

@@ -42,4 +42,17 @@ def check_inputs(*, settings: Settings, owner_id: str, model: dict[str, Any], da
     return {"checked": list(report.checked), "skipped": list(report.skipped)}
 
 
-TASKS: dict[str, Callable[..., Any]] = {"index_upload": index_upload, "check_inputs": check_inputs}
+def check_fetched(*, model: str, dataset: str, dataset_record: dict[str, Any], settings: Settings
+                  ) -> dict[str, list[str]]:
+    """A worker's check of the inputs it fetched (local directories; a hub id is left to the engine)."""
+    from app.core.params import dataset_options
+    from app.core.preflight import check_directories
+
+    report = check_directories(model=Path(model) if Path(model).is_dir() else None,
+                               dataset=Path(dataset) if Path(dataset).is_dir() else None,
+                               options=dataset_options(dataset_record), settings=settings)
+    return {"checked": list(report.checked), "skipped": list(report.skipped)}
+
+
+TASKS: dict[str, Callable[..., Any]] = {"index_upload": index_upload, "check_inputs": check_inputs,
+                                        "check_fetched": check_fetched}

@@ -106,14 +106,13 @@ class _Child:
     def _read(self, n: int, deadline: float) -> bytes:
         assert self.process.stdout is not None
         fd = self.process.stdout.fileno()
+        poller = select.poll()  # not select(): an API holding many connections has descriptors past 1024
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         chunks: list[bytes] = []
         got = 0
         while got < n:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _Failed("time")
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
+            if remaining <= 0 or not poller.poll(remaining * 1000):
                 raise _Failed("time")
             chunk = os.read(fd, min(n - got, 1 << 20))
             if not chunk:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -59,7 +60,7 @@ from app.core.sandbox import inspection_pool
 from app.core.security import generate_webhook_secret
 from app.core.settings import Settings
 from app.core.signing import ArtifactRef, artifact_link
-from app.core.sources import UploadInfo, parse_reference
+from app.core.sources import parse_reference
 from app.core.sources.upload import find_upload
 from app.core.storage import ArtifactStore, checkpoint_prefix, job_prefix
 
@@ -161,11 +162,12 @@ def check_job(*, session: Session, settings: Settings, owner_id: str, body: JobC
     """
     stored_params(given_params(body.params))
     # The upload rows are read here; everything that reads a file runs in the inspection sandbox.
-    uploads: dict[str, UploadInfo | None] = {}
+    uploads: dict[str, dict[str, Any] | None] = {}
     for uri in (body.model.uri, body.dataset.uri, body.dataset.eval_uri):
         if uri is not None and uri.startswith("upload://"):
             ref = parse_reference(uri, role="dataset")
-            uploads[ref.target] = find_upload(session, upload_id=ref.target, owner_id=owner_id)
+            row = find_upload(session, upload_id=ref.target, owner_id=owner_id)
+            uploads[ref.target] = dataclasses.asdict(row) if row is not None else None
     answer = inspection_pool(settings).run(
         "check_inputs", what="checking the job's model and dataset", settings=settings, owner_id=owner_id,
         model=body.model.model_dump(mode="json"), dataset=body.dataset.model_dump(mode="json"), uploads=uploads)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 import threading
 
-from app.core.sandbox._pool import InspectionPool, Limits
+from app.core.sandbox._pool import InspectionPool, Limits, environment_key
 from app.core.settings import Settings
 
 __all__ = ["InspectionPool", "Limits", "inspection_pool", "limits_of"]
@@ -30,6 +30,9 @@ def inspection_pool(settings: Settings) -> InspectionPool:
     key = (limits_of(settings), settings.inspection_workers)
     with _lock:
         pool = _pools.get(key)
+        if pool is not None and pool.environment != environment_key():
+            pool.close()  # children keep the environment they started with: start new ones
+            pool = None
         if pool is None:
             pool = _pools[key] = InspectionPool(*key)
         return pool

@@ -2,9 +2,10 @@
 
 It limits its own address space first (``RLIMIT_AS``, so no parser it runs can take more), then
 answers tasks one at a time over its standard input and output, each frame an 8-byte little-endian
-length and the bytes. A task comes as a pickle from the API (trusted); the answer goes back as JSON
-(plain data only, at most ``OUTPUT_BYTES``), so nothing the child computes from a hostile file can
-be more than a bounded summary, nor run code in the API when it is read. Before each task the CPU
+length and the bytes. Both ways are JSON: a task (its name, its arguments, the deployment's
+settings, its CPU budget) and the answer (plain data only, at most ``OUTPUT_BYTES``), so nothing the
+child computes from a hostile file can be more than a bounded summary, nor run code in the API when
+it is read. Before each task the CPU
 limit (``RLIMIT_CPU``) is moved to the seconds already used plus the task's budget: past it the
 kernel ends the child with ``SIGXCPU``, which the pool reports as the CPU limit.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import resource
 import sys
 from typing import Any
@@ -32,11 +32,12 @@ def _cpu_budget(seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-def _answer(task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _answer(task: str, settings: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     from app.core.sandbox._tasks import TASKS
+    from app.core.settings import Settings
 
     try:
-        return {"ok": TASKS[task](**kwargs)}
+        return {"ok": TASKS[task](settings=Settings(**settings), **kwargs)}
     except MemoryError:
         return {"limit": "memory"}
     except RecursionError:
@@ -54,10 +55,11 @@ def main(argv: list[str]) -> int:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print never corrupts the channel
     while (request := read_frame(requests)) is not None:
-        task, kwargs, cpu_s = pickle.loads(request)
-        _cpu_budget(cpu_s)
+        asked = json.loads(request)
+        _cpu_budget(int(asked["cpu_s"]))
         try:
-            data = json.dumps(_answer(task, kwargs), separators=(",", ":")).encode()
+            answer = _answer(asked["task"], asked["settings"], asked["kwargs"])
+            data = json.dumps(answer, separators=(",", ":")).encode()
         except (TypeError, ValueError, MemoryError, RecursionError):
             data = json.dumps({"limit": "output", "size": -1}).encode()
         if len(data) > output:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import select
 import signal
 import subprocess
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from app.core import errors as service_errors
 from app.core.errors import (
     InspectionCpuLimitError,
@@ -45,6 +46,7 @@ from app.core.errors import (
     ServiceError,
 )
 from app.core.sandbox._frames import HEADER, frame
+from app.core.settings import Settings
 
 logger = logging.getLogger(__name__)
 _ROOT = Path(__file__).resolve().parents[3]  # the directory that holds the `app` package
@@ -156,11 +158,15 @@ class InspectionPool:
         self._idle: list[_Child] = []
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(size)
+        self.closed = False
+        #: The environment the children start with (they keep the one they started with).
+        self.environment = environment_key()
 
-    def run(self, task: str, *, what: str, **kwargs: Any) -> Any:
+    def run(self, task: str, *, what: str, settings: Settings, **kwargs: Any) -> Any:
         """Run the task ``task`` of :mod:`app.core.sandbox._tasks` in a child and return its plain-data answer.
 
-        ``what`` says what was being inspected, for the messages ("inspecting the upload").
+        ``what`` says what was being inspected, for the messages ("inspecting the upload"); the task
+        gets ``settings`` and ``kwargs``, which must be JSON (strings, numbers, lists, mappings).
 
         Raises
         ------
@@ -169,7 +175,8 @@ class InspectionPool:
         ServiceError, CahpError
             What the task raised (its message at most a couple of thousand characters).
         """
-        request = pickle.dumps((task, kwargs, self.limits.cpu_s))
+        request = json.dumps({"task": task, "settings": settings_data(settings), "kwargs": kwargs,
+                              "cpu_s": self.limits.cpu_s}).encode()
         with self._child() as (child, keep):
             try:
                 answer = child.call(request, deadline=time.monotonic() + self.limits.wall_s,
@@ -207,16 +214,18 @@ class InspectionPool:
             yield child, keep
         finally:
             if child is not None:
-                if kept and child.alive:
-                    with self._lock:
+                with self._lock:
+                    keep_child = kept and child.alive and not self.closed
+                    if keep_child:
                         self._idle.append(child)
-                else:
+                if not keep_child:
                     child.kill()
             self._slots.release()
 
     def close(self) -> None:
         """End the idle children (a running task's child ends when its caller is done with it)."""
         with self._lock:
+            self.closed = True
             idle, self._idle = self._idle, []
         for child in idle:
             child.kill()
@@ -244,6 +253,25 @@ class InspectionPool:
             f"{what} needed more than the memory limit of {limits.memory_bytes:,} bytes "
             f"(CAHP_INSPECTION_MEMORY_BYTES){ended}; the input decodes to too much to inspect here: send a smaller "
             "one, or ask the operator to raise the limit")
+
+
+def environment_key() -> int:
+    """A fingerprint of this process's environment, which a child copies when it starts."""
+    return hash(frozenset(os.environ.items()))
+
+
+def settings_data(settings: Settings) -> dict[str, Any]:
+    """``settings`` as JSON values that :class:`Settings` reads back the same (secrets included)."""
+    data = {}
+    for name, value in settings.model_dump().items():
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        elif isinstance(value, tuple | list):
+            value = [str(v) if isinstance(v, Path) else v for v in value]
+        elif isinstance(value, Path):
+            value = str(value)
+        data[name] = value
+    return data
 
 
 def _rebuilt(error: Any) -> Exception:

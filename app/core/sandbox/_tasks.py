@@ -33,11 +33,16 @@ def index_upload(*, local: str, kind: str, suffix: str, shown: str, settings: Se
 
 
 def check_inputs(*, settings: Settings, owner_id: str, model: dict[str, Any], dataset: dict[str, Any],
-                 uploads: dict[str, UploadInfo | None]) -> dict[str, list[str]]:
-    """The submit-time checks of a job's model and dataset (:func:`app.core.preflight.check_inputs`)."""
+                 uploads: dict[str, dict[str, Any] | None]) -> dict[str, list[str]]:
+    """The submit-time checks of a job's model and dataset (:func:`app.core.preflight.check_inputs`).
+
+    ``uploads`` maps each upload id the job names to its row's values (:class:`UploadInfo` as a
+    mapping), or None where the key has no such upload.
+    """
     from app.core.preflight import check_inputs as check
 
-    context = SourceContext(settings=settings, owner_id=owner_id, find_upload=lambda upload_id: uploads.get(upload_id))
+    rows = {upload_id: UploadInfo(**row) if row is not None else None for upload_id, row in uploads.items()}
+    context = SourceContext(settings=settings, owner_id=owner_id, find_upload=lambda upload_id: rows.get(upload_id))
     report = check(model=model, dataset=dataset, context=context)
     return {"checked": list(report.checked), "skipped": list(report.skipped)}
 

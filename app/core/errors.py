@@ -26,6 +26,7 @@ records the ``code`` on a failed job.
     │   ├── InspectionLimitError  422 inspecting what a key sent went past a limit of the inspection sandbox
     │   │   ├── InspectionMemoryLimitError, InspectionCpuLimitError, InspectionTimeLimitError,
     │   │   └── InspectionOutputLimitError, NestingTooDeepError   (one code per limit)
+    │   ├── InspectionFailedError 422 a file the inspection could not read for a reason no check names
     │   ├── ModelTooLargeError    422 a model larger than a worker's memory holds (``CAHP_MAX_MODEL_PARAMS``)
     │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
     │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
@@ -201,6 +202,13 @@ class InspectionOutputLimitError(InspectionLimitError):
 class NestingTooDeepError(InspectionLimitError):
     code = "nesting_too_deep"
     title = "Input nested too deeply"
+
+
+class InspectionFailedError(InvalidRequestError):
+    """Inspecting a file failed in a way no check of the service names (a parser's own error): never a 500."""
+
+    code = "inspection_failed"
+    title = "Input could not be inspected"
 
 
 class ModelTooLargeError(InvalidRequestError):

@@ -12,6 +12,7 @@ kernel ends the child with ``SIGXCPU``, which the pool reports as the CPU limit.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -40,11 +41,21 @@ def _answer(task: str, settings: dict[str, Any], kwargs: dict[str, Any]) -> dict
         return {"ok": TASKS[task](settings=Settings(**settings), **kwargs)}
     except MemoryError:
         return {"limit": "memory"}
+    except OSError as exc:  # a library that could not map or allocate memory says so with ENOMEM
+        if exc.errno == errno.ENOMEM or "memory" in str(exc).lower():
+            return {"limit": "memory"}
+        return _error(exc)
     except RecursionError:
         return {"limit": "nesting"}
     except Exception as exc:  # every other failure goes back as plain data, its message cut short
-        kind = type(exc)
-        return {"error": {"module": kind.__module__, "name": kind.__qualname__, "message": str(exc)[:MAX_MESSAGE]}}
+        if isinstance(exc, ImportError) and "memory" in str(exc).lower():
+            return {"limit": "memory"}  # a library's shared objects could not be mapped under the limit
+        return _error(exc)
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    kind = type(exc)
+    return {"error": {"module": kind.__module__, "name": kind.__qualname__, "message": str(exc)[:MAX_MESSAGE]}}
 
 
 def main(argv: list[str]) -> int:

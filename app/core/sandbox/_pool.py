@@ -38,6 +38,7 @@ from pydantic import SecretStr
 from app.core import errors as service_errors
 from app.core.errors import (
     InspectionCpuLimitError,
+    InspectionFailedError,
     InspectionLimitError,
     InspectionMemoryLimitError,
     InspectionOutputLimitError,
@@ -275,11 +276,15 @@ def settings_data(settings: Settings) -> dict[str, Any]:
 
 
 def _rebuilt(error: Any) -> Exception:
-    """The exception a child reported, when it is one of the service's or the engine's; else a RuntimeError."""
+    """The exception a child reported, when it is one of the service's or the engine's; else ``inspection_failed``.
+
+    A parser's own error on a hostile file (pyarrow's, PyYAML's, a ``KeyError``) is still the file's
+    fault, not the service's: a 422 that names it, logged for the operator, never a 500.
+    """
     from cahp_engine import errors as engine_errors
 
     if not isinstance(error, dict):
-        return RuntimeError("the inspection process sent an answer that cannot be read")
+        return InspectionFailedError("the inspection process sent an answer that cannot be read")
     module, name, message = error.get("module"), error.get("name"), str(error.get("message", ""))
     known = {service_errors.__name__: service_errors, engine_errors.__name__: engine_errors}
     kind = getattr(known[module], str(name), None) if module in known else None
@@ -287,4 +292,6 @@ def _rebuilt(error: Any) -> Exception:
         exc: Exception = kind.__new__(kind)
         Exception.__init__(exc, message)
         return exc
-    return RuntimeError(f"inspection failed: {name}: {message}")
+    logger.warning("an inspection failed with %s: %s", name, message[:500])
+    return InspectionFailedError(f"the file could not be inspected ({str(name)[:80]}: {message[:300]}); check that it "
+                                 "is what its name says, and not truncated")

@@ -14,6 +14,7 @@ reads as the failure the job would have had.
 
 from __future__ import annotations
 
+import errno
 import io
 import shutil
 import tarfile
@@ -56,8 +57,20 @@ def index_upload(local: Path, *, kind: str, suffix: str, max_rows: int | None) -
         if kind == "data":
             return _index_split_file(local, suffix, max_rows)
         return index_archive(local, max_rows=max_rows)
-    except (OSError, EOFError, zlib.error, tarfile.TarError, zipfile.BadZipFile, ValueError, CahpError):
+    except (OSError, EOFError, zlib.error, tarfile.TarError, zipfile.BadZipFile, ValueError, CahpError) as exc:
+        if _out_of_memory(exc):  # e.g. a scratch directory's cleanup failing after the memory ran out
+            raise MemoryError(str(exc)[:200]) from exc
         return None
+
+
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it arose from, is the process running out of memory."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def index_archive(archive: Path, *, max_rows: int | None) -> dict[str, Any] | None:

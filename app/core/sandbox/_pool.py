@@ -22,9 +22,11 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -78,7 +80,9 @@ class _Child:
     """One inspection process and its pipes."""
 
     def __init__(self, limits: Limits) -> None:
-        env = dict(os.environ)
+        # A scratch directory of its own, removed with the child: one killed mid-task leaves nothing.
+        self.scratch = tempfile.mkdtemp(prefix="cahp-inspect-")
+        env = dict(os.environ, TMPDIR=self.scratch)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", ARROW_NUM_THREADS="1",
                    ARROW_IO_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -144,6 +148,7 @@ class _Child:
                     stream.close()
                 except OSError:
                     pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     @property
     def alive(self) -> bool:

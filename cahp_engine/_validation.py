@@ -288,3 +288,13 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
         return f"; did you mean {folded[target]}?"
     close = difflib.get_close_matches(target, list(folded), n=2, cutoff=0.7)
     return "; did you mean " + " or ".join(folded[c] for c in close) + "?" if close else ""
+
+
+#: Longest excerpt of a file's own text quoted in a message.
+QUOTED = 80
+
+
+def excerpt(value: Any, limit: int = QUOTED) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for quoting untrusted input in a message."""
+    text = repr(value) if not isinstance(value, str) else repr(value[: limit + 1])
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -360,7 +360,7 @@ def _inputs(context: Any, job_id: str, attempt: int, definition: tuple[Any, ...]
             fetched.model_ref, fetched.dataset_ref, config,
             checkpoints=StoreCheckpoints(context.store, job_id=job_id, local=scratch / "checkpoints"),
             dataset_options=dataset_options(dataset), max_dataset_rows=settings.max_dataset_rows,
-            max_model_params=settings.max_model_params, revision=revision,
+            max_model_params=settings.model_params_limit, revision=revision,
             hub_token=settings.hub_token.get_secret_value() if settings.hub_token else None,
             cache_dir=str(settings.hub_cache_dir) if settings.hub_cache_dir else None,
             model_name=model_uri, dataset_name=dataset.get("uri"), should_cancel=should_cancel)

@@ -28,6 +28,7 @@ from app.core.inputs.sources import check_revision
 from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, QUEUE_WAIT
 from app.core.params import dataset_options, run_config
 from app.core.periodic import Periodic
+from app.core.sandbox import inspection_pool
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 from cahp_engine.errors import AccuracyBudgetError, CahpError, JobCancelledError, PipelineError
@@ -227,6 +228,11 @@ def _run(
     if Path(inputs.model_ref).is_dir():
         refuse_custom_code(Path(inputs.model_ref))
         check_weight_files(Path(inputs.model_ref))
+    # The submit checks again, on what was fetched, in a bounded child: a hostile header, config, card
+    # or split file fails the job with the limit it reached rather than growing this process.
+    inspection_pool(settings).run("check_fetched", what="checking the job's model and dataset",
+                                  model=inputs.model_ref, dataset=inputs.dataset_ref, dataset_record=claimed.dataset,
+                                  settings=settings)
     output = workdir / "output"
     if pipeline is None:
         from cahp_engine.run import run_pruning
@@ -278,7 +284,7 @@ def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: A
         inputs.model_ref, inputs.dataset_ref, output, config,
         dataset_options=options,
         max_dataset_rows=settings.max_dataset_rows,
-        max_model_params=settings.max_model_params,
+        max_model_params=settings.model_params_limit,
         model_name=claimed.model["uri"],
         dataset_name=claimed.dataset["uri"],
         revision=claimed.model.get("revision"),

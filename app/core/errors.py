@@ -23,6 +23,11 @@ records the ``code`` on a failed job.
     │   ├── InvalidUploadError    422 an upload of an unknown kind, or a bad archive
     │   ├── IdempotencyKeyReusedError 422 an ``Idempotency-Key`` sent again with another body
     │   ├── RegistryNotConfiguredError 422 ``register`` asked of a server without ``CAHP_MLFLOW_TRACKING_URI``
+    │   ├── InspectionLimitError  422 inspecting what a key sent went past a limit of the inspection sandbox
+    │   │   ├── InspectionMemoryLimitError, InspectionCpuLimitError, InspectionTimeLimitError,
+    │   │   └── InspectionOutputLimitError, NestingTooDeepError   (one code per limit)
+    │   ├── InspectionFailedError 422 a file the inspection could not read for a reason no check names
+    │   ├── ModelTooLargeError    422 a model larger than a worker's memory holds (``CAHP_MAX_MODEL_PARAMS``)
     │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
     │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
     ├── RangeNotSatisfiableError  416 a ``Range`` that starts past the end of the artifact
@@ -161,3 +166,54 @@ class RegistryNotConfiguredError(InvalidRequestError):
 
     code = "registry_not_configured"
     title = "No model registry configured"
+
+
+class InspectionLimitError(InvalidRequestError):
+    """Inspecting uploaded or referenced content went past a limit of the inspection sandbox.
+
+    Each subclass names one limit; the message says its value and the setting that changes it
+    (:mod:`app.core.sandbox`).
+    """
+
+    code = "inspection_limit"
+    title = "Inspection limit reached"
+
+
+class InspectionMemoryLimitError(InspectionLimitError):
+    code = "inspection_memory_limit"
+    title = "Inspection memory limit reached"
+
+
+class InspectionCpuLimitError(InspectionLimitError):
+    code = "inspection_cpu_limit"
+    title = "Inspection CPU limit reached"
+
+
+class InspectionTimeLimitError(InspectionLimitError):
+    code = "inspection_time_limit"
+    title = "Inspection time limit reached"
+
+
+class InspectionOutputLimitError(InspectionLimitError):
+    code = "inspection_output_limit"
+    title = "Inspection summary too large"
+
+
+class NestingTooDeepError(InspectionLimitError):
+    code = "nesting_too_deep"
+    title = "Input nested too deeply"
+
+
+class InspectionFailedError(InvalidRequestError):
+    """Inspecting a file failed in a way no check of the service names (a parser's own error): never a 500."""
+
+    code = "inspection_failed"
+    title = "Input could not be inspected"
+
+
+class ModelTooLargeError(InvalidRequestError):
+    """A model whose job would need more memory than a worker has (or more parameters than the limit)."""
+
+    code = "model_too_large"
+    title = "Model too large for this service"
+

@@ -20,11 +20,16 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.core.machine import machine_memory_bytes
 from cahp_engine.config import parse_device
 from cahp_engine.data import DEFAULT_MAX_ROWS
 from cahp_engine.errors import ConfigError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 
+#: Memory one job takes per parameter of its model, measured on a BERT job with recovery (float32
+#: weights, gradients and Adam's two moments are 16 bytes per trained parameter; activations and the
+#: pruning pass's copies come on top): about 10 bytes per parameter of the model as a whole.
+BYTES_PER_PARAMETER = 10
 #: Largest job time limit accepted, so a mistyped value cannot hold a GPU for months.
 MAX_JOB_TIME_LIMIT_S = 30 * 24 * 3600
 #: Defaults of the lease on a running job and of the attempts a job gets (see docs/operations.md).
@@ -62,13 +67,21 @@ class Settings(BaseSettings):
         Most rows one dataset split may have, or declare in its metadata (a few kilobytes of
         Parquet can declare millions of rows); a larger split fails the job as ``invalid_dataset``
         before its rows are read. Default: the engine's ``DEFAULT_MAX_ROWS`` (2,000,000).
-    max_model_params : int
-        Most parameters a job's model may have (a pruned one: before pruning). The model is built on
-        PyTorch's ``meta`` device from its ``config.json`` and counted before anything is allocated, and its
-        weights are checked against the config by name and shape, so a small archive cannot make a
-        worker allocate what its config declares; a refused model fails the job as
-        ``model_not_loadable`` on its first attempt. Default: the engine's ``DEFAULT_MAX_MODEL_PARAMS``
-        (4e9: XLM-RoBERTa-XL's 3.5e9 fits, XLM-RoBERTa-XXL's 1.07e10 does not).
+    max_model_params : int or None
+        Most parameters a job's model may have (a pruned one: before pruning). At submit, the model's
+        weights (counted from their safetensors headers) are compared with it and refused as
+        ``model_too_large`` with the memory the job would need; in the worker the model is built on
+        PyTorch's ``meta`` device from its ``config.json`` and counted before anything is allocated, and a
+        refused model fails the job as ``model_not_loadable`` on its first attempt. Default: derived from
+        the worker's memory, ``worker_memory_bytes`` / :data:`BYTES_PER_PARAMETER` (a 24 GB machine:
+        2.4e9), at most the engine's ``DEFAULT_MAX_MODEL_PARAMS`` (4e9); setting it overrides that
+        (:attr:`model_params_limit` is the value in force).
+    worker_memory_bytes : int or None
+        The memory a worker has for one job; None: this machine's (its cgroup limit, else its RAM).
+    inspection_workers, inspection_memory_bytes, inspection_cpu_s, inspection_wall_s, inspection_output_bytes
+        The inspection sandbox (:mod:`app.core.sandbox`): how many child processes inspect uploads and
+        submitted inputs at once, and each inspection's address space, CPU seconds, wall time and the
+        size of the summary it may return. A limit reached is a 422 naming it.
     job_time_limit_s : int
         Longest a job may run; past it the worker stops the job between steps as ``time_limit``.
     broker_visibility_timeout_s : int or None
@@ -177,7 +190,13 @@ class Settings(BaseSettings):
     max_unpacked_bytes: int = Field(default=8 * 1024**3, ge=1)
     max_archive_members: int = Field(default=10_000, ge=1)
     max_dataset_rows: int = Field(default=DEFAULT_MAX_ROWS, ge=1)
-    max_model_params: int = Field(default=DEFAULT_MAX_MODEL_PARAMS, ge=1)
+    max_model_params: int | None = Field(default=None, ge=1)
+    worker_memory_bytes: int | None = Field(default=None, ge=64 * 1024**2)
+    inspection_workers: int = Field(default=2, ge=1, le=16)
+    inspection_memory_bytes: int = Field(default=3 * 1024**3, ge=512 * 1024**2)
+    inspection_cpu_s: int = Field(default=60, ge=1, le=3600)
+    inspection_wall_s: float = Field(default=120.0, gt=0, le=3600)
+    inspection_output_bytes: int = Field(default=1024**2, ge=4096, le=256 * 1024**2)
     job_time_limit_s: int = Field(default=24 * 3600, ge=1, le=MAX_JOB_TIME_LIMIT_S)
     broker_visibility_timeout_s: int | None = Field(default=None, ge=1)
     queue: str = Field(default="cahp", min_length=1, max_length=200)
@@ -296,6 +315,20 @@ class Settings(BaseSettings):
             )
         return self
 
+    # --- values with defaults derived from the machine ---------------------------------------------
+
+    @property
+    def resolved_worker_memory_bytes(self) -> int:
+        """``worker_memory_bytes``, else the memory of this machine (its cgroup's limit when lower)."""
+        return self.worker_memory_bytes or machine_memory_bytes()
+
+    @property
+    def model_params_limit(self) -> int:
+        """``max_model_params``, else what a worker's memory holds at :data:`BYTES_PER_PARAMETER` (at most 4e9)."""
+        if self.max_model_params is not None:
+            return self.max_model_params
+        return max(1, min(self.resolved_worker_memory_bytes // BYTES_PER_PARAMETER, DEFAULT_MAX_MODEL_PARAMS))
+
     # --- values with defaults derived from data_dir ------------------------------------------------
 
     @property
@@ -352,7 +385,6 @@ class Settings(BaseSettings):
             "CAHP_CANCEL_CHECK_INTERVAL_S": str(self.cancel_check_interval_s),
             "CAHP_MAX_UNPACKED_BYTES": str(self.max_unpacked_bytes),
             "CAHP_MAX_ARCHIVE_MEMBERS": str(self.max_archive_members),
-            "CAHP_MAX_MODEL_PARAMS": str(self.max_model_params),
             "CAHP_MAX_DATASET_ROWS": str(self.max_dataset_rows),
             "CAHP_WORK_DIR": str(self.resolved_work_dir),
             "CAHP_ALLOWED_LOCAL_ROOTS": os.pathsep.join(str(p) for p in self.allowed_local_roots),
@@ -362,12 +394,18 @@ class Settings(BaseSettings):
             "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
             "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
             "CAHP_ALLOWED_S3_PREFIXES": ",".join(self.allowed_s3_prefixes),
+            "CAHP_INSPECTION_WORKERS": str(self.inspection_workers),
+            "CAHP_INSPECTION_MEMORY_BYTES": str(self.inspection_memory_bytes),
+            "CAHP_INSPECTION_CPU_S": str(self.inspection_cpu_s),
+            "CAHP_INSPECTION_WALL_S": str(self.inspection_wall_s),
+            "CAHP_INSPECTION_OUTPUT_BYTES": str(self.inspection_output_bytes),
         }
         if self.broker_url is not None:
             env["CAHP_BROKER_URL"] = self.broker_url
         env["CAHP_SIGNED_URL_TTL_S"] = str(self.signed_url_ttl_s)
         env["CAHP_MLFLOW_EXPERIMENT"] = self.mlflow_experiment
-        for name in ("s3_endpoint_url", "s3_region", "hub_cache_dir", "public_url", "s3_public_endpoint_url",
+        for name in ("max_model_params", "worker_memory_bytes",
+                     "s3_endpoint_url", "s3_region", "hub_cache_dir", "public_url", "s3_public_endpoint_url",
                      "mlflow_tracking_uri", "mlflow_tracking_username"):
             value = getattr(self, name)
             if value is not None:

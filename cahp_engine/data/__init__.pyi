@@ -4,7 +4,7 @@ Reading order: ``_options`` (which columns and splits) -> ``_files`` / ``_hub`` 
 -> ``_profile`` (the checks of splits, columns and labels)
 -> ``_splits`` (``load_splits``) -> ``_encoding`` (tokenise, batch) -> ``_lazy`` (tokenise on read)."""
 
-from ._card import CARD_FILES, check_card_text, check_repository, has_card_configs
+from ._card import CARD_FILES, MAX_YAML_DEPTH, check_card_text, check_repository, has_card_configs
 from ._encoding import (
     EncodedDataset,
     LabelledTexts,
@@ -28,9 +28,11 @@ from ._options import (
 from ._paths import SAVED_DICT, SAVED_STATE, check_saved_dataset, data_file_problem
 from ._profile import DatasetProfile, SplitProfile, check_splits, profile_directory
 from ._splits import DatasetSplits, load_splits
+from ._table import MAX_COLUMNS, MAX_SPLIT_BYTES
 
 __all__ = [
-    "CARD_FILES", "DATASET_OPTION_FIELDS", "DEFAULT_EVAL_SPLITS", "DEFAULT_MAX_ROWS", "FILE_SUFFIXES", "SAVED_DICT",
+    "CARD_FILES", "MAX_COLUMNS", "MAX_SPLIT_BYTES", "MAX_YAML_DEPTH",
+    "DATASET_OPTION_FIELDS", "DEFAULT_EVAL_SPLITS", "DEFAULT_MAX_ROWS", "FILE_SUFFIXES", "SAVED_DICT",
     "SAVED_STATE", "check_card_text", "check_hub_data_files", "check_repository", "check_saved_dataset",
     "check_split_name", "check_splits", "collate", "data_file_problem", "DatasetOptions", "DatasetProfile",
     "DatasetSplits", "draw_subset", "encode",

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cahp_engine._validation import excerpt
 from cahp_engine.data._paths import check_links_inside, data_file_problem
 from cahp_engine.errors import DatasetError
 
@@ -21,6 +22,8 @@ from cahp_engine.errors import DatasetError
 CARD_FILES: tuple[str, ...] = ("README.md", ".huggingface.yaml")
 #: Longest entry quoted in a message.
 _QUOTED = 200
+#: Deepest nesting of mappings and lists read from a card's YAML (a real card nests five or six deep).
+MAX_YAML_DEPTH = 64
 _CONFIGS_KEY = re.compile(r"\bconfigs['\"]?[ \t]*:")
 
 
@@ -46,7 +49,11 @@ def card_metadata(name: str, text: str, *, where: str) -> dict[str, Any] | None:
     import yaml
 
     try:
-        data = yaml.safe_load(text)
+        loader = _bounded_loader()(text)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -62,6 +69,35 @@ def card_metadata(name: str, text: str, *, where: str) -> dict[str, Any] | None:
             f"{where}: the YAML must be a mapping of keys such as `configs`, not a {type(data).__name__}"
         )
     return data
+
+
+def _bounded_loader() -> type:
+    """PyYAML's safe loader that refuses aliases and nesting deeper than :data:`MAX_YAML_DEPTH`.
+
+    An alias is a reference to an earlier node: eight levels of nine aliases stand for 43 million
+    entries in three kilobytes, which any code that walks or prints the result then expands. Cards
+    have no use for them, so none is accepted; without aliases, the document's size bounds its data.
+    """
+    import yaml
+    from yaml.composer import ComposerError
+
+    class BoundedLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                raise ComposerError(None, None, "aliases (*name) are not accepted; write the value out",
+                                    self.peek_event().start_mark)
+            self.depth += 1
+            try:
+                if self.depth > MAX_YAML_DEPTH:
+                    raise ComposerError(None, None, f"it nests deeper than {MAX_YAML_DEPTH} levels",
+                                        self.peek_event().start_mark)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return BoundedLoader
 
 
 def check_card_metadata(data: dict[str, Any], *, where: str) -> bool:
@@ -187,7 +223,7 @@ def _data_file_entries(value: Any, config: str, where: str) -> list[Any]:
 def _check_entry(entry: Any, what: str, config: str, where: str) -> None:
     problem = data_file_problem(entry)
     if problem is not None:
-        shown = entry[:_QUOTED] if isinstance(entry, str) else entry
+        shown = entry[:_QUOTED] if isinstance(entry, str) else excerpt(entry, _QUOTED)
         raise DatasetError(
             f"{where}: configuration {config!r} names the {what} {shown!r}, which {problem}; cahp reads only "
             "files inside the dataset directory, named relative to it (like data/train-*.parquet)"

@@ -6,15 +6,25 @@ Every problem is a :class:`~cahp_engine.errors.DatasetError` naming the file and
 from __future__ import annotations
 
 import csv
-import io
 import json
 import re
-from collections.abc import Container
+import sys
+from collections import Counter
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from cahp_engine.data._options import FILE_SUFFIXES
-from cahp_engine.data._table import Source, Table, check_rows, listed, too_many_rows
+from cahp_engine.data._table import (
+    MAX_COLUMNS,
+    MAX_SPLIT_BYTES,
+    Source,
+    Table,
+    check_rows,
+    listed,
+    too_large,
+    too_many_rows,
+)
 from cahp_engine.errors import DatasetError
 
 _INTEGER = re.compile(r"^[+-]?\d+$")
@@ -72,25 +82,27 @@ def files_source(root: Path, max_rows: int | None = None) -> Source:
     return Source(splits=tuple(by_split), read=lambda split, options: read_split(by_split[split], options, max_rows))
 
 
-def _decoded(path: Path) -> str:
-    data = path.read_bytes()
-    if not data.strip():
-        raise DatasetError(f"{path} is empty; write the split's labelled rows into it")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DatasetError(
-            f"{path} is not UTF-8: byte {data[err.start]:#04x} on line {line} cannot be decoded; "
-            "re-save the file as UTF-8"
-        ) from None
-    return text.removeprefix("\ufeff")  # a byte-order mark some editors write
+def _text_file(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file, read as a stream (``\\n`` ends a line), within :data:`MAX_SPLIT_BYTES`."""
+    size = path.stat().st_size
+    if size > MAX_SPLIT_BYTES:
+        raise too_large(str(path), f"is {size:,} bytes")
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):  # binary lines end at b"\n" only
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DatasetError(
+                    f"{path} is not UTF-8: byte {raw[err.start]:#04x} on line {number} cannot be decoded; "
+                    "re-save the file as UTF-8"
+                ) from None
+            yield line.removeprefix("\ufeff") if number == 1 else line  # a byte-order mark some editors write
 
 
 def _read_csv(path: Path, options: Wanted, max_rows: int | None) -> Table:
     # The csv module rather than pandas: pandas fills a row with too few fields with NaN without a
     # word, and its type guessing turns texts such as "NA" or "null" into missing values.
-    reader = csv.reader(io.StringIO(_decoded(path), newline=""))
+    reader = csv.reader(_text_file(path))
     header: list[str] | None = None
     rows: list[list[str]] = []
     lines: list[int] = []
@@ -101,14 +113,11 @@ def _read_csv(path: Path, options: Wanted, max_rows: int | None) -> Table:
         except StopIteration:
             break
         except csv.Error as err:
-            raise DatasetError(f"{path}, line {start}: {err}; fix the quoting of that row") from None
-        if not row:
+            raise DatasetError(f"{path}, line {start}: {str(err)[:200]}; fix the quoting of that row") from None
+        if not row or (header is None and not any(field.strip() for field in row)):
             continue  # blank line
         if header is None:
-            header = row
-            repeated = sorted({c for c in row if row.count(c) > 1})
-            if repeated:
-                raise DatasetError(f"{path} repeats the column names {repeated}; give every column its own name")
+            header = _csv_header(path, row)
             continue
         if len(row) != len(header):
             raise DatasetError(
@@ -119,12 +128,27 @@ def _read_csv(path: Path, options: Wanted, max_rows: int | None) -> Table:
             raise too_many_rows(path.stem, str(path), max_rows)
         rows.append(row)
         lines.append(start)
-    if header is None or not rows:
+    if header is None:
+        raise DatasetError(f"{path} is empty; write the split's labelled rows into it")
+    if not rows:
         raise DatasetError(f"{path} has a header but no rows; add at least one labelled row per class")
     values = {name: [r[i] for r in rows] for i, name in enumerate(header) if name in options.columns}
     if options.label_column in values:
         values[options.label_column] = csv_labels(values[options.label_column])
     return Table(str(path), tuple(header), values, len(rows), lines)
+
+
+def _csv_header(path: Path, row: list[str]) -> list[str]:
+    """The header row, refused with too many columns or a name given twice (one pass over the names)."""
+    if len(row) > MAX_COLUMNS:
+        raise DatasetError(
+            f"{path} has {len(row):,} columns, more than cahp's limit of {MAX_COLUMNS:,} (MAX_COLUMNS); keep "
+            "the text, pair and label columns"
+        )
+    repeated = sorted(name for name, count in Counter(row).items() if count > 1)
+    if repeated:
+        raise DatasetError(f"{path} repeats the column names [{listed(repeated)}]; give every column its own name")
+    return row
 
 
 def csv_labels(raw: list[str]) -> list[Any]:
@@ -139,16 +163,23 @@ def _read_jsonl(path: Path, options: Wanted, max_rows: int | None) -> Table:
     names: dict[str, None] = {}  # insertion-ordered set
     records: list[dict[str, Any]] = []
     lines: list[int] = []
-    # split("\n"), not splitlines(): JSON strings may hold U+2028 and other characters splitlines breaks on.
-    for number, line in enumerate(_decoded(path).split("\n"), start=1):
+    # Lines end at "\n" only: JSON strings may hold U+2028 and other characters splitlines breaks on.
+    blank = True
+    for number, line in enumerate(_text_file(path), start=1):
         if not line.strip():
             continue
+        blank = False
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
             raise DatasetError(
                 f"{path}, line {number} is not valid JSON ({err.msg}, column {err.colno}); "
                 "write one JSON object per line"
+            ) from None
+        except RecursionError:
+            raise DatasetError(
+                f"{path}, line {number} nests its JSON deeper than Python's recursion limit "
+                f"({sys.getrecursionlimit()}); write one flat object per line"
             ) from None
         if not isinstance(record, dict):
             raise DatasetError(
@@ -158,8 +189,13 @@ def _read_jsonl(path: Path, options: Wanted, max_rows: int | None) -> Table:
         if max_rows is not None and len(records) == max_rows:
             raise too_many_rows(path.stem, str(path), max_rows)
         names.update(dict.fromkeys(record))
+        if len(names) > MAX_COLUMNS:
+            raise DatasetError(f"{path}, line {number}: more than cahp's limit of {MAX_COLUMNS:,} distinct keys "
+                               "(MAX_COLUMNS); keep the text, pair and label fields")
         records.append(record)
         lines.append(number)
+    if blank:
+        raise DatasetError(f"{path} is empty; write the split's labelled rows into it")
     values = {name: [r.get(name) for r in records] for name in names if name in options.columns}
     return Table(str(path), tuple(names), values, len(records), lines)
 
@@ -174,14 +210,61 @@ def _read_parquet(path: Path, options: Wanted, max_rows: int | None) -> Table:
     # compressed rows, so the count is checked before any of them is decoded.
     check_rows(path.stem, str(path), parquet_rows(path), max_rows, declared=True)
     try:
-        names = tuple(pq.read_schema(path).names)
-        table = pq.read_table(path, columns=[c for c in names if c in options.columns])
+        with pq.ParquetFile(path) as parquet:
+            schema = parquet.schema_arrow
+            names = tuple(schema.names)
+            wanted = [c for c in names if c in options.columns]
+            _check_stored_size(path, parquet.metadata, wanted)
+        # Text columns stay dictionary-encoded while read, so that their decoded size is known before
+        # a single value becomes a Python string.
+        texts = [c for c in wanted if _is_text(schema.field(c).type)]
+        table = pq.read_table(path, columns=wanted, read_dictionary=texts, use_threads=False)
     except (pa.ArrowException, OSError) as err:
         raise DatasetError(
-            f"{path} cannot be read as Parquet ({err}); write it again, e.g. with DataFrame.to_parquet"
+            f"{path} cannot be read as Parquet ({str(err)[:200]}); write it again, e.g. with DataFrame.to_parquet"
         ) from None
+    decoded = sum(_decoded_bytes(table.column(name)) for name in table.column_names)
+    if decoded > MAX_SPLIT_BYTES:
+        raise too_large(str(path), f"decodes to {decoded:,} bytes")
     values = {name: table.column(name).to_pylist() for name in table.column_names}
     return Table(str(path), names, values, table.num_rows)
+
+
+def _check_stored_size(path: Path, metadata: Any, columns: list[str]) -> None:
+    """Refuse a file whose wanted columns' pages (dictionary pages included) uncompress past the limit."""
+    stored = 0
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for i in range(row_group.num_columns):
+            chunk = row_group.column(i)
+            if chunk.path_in_schema.split(".")[0] in columns:
+                stored += max(int(chunk.total_uncompressed_size), 0)
+    if stored > MAX_SPLIT_BYTES:
+        raise too_large(str(path), f"declares {stored:,} uncompressed bytes")
+
+
+def _is_text(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+                or pa.types.is_large_binary(kind))
+
+
+def _decoded_bytes(column: Any) -> int:
+    """What a column's values take once decoded: a dictionary column's entries counted once per row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            if len(chunk.dictionary) and _is_text(chunk.dictionary.type):
+                lengths = pc.binary_length(chunk.dictionary)
+                total += int(pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0)
+            total += chunk.indices.nbytes
+        else:
+            total += chunk.nbytes
+    return total
 
 
 def parquet_rows(path: Path) -> int:

@@ -12,6 +12,15 @@ from cahp_engine.errors import DatasetError
 
 #: At most this many names in one message.
 SHOWN = 20
+#: Most columns a split file may have: a text classifier reads two or three. A header of 60,000
+#: names is refused before a row is read.
+MAX_COLUMNS = 10_000
+#: Most bytes of one split: the file's size for CSV and JSON Lines, the decoded size of the wanted
+#: columns for Parquet (whose dictionary pages let 857 bytes stand for 2 GB of text). SST-5's train
+#: split is 1 MB, MNLI's 80 MB; the whole split is held in memory while a job runs.
+MAX_SPLIT_BYTES = 1024**3
+#: Longest name quoted in a message (a name is the file's own text).
+_NAME_QUOTED = 80
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,20 @@ def listed(names: Sequence[str]) -> str:
     if not names:
         return "(none)"
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-    return ", ".join(repr(n) for n in names[:SHOWN]) + more
+    return ", ".join(_quoted(n) for n in names[:SHOWN]) + more
+
+
+def _quoted(name: str) -> str:
+    text = repr(name[: _NAME_QUOTED + 1])
+    return text if len(name) <= _NAME_QUOTED else text[: _NAME_QUOTED] + "...'"
+
+
+def too_large(where: str, found: str) -> DatasetError:
+    """The error for a split over :data:`MAX_SPLIT_BYTES` (``found``: what was seen)."""
+    return DatasetError(
+        f"{where} {found}, more than cahp's limit of {MAX_SPLIT_BYTES:,} bytes per split (MAX_SPLIT_BYTES); "
+        "give it fewer or shorter rows (a sample of the split serves pruning as well)"
+    )
 
 
 def check_rows(split: str, where: str, rows: int, max_rows: int | None, *, declared: bool = False) -> None:

@@ -6,13 +6,14 @@ Reading order: ``_families`` and ``_adapters`` (where each family keeps its head
 from ._adapters import eager_attention, export_attention, gate_heads, heads_per_layer
 from ._checkpoint import load_pruned, save_pruned
 from ._families import SUPPORTED_FAMILIES, get_adapter
-from ._limits import DEFAULT_MAX_MODEL_PARAMS
+from ._limits import DEFAULT_MAX_MODEL_PARAMS, MAX_SAFETENSORS_HEADER_BYTES
 from ._loading import LoadedClassifier, load_classifier
-from ._model_files import ModelFiles, check_declarations, check_weight_files, safetensors_header
+from ._model_files import MAX_HEADER_BYTES, ModelFiles, check_declarations, check_weight_files, safetensors_header
 from ._surgery import current_kept_heads, prune_heads, pruning_record
 
 __all__ = [
-    "DEFAULT_MAX_MODEL_PARAMS", "SUPPORTED_FAMILIES", "check_declarations", "check_weight_files",
+    "DEFAULT_MAX_MODEL_PARAMS", "MAX_HEADER_BYTES", "MAX_SAFETENSORS_HEADER_BYTES",
+    "SUPPORTED_FAMILIES", "check_declarations", "check_weight_files",
     "current_kept_heads", "eager_attention", "export_attention", "gate_heads", "get_adapter", "heads_per_layer",
     "load_classifier", "load_pruned", "LoadedClassifier", "ModelFiles", "prune_heads", "pruning_record",
     "safetensors_header", "save_pruned",

@@ -26,3 +26,12 @@ MAX_LAYERS = 1024
 #: (``position_ids`` and ``token_type_ids`` of ``max_position_embeddings`` entries, rotary
 #: frequencies). A real model has a few thousand; 2**24 int64 elements are 128 MiB.
 MAX_UNSAVED_BUFFER_ELEMENTS = 1 << 24
+
+#: Longest safetensors JSON header read. The format allows 100 MB; a real header takes about 150 bytes
+#: per tensor (BERT-base: 30 KB; a 70e9-parameter decoder's largest shard: under 100 KB), and a parsed
+#: header costs tens of times its size in Python objects, so a 104 MB header of zeros once took a process
+#: to 1.9 GB. 8 MiB holds some 50,000 tensors' entries.
+MAX_SAFETENSORS_HEADER_BYTES = 8 * 1024 * 1024
+
+#: Most dimensions of one tensor (transformer weights have one to four).
+MAX_TENSOR_RANK = 8

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cahp_engine._validation import is_plain_file_name
+from cahp_engine._validation import excerpt, is_plain_file_name
 from cahp_engine.errors import ModelLoadError
 from cahp_engine.models._families import ModelAdapter
-from cahp_engine.models._limits import MAX_LAYERS, MAX_NUM_LABELS
+from cahp_engine.models._limits import MAX_LAYERS, MAX_NUM_LABELS, MAX_SAFETENSORS_HEADER_BYTES, MAX_TENSOR_RANK
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -32,8 +32,11 @@ WEIGHTS_INDEX = f"{WEIGHTS_FILE}.index.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 _LAYER_KEYS = ("num_hidden_layers", "n_layers")
 _DTYPES = ("float32", "float16", "bfloat16")
-#: The safetensors format caps its JSON header at 100 MB; a header this long is refused before it is read.
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: The longest safetensors header read (the format's own cap is 100 MB); a longer one is refused unread.
+MAX_HEADER_BYTES = MAX_SAFETENSORS_HEADER_BYTES
+#: Bytes per element of each safetensors dtype: a tensor's bytes must be its elements times this.
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
+               "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 def read_config(config_file: Path) -> dict[str, Any]:
@@ -174,8 +177,12 @@ def safetensors_header(handle: IO[bytes], size: int, *, name: str) -> dict[str, 
     if len(prefix) < 8:
         raise refuse("it is shorter than the 8-byte header length")
     (length,) = struct.unpack("<Q", prefix)
-    if length > MAX_HEADER_BYTES or 8 + length > size:
-        raise refuse(f"its header claims {length} bytes, more than the file or the format allows")
+    if 8 + length > size:
+        raise refuse(f"its header claims {length} bytes, more than the file holds")
+    if length > MAX_HEADER_BYTES:
+        raise refuse(f"its header claims {length:,} bytes, more than cahp's limit of {MAX_HEADER_BYTES:,} bytes "
+                     "(MAX_SAFETENSORS_HEADER_BYTES; the format allows 100 MB, a real header needs about 150 "
+                     "bytes per tensor); it is refused unread")
     try:
         header = json.loads(handle.read(length).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -186,23 +193,42 @@ def safetensors_header(handle: IO[bytes], size: int, *, name: str) -> dict[str, 
     for key, entry in header.items():
         if key == "__metadata__":
             continue
-        shape = entry.get("shape") if isinstance(entry, Mapping) else None
-        offsets = entry.get("data_offsets") if isinstance(entry, Mapping) else None
-        if (not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape)
-                or not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(n, int) and n >= 0 for n in offsets)):
-            raise refuse(f"the entry of {key!r} has no valid shape and data offsets")
-        if 8 + length + offsets[1] > size:
-            raise refuse(f"tensor {key!r} lies past the end of the file (truncated?)")
-        shapes[key] = tuple(shape)
+        shapes[key] = _tensor_shape(entry, key, 8 + length, size, refuse)
     return shapes
+
+
+def _tensor_shape(entry: Any, key: str, start: int, size: int, refuse: Callable[[str], ModelLoadError]
+                  ) -> tuple[int, ...]:
+    """One header entry's shape, checked: rank, dimensions, dtype, and bytes that fit its offsets and the file."""
+    shape = entry.get("shape") if isinstance(entry, Mapping) else None
+    offsets = entry.get("data_offsets") if isinstance(entry, Mapping) else None
+    if not isinstance(shape, list) or len(shape) > MAX_TENSOR_RANK:
+        # The rank first, before a long list of dimensions is looked at element by element.
+        rank = f"{len(shape):,} dimensions, more than {MAX_TENSOR_RANK}" if isinstance(shape, list) else "no shape"
+        raise refuse(f"the entry of {excerpt(key)} has {rank}")
+    if (not all(type(n) is int and 0 <= n < 2**48 for n in shape)
+            or not isinstance(offsets, list) or len(offsets) != 2
+            or not all(type(n) is int and 0 <= n for n in offsets) or offsets[0] > offsets[1]):
+        raise refuse(f"the entry of {excerpt(key)} has no valid shape and data offsets")
+    if start + offsets[1] > size:
+        raise refuse(f"tensor {excerpt(key)} lies past the end of the file (truncated?)")
+    itemsize = DTYPE_BYTES.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+    if itemsize is None:
+        raise refuse(f"tensor {excerpt(key)} has the unknown dtype {excerpt(entry.get('dtype'))}")
+    elements = 1
+    for n in shape:
+        elements *= n
+    if elements * itemsize != offsets[1] - offsets[0]:
+        raise refuse(f"tensor {excerpt(key)} declares {elements:,} elements of {itemsize} bytes in "
+                     f"{offsets[1] - offsets[0]:,} bytes")
+    return tuple(shape)
 
 
 def _config_object(text: Callable[[], str], shown: str) -> dict[str, Any]:
     try:
         config = json.loads(text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ModelLoadError(f"cannot read {shown!r}: {exc}") from exc
+        raise ModelLoadError(f"cannot read {shown!r}: {str(exc)[:200]}") from exc
     if not isinstance(config, dict):
         raise ModelLoadError(f"{shown!r} must hold a JSON object")
     return config
@@ -211,7 +237,7 @@ def _config_object(text: Callable[[], str], shown: str) -> dict[str, Any]:
 def _index_names(text: Callable[[], str]) -> list[str]:
     try:
         content = json.loads(text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelLoadError(f"the model's {WEIGHTS_INDEX} cannot be read as JSON ({type(exc).__name__})") from exc
     weight_map = content.get("weight_map") if isinstance(content, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -40,26 +41,22 @@ from app.core.db import Artifact, Job, JobStatus, repository, utcnow
 from app.core.errors import (
     ArtifactsExpiredError,
     IdempotencyKeyReusedError,
-    InvalidReferenceError,
     InvalidRequestError,
     JobFinishedError,
     JobNotFinishedError,
     NotFoundError,
     UnavailableError,
 )
-from app.core.inputs import PreflightReport, preflight, reference_name
+from app.core.inputs import PreflightReport, reference_name
 from app.core.inputs.sources import (
-    Reference,
-    SourceContext,
-    check_reference,
-    check_revision,
     find_upload,
     parse_reference,
 )
 from app.core.labels import MAX_LABELS, parse_selector
 from app.core.metrics import JOBS_SUBMITTED
 from app.core.mlflow_registry import check_registry
-from app.core.params import dataset_options, stored_params
+from app.core.params import stored_params
+from app.core.sandbox import inspection_pool
 from app.core.security import ArtifactRef, artifact_link, check_webhook_url, generate_webhook_secret
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore, checkpoint_prefix, job_prefix
@@ -161,35 +158,17 @@ def check_job(*, session: Session, settings: Settings, owner_id: str, body: JobC
         What to change, in the words the worker would use.
     """
     stored_params(given_params(body.params))
-    context = SourceContext(settings=settings, owner_id=owner_id,
-                            find_upload=lambda upload_id: find_upload(session, upload_id=upload_id, owner_id=owner_id))
-    options = dataset_options(body.dataset.model_dump())
-    dataset_ref, eval_ref = _validate_dataset(body.dataset, context=context)
-    model_ref = parse_reference(body.model.uri, role="model")
-    check_reference(model_ref, role="model", context=context)
-    if body.model.revision is not None and model_ref.scheme != "hf":
-        raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
-    if body.model.revision is not None:
-        check_revision(body.model.revision, field="model.revision")
-    return preflight(model=model_ref, dataset=dataset_ref, eval_dataset=eval_ref, options=options, context=context)
-
-
-def _validate_dataset(spec: DatasetSpec, *, context: SourceContext) -> tuple[Reference, Reference | None]:
-    ref = parse_reference(spec.uri, role="dataset")
-    shape = check_reference(ref, role="dataset", context=context)
-    if spec.eval_uri is None:
-        if shape == "file":
-            raise InvalidReferenceError(
-                f"{spec.uri} is a single file, which holds one split; give the evaluation split as "
-                "`dataset.eval_uri`, or upload an archive holding train and test files"
-            )
-        return ref, None
-    if shape != "file":
-        raise InvalidReferenceError("`dataset.eval_uri` applies only when `dataset.uri` is a single split file")
-    eval_ref = parse_reference(spec.eval_uri, role="dataset")
-    if check_reference(eval_ref, role="dataset", context=context) != "file":
-        raise InvalidReferenceError(f"`dataset.eval_uri` ({spec.eval_uri}) must be a single split file")
-    return ref, eval_ref
+    # The upload rows are read here; everything that reads a file runs in the inspection sandbox.
+    uploads: dict[str, dict[str, Any] | None] = {}
+    for uri in (body.model.uri, body.dataset.uri, body.dataset.eval_uri):
+        if uri is not None and uri.startswith("upload://"):
+            ref = parse_reference(uri, role="dataset")
+            row = find_upload(session, upload_id=ref.target, owner_id=owner_id)
+            uploads[ref.target] = dataclasses.asdict(row) if row is not None else None
+    answer = inspection_pool(settings).run(
+        "check_inputs", what="checking the job's model and dataset", settings=settings, owner_id=owner_id,
+        model=body.model.model_dump(mode="json"), dataset=body.dataset.model_dump(mode="json"), uploads=uploads)
+    return PreflightReport(checked=tuple(answer["checked"]), skipped=tuple(answer["skipped"]))
 
 
 def _check_idempotency_key(key: str) -> None:

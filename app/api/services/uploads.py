@@ -31,7 +31,8 @@ from app.core.errors import (
     PayloadTooLargeError,
     UnavailableError,
 )
-from app.core.inputs import ARCHIVE_SUFFIXES, archive_suffix, check_archive, index_upload, storage_error
+from app.core.inputs import ARCHIVE_SUFFIXES, archive_suffix, storage_error
+from app.core.sandbox import inspection_pool
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 from cahp_engine.data import FILE_SUFFIXES as DATA_SUFFIXES
@@ -69,8 +70,9 @@ def store_upload(
     """Copy ``source`` into the store as a new upload of ``owner_id``, or find the same bytes already stored.
 
     Uploads are content-addressed per key: bytes the key uploaded before (same sha256 and suffix) give
-    that upload back, so repeating an upload is harmless and its ``upload://`` URI is stable. Archives
-    are indexed as they arrive (:mod:`app.core.inputs._upload_contents`) for the checks at submit.
+    that upload back, so repeating an upload is harmless and its ``upload://`` URI is stable. Uploads
+    are checked and indexed as they arrive (:mod:`app.core.inputs._upload_contents`), in the inspection
+    sandbox (:mod:`app.core.sandbox`), for the checks at submit.
 
     Raises
     ------
@@ -78,6 +80,8 @@ def store_upload(
         When ``source`` holds more than ``CAHP_MAX_UPLOAD_BYTES``.
     InvalidUploadError
         For an empty file, an unknown suffix, or an unsafe or corrupt archive.
+    InspectionLimitError
+        When inspecting the file reached a limit of the sandbox (nothing is stored).
     """
     # Only the last path component of the client's name is kept, whatever its path syntax.
     display = PureWindowsPath(PurePosixPath(filename).name).name.strip() or "upload"
@@ -109,13 +113,15 @@ def store_upload(
         same = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=digest.hexdigest(), suffix=suffix)
         if same is not None:
             return StoredUpload(same, created=False)
-        if kind == "archive":
-            check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members,
-                          shown=display[:100])
+        # Checked (an archive member by member) and indexed in the inspection sandbox, never here: a
+        # hostile file costs a bounded child process, and a limit reached refuses the upload.
+        contents = inspection_pool(settings).run(
+            "index_upload", what=f"inspecting {display[:100]!r}", local=str(local), kind=kind, suffix=suffix,
+            shown=display[:100], settings=settings)
         key = f"uploads/{upload_id}{suffix}"
         upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
                         media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key,
-                        contents=index_upload(local, kind=kind, suffix=suffix, max_rows=settings.max_dataset_rows))
+                        contents=contents)
         repository.add_upload(session, upload)
         session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
         try:

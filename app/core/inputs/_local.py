@@ -137,8 +137,8 @@ def refuse_code_configs(read: Callable[[str], str | None]) -> None:
             if text is None:
                 continue
             config = json.loads(text)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue  # the engine reports an unreadable config with its own message
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            continue  # the engine reports an unreadable (or too deeply nested) config with its own message
         if isinstance(config, dict) and config.get("auto_map"):
             modules = sorted({str(v).split(".")[0] for v in _flatten(config["auto_map"])})
             raise UnsupportedModelError(

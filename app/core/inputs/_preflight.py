@@ -19,12 +19,15 @@ is the worker's first check.
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.core.errors import InvalidReferenceError, ModelTooLargeError
 from app.core.inputs._archives import check_archive
+from app.core.inputs._dataset_checks import check_dataset_directory
 from app.core.inputs._local import refuse_code_configs
 from app.core.inputs._upload_contents import (
     CONTENTS_VERSION,
@@ -35,7 +38,16 @@ from app.core.inputs._upload_contents import (
     index_upload,
     relabel,
 )
-from app.core.inputs.sources import Reference, SourceContext, resolve_local
+from app.core.inputs.sources import (
+    Reference,
+    SourceContext,
+    check_reference,
+    check_revision,
+    parse_reference,
+    resolve_local,
+)
+from app.core.params import dataset_options
+from app.core.settings import BYTES_PER_PARAMETER, Settings
 from cahp_engine.data import DatasetOptions, DatasetProfile, SplitProfile, profile_directory
 from cahp_engine.errors import ModelLoadError
 from cahp_engine.models import ModelFiles, check_declarations, get_adapter, safetensors_header
@@ -47,6 +59,95 @@ class PreflightReport:
 
     checked: tuple[str, ...]
     skipped: tuple[str, ...]
+
+
+def check_inputs(*, model: dict[str, Any], dataset: dict[str, Any], context: SourceContext) -> PreflightReport:
+    """Every check of a job's ``model`` and ``dataset`` records that reads what they name, then :func:`preflight`.
+
+    Runs in the inspection sandbox (:mod:`app.core.sandbox`): it reads uploaded and referenced files.
+
+    Raises
+    ------
+    InvalidReferenceError, DatasetError, ModelLoadError, UnsupportedModelError, ModelTooLargeError
+        What to change, in the words the worker would use.
+    """
+    options = dataset_options(dataset)
+    dataset_ref, eval_ref = _dataset_references(dataset, context)
+    model_ref = parse_reference(model["uri"], role="model")
+    check_reference(model_ref, role="model", context=context)
+    revision = model.get("revision")
+    if revision is not None and model_ref.scheme != "hf":
+        raise InvalidReferenceError("`model.revision` applies only to hf:// models; remove it")
+    if revision is not None:
+        check_revision(revision, field="model.revision")
+    return preflight(model=model_ref, dataset=dataset_ref, eval_dataset=eval_ref, options=options, context=context)
+
+
+def _dataset_references(dataset: dict[str, Any], context: SourceContext) -> tuple[Reference, Reference | None]:
+    ref = parse_reference(dataset["uri"], role="dataset")
+    shape = check_reference(ref, role="dataset", context=context)
+    eval_uri = dataset.get("eval_uri")
+    if eval_uri is None:
+        if shape == "file":
+            raise InvalidReferenceError(
+                f"{dataset['uri']} is a single file, which holds one split; give the evaluation split as "
+                "`dataset.eval_uri`, or upload an archive holding train and test files"
+            )
+        return ref, None
+    if shape != "file":
+        raise InvalidReferenceError("`dataset.eval_uri` applies only when `dataset.uri` is a single split file")
+    eval_ref = parse_reference(eval_uri, role="dataset")
+    if check_reference(eval_ref, role="dataset", context=context) != "file":
+        raise InvalidReferenceError(f"`dataset.eval_uri` ({eval_uri}) must be a single split file")
+    return ref, eval_ref
+
+
+def check_directories(*, model: Path | None, dataset: Path | None, options: DatasetOptions, settings: Settings
+                      ) -> PreflightReport:
+    """The submit checks again on the directories a worker fetched and unpacked, before the engine loads them.
+
+    The worker runs this in its inspection sandbox, so a hostile header, config, card or split file
+    costs a bounded child rather than the worker; the model's size is left to the engine's own
+    count on the ``meta`` device, which is exact.
+    """
+    checked: list[str] = []
+    files = None
+    if model is not None:
+        files = _from_directory(model)
+        refuse_code_configs(lambda name: files.texts.get(name) if name in files.names else None)
+        files.listing.check()
+    if dataset is not None:
+        check_dataset_directory(dataset, shown=str(dataset))
+        profile = profile_directory(dataset, max_rows=settings.max_dataset_rows)
+        profile.check(options, str(dataset))
+        checked.append(f"dataset: splits {options.train_split!r} and the evaluation split, columns, labels, texts")
+    if files is not None:
+        checked.append(_check_model(files, settings, size=False))
+    return PreflightReport(checked=tuple(checked), skipped=())
+
+
+def check_model_size(parameters: int, settings: Settings, *, where: str) -> None:
+    """Refuse a model of more parameters than :attr:`Settings.model_params_limit`, with the memory it needs.
+
+    Raises
+    ------
+    ModelTooLargeError
+        "needs about 38 GB; this worker has 24", and the setting that changes the limit.
+    """
+    limit = settings.model_params_limit
+    if parameters <= limit:
+        return
+    need = parameters * BYTES_PER_PARAMETER / 1e9
+    has = settings.resolved_worker_memory_bytes / 1e9
+    if settings.max_model_params is not None:
+        why = f"more than the limit of {limit:,} parameters (CAHP_MAX_MODEL_PARAMS)"
+    else:
+        why = (f"more than the {limit:,} this worker's memory holds at about {BYTES_PER_PARAMETER} bytes per "
+               "parameter (the limit is derived from CAHP_WORKER_MEMORY_BYTES; CAHP_MAX_MODEL_PARAMS overrides it)")
+    raise ModelTooLargeError(
+        f"{where} holds {parameters:,} parameters, {why}: a job on it needs about {need:.0f} GB; this worker has "
+        f"{has:.0f}. Use a smaller model, or a worker with more memory"
+    )
 
 
 def preflight(*, model: Reference, dataset: Reference, eval_dataset: Reference | None, options: DatasetOptions,
@@ -69,7 +170,7 @@ def preflight(*, model: Reference, dataset: Reference, eval_dataset: Reference |
         profile.check(options, where)
         checked.append(f"dataset: splits {options.train_split!r} and the evaluation split, columns, labels, texts")
     if files is not None:
-        checked.append(_check_model(files))
+        checked.append(_check_model(files, context.settings))
     return PreflightReport(checked=tuple(checked), skipped=tuple(skipped))
 
 
@@ -84,7 +185,7 @@ class _Model:
         return self.listing.names
 
 
-def _check_model(files: _Model) -> str:
+def _check_model(files: _Model, settings: Settings, *, size: bool = True) -> str:
     raw = files.listing.config()
     adapter = get_adapter(types.SimpleNamespace(model_type=raw.get("model_type")))
     if "cahp" in raw:
@@ -98,6 +199,8 @@ def _check_model(files: _Model) -> str:
             raise ModelLoadError(str(header["error"]))
         shapes.update({key: tuple(shape) for key, shape in header["shapes"].items()})
     check_declarations(raw, adapter, shapes, ref=files.listing.where)
+    if size:
+        check_model_size(sum(math.prod(shape) for shape in shapes.values()), settings, where=files.listing.where)
     return f"model: {adapter.family} config, {len(shapes)} tensors in safetensors"
 
 

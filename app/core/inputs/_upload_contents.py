@@ -14,6 +14,7 @@ reads as the failure the job would have had.
 
 from __future__ import annotations
 
+import errno
 import io
 import shutil
 import tarfile
@@ -28,7 +29,7 @@ from typing import IO, Any
 
 from cahp_engine.data import CARD_FILES, FILE_SUFFIXES, SAVED_DICT, SAVED_STATE, profile_directory
 from cahp_engine.errors import CahpError
-from cahp_engine.models import safetensors_header
+from cahp_engine.models import MAX_HEADER_BYTES, safetensors_header
 
 #: Changes when the record's layout does; an upload indexed by another version is not checked at submit.
 CONTENTS_VERSION = 1
@@ -40,7 +41,6 @@ MAX_SMALL_FILE = 1024 * 1024
 MAX_NAMES = 2000
 #: Stands for the split name in the profile of a single split file (the worker names the file after the split).
 SPLIT_PLACEHOLDER = "CAHP_SPLIT"
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,20 @@ def index_upload(local: Path, *, kind: str, suffix: str, max_rows: int | None) -
         if kind == "data":
             return _index_split_file(local, suffix, max_rows)
         return index_archive(local, max_rows=max_rows)
-    except (OSError, EOFError, zlib.error, tarfile.TarError, zipfile.BadZipFile, ValueError, CahpError):
+    except (OSError, EOFError, zlib.error, tarfile.TarError, zipfile.BadZipFile, ValueError, CahpError) as exc:
+        if _out_of_memory(exc):  # e.g. a scratch directory's cleanup failing after the memory ran out
+            raise MemoryError(str(exc)[:200]) from exc
         return None
+
+
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it arose from, is the process running out of memory."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def index_archive(archive: Path, *, max_rows: int | None) -> dict[str, Any] | None:
@@ -101,13 +113,13 @@ def index_archive(archive: Path, *, max_rows: int | None) -> dict[str, Any] | No
         return record
 
 
-def _header(read: Callable[[str, int], bytes], member: str, size: int) -> dict[str, Any]:
+def _header(read: Callable[..., bytes], member: str, size: int) -> dict[str, Any]:
     name = PurePosixPath(member).name
     head = read(member, 8)
     length = int.from_bytes(head[:8], "little") if len(head) == 8 else 0
     try:
-        # A header longer than the file or the format's 100 MB is refused by its first 8 bytes alone.
-        data = read(member, 8 + length) if 8 + length <= size and length <= _MAX_HEADER else head
+        # A header longer than the file or cahp's cap is refused by its first 8 bytes alone, unread.
+        data = read(member, 8 + length) if 8 + length <= size and length <= MAX_HEADER_BYTES else head
         shapes = safetensors_header(io.BytesIO(data), size, name=name)
     except CahpError as exc:
         return {"error": str(exc)}
@@ -119,7 +131,7 @@ def _looks_like_dataset(files: list[str]) -> bool:
         name in files for name in (*CARD_FILES, SAVED_DICT, SAVED_STATE))
 
 
-def _profile_skeleton(top: dict[str, _Member], read: Callable[[str, int], bytes], prefix: str, root: str,
+def _profile_skeleton(top: dict[str, _Member], read: Callable[..., bytes], prefix: str, root: str,
                       max_rows: int | None) -> dict[str, Any]:
     """Profile the dataset on a skeleton of its top level: split files and cards real, other names empty."""
     keep = {*CARD_FILES, SAVED_DICT, SAVED_STATE}
@@ -131,7 +143,7 @@ def _profile_skeleton(top: dict[str, _Member], read: Callable[[str, int], bytes]
             if member.is_dir:
                 target.mkdir()
             elif name in keep or Path(name).suffix.lower() in FILE_SUFFIXES:
-                target.write_bytes(read(prefix + name, member.size))
+                read(prefix + name, member.size, target)  # streamed to the file, never whole in memory
             else:
                 target.touch()
         profile = profile_directory(base, max_rows=max_rows).to_dict()
@@ -162,16 +174,16 @@ def relabel(value: Any, replacements: dict[str, str]) -> Any:
 
 
 @contextmanager
-def _archive(path: Path) -> Iterator[tuple[list[_Member], Callable[[str, int], bytes]]]:
+def _archive(path: Path) -> Iterator[tuple[list[_Member], Callable[..., bytes]]]:
     """The members of a zip or tar archive and ``read(name, n)``: the first ``n`` bytes of a member."""
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as zf:
             members = [_Member(_clean(i.filename), i.is_dir(), i.file_size, n) for n, i in enumerate(zf.infolist())]
             names = {_clean(i.filename): i for i in zf.infolist()}
 
-            def read_zip(name: str, n: int) -> bytes:
+            def read_zip(name: str, n: int, target: Path | None = None) -> bytes:
                 with zf.open(names[name]) as handle:
-                    return handle.read(n)
+                    return _take(handle, n, target)
 
             yield members, read_zip
         return
@@ -179,14 +191,39 @@ def _archive(path: Path) -> Iterator[tuple[list[_Member], Callable[[str, int], b
         infos = {_clean(m.name): m for m in tar.getmembers() if m.isfile() or m.isdir()}
         members = [_Member(name, m.isdir(), m.size, n) for n, (name, m) in enumerate(infos.items())]
 
-        def read_tar(name: str, n: int) -> bytes:
+        def read_tar(name: str, n: int, target: Path | None = None) -> bytes:
             handle: IO[bytes] | None = tar.extractfile(infos[name])
             if handle is None:
                 return b""
             with handle:
-                return handle.read(n)
+                return _take(handle, n, target)
 
         yield members, read_tar
+
+
+def _take(handle: IO[bytes], n: int, target: Path | None) -> bytes:
+    """The first ``n`` bytes of ``handle``; with ``target``, copied there in chunks instead (answers b"")."""
+    if target is None:
+        return handle.read(n)
+    with open(target, "wb") as out:
+        shutil.copyfileobj(_Limited(handle, n), out, 1024 * 1024)
+    return b""
+
+
+class _Limited(io.RawIOBase):
+    """At most ``n`` bytes of a binary handle."""
+
+    def __init__(self, handle: IO[bytes], n: int) -> None:
+        self._handle, self._left = handle, n
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size < 0 else min(size, self._left)
+        data = self._handle.read(size)
+        self._left -= len(data)
+        return data
 
 
 def _clean(name: str) -> str:

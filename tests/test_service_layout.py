@@ -1,9 +1,10 @@
 """The service's shape, checked as the engine's is (tests/engine/test_layout.py): rooms that publish their
 names once and keep their modules private.
 
-``app.core`` holds a few shared modules (settings, errors, the queue contract...) and three rooms: ``db``
-(the database, its tables, the repository), ``inputs`` (what a job reads and its checks) and ``security``
-(keys, signed links, the outbound guard). ``app.api`` keeps its background loops in ``background``. Each room
+``app.core`` holds a few shared modules (settings, errors, the queue contract...) and four rooms: ``db``
+(the database, its tables, the repository), ``inputs`` (what a job reads and its checks), ``security``
+(keys, signed links, the outbound guard) and ``sandbox`` (bounded child processes that read untrusted
+content). ``app.api`` keeps its background loops in ``background``. Each room
 keeps its code in private modules and publishes its names from ``__init__.pyi`` (loaded lazily); its two
 sub-rooms, ``db.repository`` and ``inputs.sources``, publish theirs from their ``__init__``. The rules:
 
@@ -24,12 +25,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Rooms whose names are published by a lazy stub.
-ROOMS = ("app.core.db", "app.core.inputs", "app.core.security", "app.api.background")
+ROOMS = ("app.core.db", "app.core.inputs", "app.core.security", "app.core.sandbox", "app.api.background")
 #: Rooms inside rooms, publishing from their ``__init__``: a namespace of functions, a registry of schemes.
 SUB_ROOMS = ("app.core.db.repository", "app.core.inputs.sources")
 #: The shared modules of app.core, beside its rooms (like the engine's config, errors, results, progress).
-CORE_MODULES = {"errors", "labels", "metrics", "metrics_dir", "mlflow_registry", "params", "periodic", "queue",
-                "settings", "storage"}
+CORE_MODULES = {"errors", "labels", "machine", "metrics", "metrics_dir", "mlflow_registry", "params", "periodic",
+                "queue", "settings", "storage"}
 
 
 def _directory(room: str) -> Path:
@@ -117,7 +118,7 @@ def test_app_core_is_its_shared_modules_and_its_rooms() -> None:
     core = ROOT / "app" / "core"
     flat = {p.stem for p in core.glob("*.py") if p.name != "__init__.py"}
     rooms = {p.name for p in core.iterdir() if p.is_dir() and p.name != "__pycache__"}
-    assert (flat, rooms) == (CORE_MODULES, {"db", "inputs", "security"})
+    assert (flat, rooms) == (CORE_MODULES, {"db", "inputs", "sandbox", "security"})
 
 
 @pytest.mark.parametrize("room", ROOMS)

@@ -10,10 +10,11 @@ from . import sources
 from ._archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, storage_error, unpack
 from ._local import InputFetcher, refuse_custom_code
 from ._naming import reference_name
-from ._preflight import PreflightReport, preflight
+from ._preflight import PreflightReport, check_directories, check_inputs, preflight
 from ._upload_contents import index_upload
 
 __all__ = [
-    "archive_suffix", "ARCHIVE_SUFFIXES", "check_archive", "index_upload", "InputFetcher", "preflight",
-    "PreflightReport", "reference_name", "refuse_custom_code", "sources", "storage_error", "unpack",
+    "archive_suffix", "ARCHIVE_SUFFIXES", "check_archive", "check_directories", "check_inputs", "index_upload",
+    "InputFetcher", "preflight", "PreflightReport", "reference_name", "refuse_custom_code", "sources",
+    "storage_error", "unpack",
 ]

@@ -3,44 +3,15 @@
 :func:`inspection_pool` gives the pool of a deployment's settings; :mod:`app.core.sandbox._tasks`
 holds what a child may be asked to do (index an upload, check a job's inputs), each returning plain
 data. See :mod:`app.core.sandbox._pool` for the limits and what reaching each one answers.
-"""
-
-from __future__ import annotations
-
-import atexit
-import threading
-
-from app.core.sandbox._pool import InspectionPool, Limits, environment_key
-from app.core.settings import Settings
-
-__all__ = ["InspectionPool", "Limits", "inspection_pool", "limits_of"]
-
-_pools: dict[tuple[Limits, int], InspectionPool] = {}
-_lock = threading.Lock()
 
 
-def limits_of(settings: Settings) -> Limits:
-    """The inspection limits ``settings`` ask for."""
-    return Limits(memory_bytes=settings.inspection_memory_bytes, cpu_s=settings.inspection_cpu_s,
-                  wall_s=settings.inspection_wall_s, output_bytes=settings.inspection_output_bytes)
+Reading order: ``_frames`` (the length-prefixed JSON both ways) -> ``_child`` (the child's loop and its
+own limits) -> ``_pool`` (the parent's side: limits, wall time, replacing a broken child) -> ``_tasks``
+(what a child may do) -> ``_pools`` (the process's pools by settings).
 
+The public names are declared in ``__init__.pyi`` and loaded on first use (SPEC 1 lazy loading), as in
+the engine's rooms."""
 
-def inspection_pool(settings: Settings) -> InspectionPool:
-    """The process's pool for these settings' limits (one per distinct set of limits, made once)."""
-    key = (limits_of(settings), settings.inspection_workers)
-    with _lock:
-        pool = _pools.get(key)
-        if pool is not None and pool.environment != environment_key():
-            pool.close()  # children keep the environment they started with: start new ones
-            pool = None
-        if pool is None:
-            pool = _pools[key] = InspectionPool(*key)
-        return pool
+import lazy_loader
 
-
-@atexit.register
-def _close_all() -> None:
-    with _lock:
-        pools = list(_pools.values())
-    for pool in pools:
-        pool.close()
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.core.inputs.sources import SourceContext, UploadInfo
 from app.core.settings import Settings
-from app.core.sources import SourceContext, UploadInfo
 
 
 def index_upload(*, local: str, kind: str, suffix: str, shown: str, settings: Settings) -> dict[str, Any] | None:
@@ -20,10 +20,10 @@ def index_upload(*, local: str, kind: str, suffix: str, shown: str, settings: Se
     Raises
     ------
     InvalidUploadError
-        For an unsafe or corrupt archive (:func:`app.core.archives.check_archive`).
+        For an unsafe or corrupt archive (:func:`app.core.inputs.check_archive`).
     """
-    from app.core.archives import check_archive
-    from app.core.upload_contents import index_upload as index
+    from app.core.inputs import check_archive
+    from app.core.inputs import index_upload as index
 
     path = Path(local)
     if kind == "archive":
@@ -34,12 +34,12 @@ def index_upload(*, local: str, kind: str, suffix: str, shown: str, settings: Se
 
 def check_inputs(*, settings: Settings, owner_id: str, model: dict[str, Any], dataset: dict[str, Any],
                  uploads: dict[str, dict[str, Any] | None]) -> dict[str, list[str]]:
-    """The submit-time checks of a job's model and dataset (:func:`app.core.preflight.check_inputs`).
+    """The submit-time checks of a job's model and dataset (:func:`app.core.inputs.check_inputs`).
 
     ``uploads`` maps each upload id the job names to its row's values (:class:`UploadInfo` as a
     mapping), or None where the key has no such upload.
     """
-    from app.core.preflight import check_inputs as check
+    from app.core.inputs import check_inputs as check
 
     rows = {upload_id: UploadInfo(**row) if row is not None else None for upload_id, row in uploads.items()}
     context = SourceContext(settings=settings, owner_id=owner_id, find_upload=lambda upload_id: rows.get(upload_id))
@@ -50,8 +50,8 @@ def check_inputs(*, settings: Settings, owner_id: str, model: dict[str, Any], da
 def check_fetched(*, model: str, dataset: str, dataset_record: dict[str, Any], settings: Settings
                   ) -> dict[str, list[str]]:
     """A worker's check of the inputs it fetched (local directories; a hub id is left to the engine)."""
+    from app.core.inputs import check_directories
     from app.core.params import dataset_options
-    from app.core.preflight import check_directories
 
     report = check_directories(model=Path(model) if Path(model).is_dir() else None,
                                dataset=Path(dataset) if Path(dataset).is_dir() else None,

@@ -407,6 +407,8 @@ class Readiness(BaseModel):
     status: Literal["ok"]
     database: Literal["ok"]
     broker: Literal["ok"]
+    #: Live workers started by this server (embedded mode); None where workers run elsewhere.
+    workers: int | None = None
 
 
 class Health(BaseModel):

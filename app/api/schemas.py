@@ -282,6 +282,10 @@ class JobResult(BaseModel):
     int8_speedup_high: float | None = Field(default=None, description="95 % interval of `int8_speedup` (high end)")
     warnings: tuple[str, ...] | None = Field(default=None, description="Every warning of the run; quality warnings "
                                              "(a class never predicted, macro-F1 near chance, too large a drop) first")
+    warning_codes: tuple[str, ...] | None = Field(default=None, description="A stable code for each of `warnings`, "
+                                                  "in the same order: class_lost, near_chance, accuracy_drop, "
+                                                  "macro_f1_drop, int8_accuracy_drop, recall_drop, untrained_head, "
+                                                  "dense_finetuned, no_knee, no_stability, budget_noise or other")
 
 
 class JobLinks(BaseModel):

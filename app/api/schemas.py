@@ -285,7 +285,7 @@ class JobResult(BaseModel):
     warning_codes: tuple[str, ...] | None = Field(default=None, description="A stable code for each of `warnings`, "
                                                   "in the same order: class_lost, near_chance, accuracy_drop, "
                                                   "macro_f1_drop, int8_accuracy_drop, recall_drop, untrained_head, "
-                                                  "dense_finetuned, no_knee, no_stability, budget_noise or other")
+                                                  "no_knee, no_stability, budget_noise or other")
 
 
 class JobLinks(BaseModel):

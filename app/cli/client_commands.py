@@ -98,7 +98,7 @@ def register(sub: Any) -> None:
     gate.add_argument("--fail-on", metavar="CODES", type=_warning_codes,
                       help="exit 6 when the job succeeded with a warning of one of these codes, comma-separated "
                            "(class_lost, near_chance, accuracy_drop, macro_f1_drop, int8_accuracy_drop, recall_drop, "
-                           "untrained_head, dense_finetuned, no_knee, no_stability, budget_noise, other)")
+                           "untrained_head, no_knee, no_stability, budget_noise, other)")
     wait.set_defaults(func=cmd_wait)
 
     download = sub.add_parser("download", parents=[client, timed],
@@ -170,7 +170,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not sep:
             return fail(f"--param takes NAME=VALUE, got {item!r}")
         params[name.strip()] = _param_value(value)
-    unknown = _unknown_param(params)
+    unknown = _unknown_param(params) or _invalid_param(params)
     if unknown:
         return fail(unknown)
     try:
@@ -227,6 +227,18 @@ def _unknown_param(params: dict[str, Any]) -> str | None:
         if name not in known:
             return (f"--param {name}: no job setting has this name{did_you_mean(name, known)} "
                     "(`cahp prune --help` lists them, with --flag-names for name_with_underscores)")
+    return None
+
+
+def _invalid_param(params: dict[str, Any]) -> str | None:
+    """The engine's message for a value no job takes (``epochs=one``), before anything is packed or uploaded."""
+    from cahp_engine.config import PruningConfig
+    from cahp_engine.errors import CahpError
+
+    try:
+        PruningConfig.from_dict({k: v for k, v in params.items() if v is not None})
+    except (CahpError, ValueError, TypeError) as exc:
+        return f"--param: {exc}"
     return None
 
 

@@ -43,6 +43,7 @@ from cahp_engine.recovery import (
 from cahp_engine.results import ClassificationMetrics, TrainingResult
 from cahp_engine.run._budget import BudgetOutcome, ladder, search
 from cahp_engine.run._candidates import SearchInputs
+from cahp_engine.run._dense_probe import untrained_in_effect
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._holdout import ValidationData, ValidationScorer, score_of, validation_data
 from cahp_engine.run._live import TrainingHooks
@@ -180,6 +181,15 @@ def dense_finetune(
     """
     config = run.config
     ran, reason = _dense_decision(config.dense_finetune, classifier_trained)
+    if config.dense_finetune == "auto" and classifier_trained:
+        # A head in the checkpoint may still be random (saved by from_pretrained(num_labels=...)).
+        with run.monitor.stage("dense_evaluation"):
+            before = evaluate(model, inputs.evaluation, batch_size=config.batch_size, device=run.device)
+        untrained = untrained_in_effect(before)
+        run.say(f"dense model as loaded: accuracy {before.accuracy:.4f}, macro-F1 {before.macro_f1:.4f}"
+                + (f"; {untrained}" if untrained else ""))
+        if untrained is not None:
+            ran, reason = True, untrained
     training = None
     if ran:
         with run.monitor.stage("dense_finetune"):

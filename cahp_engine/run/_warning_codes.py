@@ -13,7 +13,6 @@ writes them (each pairing is tested against that function's output).
 ``int8_accuracy_drop`` the int8 graph lost more accuracy against the pruned model than allowed
 ``recall_drop``        a class's recall fell by more than 20 points
 ``untrained_head``     the classifier head is untrained and dense fine-tuning is off
-``dense_finetuned``    ``dense_finetune: auto`` fine-tuned a model whose head scored near chance
 ``no_knee``            Kneedle found no knee; the chord's farthest point was used
 ``no_stability``       too few samples per class to measure the selection's stability
 ``budget_noise``       the validation split cannot tell the accuracy budget from noise
@@ -29,7 +28,7 @@ from cahp_engine.run._quality import QualityFlag
 
 #: Every code a warning can have, in the order of the table above.
 WARNING_CODES = ("class_lost", "near_chance", "accuracy_drop", "macro_f1_drop", "int8_accuracy_drop",
-                 "recall_drop", "untrained_head", "dense_finetuned", "no_knee", "no_stability", "budget_noise",
+                 "recall_drop", "untrained_head", "no_knee", "no_stability", "budget_noise",
                  "other")
 
 #: (code, words the message holds), tried in order, for warnings that are not quality flags.
@@ -37,7 +36,6 @@ _WORDED = (
     ("class_lost", " is lost: its recall fell"),
     ("recall_drop", ": recall fell from "),
     ("untrained_head", "classifier head is untrained and dense fine-tuning is off"),
-    ("dense_finetuned", "scored near chance before dense fine-tuning"),
     ("no_knee", "Kneedle found no knee"),
     ("no_stability", "no stability measure"),
     ("budget_noise", "cannot tell a "),

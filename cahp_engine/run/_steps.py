@@ -135,9 +135,10 @@ def load(
                                  cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed,
                                  max_params=max_params)
         loaded.model.to(device).eval()
-        if not loaded.classifier_trained:
-            # A head cahp creates classifies the dataset's classes: name them as the dataset does, so
-            # config.json (and every export) says `very negative`, not `LABEL_0`.
+        if not loaded.classifier_trained or _generic_names(loaded.model):
+            # A head cahp creates (or one saved with transformers' placeholder names) classifies the
+            # dataset's classes: name them as the dataset does, so config.json (and every export) says
+            # `very negative`, not `LABEL_0`, as the model cards do.
             name_classes(loaded.model, splits.label_names)
         held_out = validation = None
         train = splits.train
@@ -157,6 +158,12 @@ def load(
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
     return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,
                   held_out=held_out)
+
+
+def _generic_names(model: nn.Module) -> bool:
+    """Whether the model's classes have only transformers' placeholder names (``LABEL_0``, ``LABEL_1``...)."""
+    names = dict(getattr(model.config, "id2label", None) or {})
+    return bool(names) and all(str(name) == f"LABEL_{int(i)}" for i, name in names.items())
 
 
 def name_classes(model: nn.Module, label_names: Sequence[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,9 @@ def test_auto_fine_tunes_a_saved_random_head_and_says_why(tmp_path: Path) -> Non
     report = run_pruning(str(model), str(data), tmp_path / "out", config, log=lines.append)
     assert report.dense_finetune.mode == "auto" and report.dense_finetune.ran
     assert "taken for untrained" in report.dense_finetune.reason
+    # The head's placeholder names (LABEL_0...) gave way to the dataset's, as the model card says them.
+    saved = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
+    assert saved["id2label"] == {str(i): name for i, name in enumerate(report.dataset.label_names)}
     text = "\n".join(lines)
     assert "dense model as loaded: accuracy" in text and "dense fine-tuning (its classification head" in text
 

@@ -306,6 +306,8 @@ class JobPublic(BaseModel):
     progress: float = Field(ge=0, le=1)
     eta_s: float | None = Field(default=None, description="Seconds the running attempt still needs, by its measured "
                                 "pace so far; null when not known yet or not running")
+    eta_reason: str | None = Field(default=None, description="Why `eta_s` is null while the job is not finished: "
+                                   "waiting for a worker, a worker that stopped answering, a pace not measured yet")
     cancel_requested: bool
     model: ModelSpec
     dataset: DatasetSpec

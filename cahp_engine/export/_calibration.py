@@ -32,17 +32,21 @@ class RowsReader(CalibrationDataReader):
         self._batches = iter([chosen[i:i + batch] for i in range(0, len(chosen), batch)])
         self._data = data
         self._names = names
+        self._width = int(data.lengths[chosen].max()) if len(chosen) else 1
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         idx = next(self._batches, None)
         if idx is None:
             return None
         batch = collate(self._data, idx)
+        # Every batch padded to one width: histogram calibrators stack the batches' activations.
+        extra = self._width - batch["input_ids"].shape[1]
         feed: dict[str, Any] = {}
         for name in self._names:
             value = batch.get(name)
             array = np.zeros_like(batch["input_ids"].numpy()) if value is None else value.numpy()
-            feed[name] = array.astype(np.int64)
+            fill = self._data.pad_token_id if name == "input_ids" else 0
+            feed[name] = np.pad(array, ((0, 0), (0, extra)), constant_values=fill).astype(np.int64)
         return feed
 
 

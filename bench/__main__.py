@@ -20,6 +20,7 @@ BENCHMARKS = {
     "preflight": "bench.preflight",
     "resume": "bench.resume",
     "hostile-content": "bench.hostile_content",
+    "int8-batch": "bench.int8_batch",
 }
 
 

@@ -199,8 +199,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_grad_norm", 1.0, Interval("real", 0.0, 1e6, closed="right"),
             "gradients are clipped to this norm while fine-tuning", group="fine-tuning"),
     Setting("dense_finetune", "auto", Options(DENSE_FINETUNE_MODES),
-            "fine-tune the dense model first; auto: when its classifier head is untrained or does not fit the "
-            "labels", group="fine-tuning"),
+            "fine-tune the dense model first; auto: when its classifier head is untrained, does not fit the "
+            "labels, or scores near chance on the evaluation split", group="fine-tuning"),
     Setting("dense_epochs", 3, _EPOCHS, "epochs of the dense fine-tuning", group="fine-tuning"),
     Setting("dense_lr", 5e-5, _RATE, "learning rate of the dense fine-tuning", group="fine-tuning"),
     Setting("recovery_loss", "distill", Options(RECOVERY_LOSSES),

@@ -36,6 +36,9 @@ ETA_WINDOW_S = 600.0
 ETA_MIN_S = 30.0
 #: The longest a running job's log stays quiet, in seconds (:meth:`JobReporter.keep_alive`).
 KEEP_ALIVE_S = 30.0
+#: How often the worker asks :meth:`JobReporter.keep_alive` whether to speak; a line is due this much
+#: before KEEP_ALIVE_S of quiet, so that no silence, checks' spacing included, exceeds KEEP_ALIVE_S.
+KEEP_ALIVE_CHECK_S = 5.0
 
 
 class JobReporter:
@@ -99,7 +102,7 @@ class JobReporter:
             if self._clock() - self._last_write >= self._progress_interval:
                 self._write(self._clock())
 
-    def keep_alive(self, quiet_s: float = KEEP_ALIVE_S) -> None:
+    def keep_alive(self, quiet_s: float = KEEP_ALIVE_S - KEEP_ALIVE_CHECK_S) -> None:
         """A line when the log has been quiet for ``quiet_s`` (a step that reports nothing: loading, an
         export, a teacher pass), so that a slow job never looks like a hung one. Called from a thread."""
         with self._lock:

@@ -42,7 +42,7 @@ from worker.delivery import event_details, register, run_identity
 from worker.handback import hand_back, job_ended
 from worker.lease import LeaseKeeper
 from worker.redaction import job_redactor
-from worker.reporting import JobReporter
+from worker.reporting import KEEP_ALIVE_CHECK_S, JobReporter
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
         redact=redact,
     )
     # No silence longer than KEEP_ALIVE_S in the job's log, whatever the engine is doing.
-    talker = Periodic(reporter.keep_alive, interval_s=5.0, name=f"log-{job_id[:8]}").start()
+    talker = Periodic(reporter.keep_alive, interval_s=KEEP_ALIVE_CHECK_S, name=f"log-{job_id[:8]}").start()
     _remove_earlier_workdirs(settings.resolved_work_dir, job_id)
     shutil.rmtree(workdir, ignore_errors=True)
     try:

@@ -4,7 +4,8 @@ pieces, :func:`worker.candidates.run_piece`.
 The message carries only the job id. Everything the task needs is re-read from the job row, so a
 redelivered or duplicated message is harmless (see :func:`execute_job`), and a job's definition
 cannot differ between the database and the queue. A job handed back by a worker that is shutting
-down (:mod:`worker.shutdown`) is sent again at once, for another worker to resume.
+down (:mod:`worker.shutdown`) is sent again at once, for another worker to resume; a stopping worker
+that receives a job's message never claims it, it sends it on.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ def register_tasks(app: Celery, settings: Settings) -> None:
 
     @app.task(name=TASK_NAME, acks_late=True, ignore_result=True)
     def run_job(job_id: str) -> str:
+        if shutdown.requested(work_dir):
+            # A stopping worker can still be handed a message (the one its own hand-back sent, among
+            # others): it never claims, it sends the message on for a worker that is not stopping.
+            logger.warning("job %s: this worker is shutting down; its message is sent on, unclaimed", job_id)
+            requeue(app, worker_context(settings), job_id)
+            return "declined"
         forget_inputs()  # the memory a budget's pieces held goes to the job
         context = dataclasses.replace(worker_context(settings), send_piece=pool)
         outcome = execute_job(job_id=job_id, context=context)

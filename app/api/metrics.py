@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -95,8 +95,31 @@ def database_registry(sessions: sessionmaker[Session]) -> CollectorRegistry:
     return registry
 
 
+class LocalWorkerCollector(Collector):
+    """The workers this server started itself (embedded mode): how many run, how many were replaced."""
+
+    def __init__(self, workers: Any) -> None:
+        self._workers = workers
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily("cahp_local_workers", "Workers started by this server that are running now",
+                                value=self._workers.alive())
+        yield GaugeMetricFamily("cahp_local_workers_expected", "Workers this server keeps running",
+                                value=self._workers.expected)
+        yield CounterMetricFamily("cahp_local_worker_restarts", "Workers this server started in place of one "
+                                  "that exited", value=self._workers.restarts)
+
+
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
-    """Every ``cahp_*`` metric of this host's processes, and the database gauges."""
+    """Every ``cahp_*`` metric of this host's processes, the database gauges and this server's own workers."""
     body = generate_latest(process_registry()) + generate_latest(request.app.state.metrics_registry)
+    workers = getattr(request.app.state, "local_workers", None)
+    if workers is not None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(LocalWorkerCollector(workers))
+        body += generate_latest(registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -282,6 +282,10 @@ class JobResult(BaseModel):
     int8_speedup_high: float | None = Field(default=None, description="95 % interval of `int8_speedup` (high end)")
     warnings: tuple[str, ...] | None = Field(default=None, description="Every warning of the run; quality warnings "
                                              "(a class never predicted, macro-F1 near chance, too large a drop) first")
+    warning_codes: tuple[str, ...] | None = Field(default=None, description="A stable code for each of `warnings`, "
+                                                  "in the same order: class_lost, near_chance, accuracy_drop, "
+                                                  "macro_f1_drop, int8_accuracy_drop, recall_drop, untrained_head, "
+                                                  "no_knee, no_stability, budget_noise or other")
 
 
 class JobLinks(BaseModel):
@@ -302,6 +306,8 @@ class JobPublic(BaseModel):
     progress: float = Field(ge=0, le=1)
     eta_s: float | None = Field(default=None, description="Seconds the running attempt still needs, by its measured "
                                 "pace so far; null when not known yet or not running")
+    eta_reason: str | None = Field(default=None, description="Why `eta_s` is null while the job is not finished: "
+                                   "waiting for a worker, a worker that stopped answering, a pace not measured yet")
     cancel_requested: bool
     model: ModelSpec
     dataset: DatasetSpec
@@ -407,6 +413,8 @@ class Readiness(BaseModel):
     status: Literal["ok"]
     database: Literal["ok"]
     broker: Literal["ok"]
+    #: Live workers started by this server (embedded mode); None where workers run elsewhere.
+    workers: int | None = None
 
 
 class Health(BaseModel):

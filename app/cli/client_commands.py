@@ -28,6 +28,8 @@ from app.cli.parser import shared_flags
 from cahp_engine.data import DATASET_OPTION_FIELDS
 
 if TYPE_CHECKING:  # the client is imported when a command runs, not when the parser is built
+    from collections.abc import Sequence
+
     from app.client import ApiClient, Job, JobCheck, LogLine
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -90,6 +92,13 @@ def register(sub: Any) -> None:
     wait.add_argument("--follow", action="store_true",
                       help="print the job's log as it is written (from its event stream) while waiting")
     wait.add_argument("--json", action="store_true", help="print the final job as JSON")
+    gate = wait.add_mutually_exclusive_group()
+    gate.add_argument("--fail-on-warnings", action="store_true",
+                      help="exit 6 when the job succeeded with any warning (a CI gate on a bad model)")
+    gate.add_argument("--fail-on", metavar="CODES", type=_warning_codes,
+                      help="exit 6 when the job succeeded with a warning of one of these codes, comma-separated "
+                           "(class_lost, near_chance, accuracy_drop, macro_f1_drop, int8_accuracy_drop, recall_drop, "
+                           "untrained_head, no_knee, no_stability, budget_noise, other)")
     wait.set_defaults(func=cmd_wait)
 
     download = sub.add_parser("download", parents=[client, timed],
@@ -161,7 +170,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if not sep:
             return fail(f"--param takes NAME=VALUE, got {item!r}")
         params[name.strip()] = _param_value(value)
-    unknown = _unknown_param(params)
+    unknown = _unknown_param(params) or _invalid_param(params)
     if unknown:
         return fail(unknown)
     try:
@@ -221,6 +230,18 @@ def _unknown_param(params: dict[str, Any]) -> str | None:
     return None
 
 
+def _invalid_param(params: dict[str, Any]) -> str | None:
+    """The engine's message for a value no job takes (``epochs=one``), before anything is packed or uploaded."""
+    from cahp_engine.config import PruningConfig
+    from cahp_engine.errors import CahpError
+
+    try:
+        PruningConfig.from_dict({k: v for k, v in params.items() if v is not None})
+    except (CahpError, ValueError, TypeError) as exc:
+        return f"--param: {exc}"
+    return None
+
+
 def _describe(job: Job, *, eta: bool = True) -> str:
     text = f"{job.id} {job.status}"
     if job.stage:
@@ -274,13 +295,48 @@ def cmd_wait(args: argparse.Namespace) -> int:
     if args.json:
         print_json(job.raw)
     # Quality warnings (a class never predicted, macro-F1 near chance, too large a drop) are not missed in CI logs.
-    for warning in (job.result.warnings if job.result is not None else None) or ():
-        print(f"cahp: warning: job {job.id}: {warning}", file=sys.stderr)
+    warnings = (job.result.warnings if job.result is not None else None) or ()
+    codes = (job.result.warning_codes if job.result is not None else None) or ()
+    for i, warning in enumerate(warnings):
+        code = f" [{codes[i]}]" if i < len(codes) else ""
+        print(f"cahp: warning: job {job.id}{code}: {warning}", file=sys.stderr)
     if job.status == "succeeded":
-        return 0
+        return _gate(job.id, warnings, codes, everything=args.fail_on_warnings, chosen=args.fail_on)
     code, detail = (job.error.code, job.error.message) if job.error else (job.status, "")
     message = f"job {job.id} {job.status}: {code}: {detail}"
     return fail(message, ExitCode.CANCELLED if job.status == "cancelled" else ExitCode.FAILED)
+
+
+def _warning_codes(text: str) -> frozenset[str]:
+    """``--fail-on``'s value: known warning codes, comma-separated (a misspelt one is refused with the nearest)."""
+    import difflib
+
+    from cahp_engine.run import WARNING_CODES
+
+    codes = frozenset(c.strip() for c in text.split(",") if c.strip())
+    for code in sorted(codes - set(WARNING_CODES)):
+        near = difflib.get_close_matches(code, WARNING_CODES, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise argparse.ArgumentTypeError(f"unknown warning code {code!r}{hint}; the codes are "
+                                         + ", ".join(WARNING_CODES))
+    if not codes:
+        raise argparse.ArgumentTypeError("name at least one warning code, e.g. class_lost,near_chance")
+    return codes
+
+
+def _gate(job_id: str, warnings: Sequence[str], codes: Sequence[str], *, everything: bool,
+          chosen: frozenset[str] | None) -> int:
+    """0, or ExitCode.WARNINGS when a warning the caller fails on is there (a warning with no code counts as
+    ``other``, as a server older than the codes sends)."""
+    if not everything and not chosen:
+        return 0
+    coded = [(codes[i] if i < len(codes) else "other", w) for i, w in enumerate(warnings)]
+    hits = [(c, w) for c, w in coded if everything or c in (chosen or ())]
+    if not hits:
+        return 0
+    names = ", ".join(sorted({c for c, _ in hits}))
+    return fail(f"job {job_id} succeeded with {len(hits)} warning(s) it was told to fail on ({names})",
+                ExitCode.WARNINGS)
 
 
 def cmd_download(args: argparse.Namespace) -> int:

@@ -14,7 +14,8 @@ class ExitCode(enum.IntEnum):
     ``OK`` success; ``FAILED`` the job or the local run failed (or a checksum did not match);
     ``USAGE`` bad usage, bad input (the message says what to change) or a request the server refused
     (4xx); ``CANCELLED`` the job was cancelled; ``TIMEOUT`` ``wait`` gave up; ``UNAVAILABLE`` the
-    server could not be reached or failed (5xx); ``INTERRUPTED`` Ctrl-C.
+    server could not be reached or failed (5xx); ``WARNINGS`` the job succeeded with a warning that
+    ``wait --fail-on-warnings`` or ``--fail-on`` named; ``INTERRUPTED`` Ctrl-C.
     """
 
     OK = 0
@@ -23,6 +24,7 @@ class ExitCode(enum.IntEnum):
     CANCELLED = 3
     TIMEOUT = 4
     UNAVAILABLE = 5
+    WARNINGS = 6
     INTERRUPTED = 130
 
 

@@ -31,6 +31,8 @@ class CahpParser(argparse.ArgumentParser):
             flags = [s for action in chosen._actions for s in action.option_strings]
             unknown = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), "")
             hint = did_you_mean(unknown, flags) if unknown else ""
+            if unknown and not hint and "--param" in flags:
+                hint = _param_hint(unknown)
             chosen.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return parsed
 
@@ -44,6 +46,21 @@ class CahpParser(argparse.ArgumentParser):
                 if sub is not None:
                     return sub
         return self
+
+
+def _param_hint(flag: str) -> str:
+    """``; did you mean --param epochs=VALUE?`` for a flag that names a setting (``--epoch``, ``--dense-lr``)."""
+    import dataclasses
+
+    from cahp_engine.config import PruningConfig
+
+    names = [f.name for f in dataclasses.fields(PruningConfig)]
+    near = did_you_mean(flag.lstrip("-"), names)
+    if not near:
+        return ""
+    word = flag.lstrip("-").replace("-", "_")
+    found = word if word in names else near.removeprefix("; did you mean ").removesuffix("?").split(" or ")[0]
+    return f"; did you mean --param {found}=VALUE?"
 
 
 def shared_flags() -> CahpParser:

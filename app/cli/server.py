@@ -111,9 +111,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     _stop_stale_workers(settings)
-    children = [_start_worker(settings) for _ in range(workers)]
-    if children:
-        _pid_file(settings).write_text("".join(f"{child.pid}\n" for child in children))
+    from app.cli.supervisor import WorkerSupervisor
+
+    # A worker that exits (stopped, crashed, killed) is replaced; /readyz and /metrics ask how many live.
+    supervisor = WorkerSupervisor(lambda: _start_worker(settings), workers, pid_file=_pid_file(settings),
+                                  stop_worker=_stop).start()
+    if workers:
+        app.state.local_workers = supervisor
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             app.state.draining.set()  # open event streams end now; their clients reconnect elsewhere
@@ -124,10 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         Server(config).run()
     finally:
-        for child in children:
-            _stop(child)
-        if children:
-            _pid_file(settings).unlink(missing_ok=True)
+        supervisor.stop()
     return 0
 
 

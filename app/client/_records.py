@@ -137,6 +137,8 @@ class JobResult:
     int8_speedup_high: float | None = None
     #: Every warning of the run, quality warnings (a class never predicted, near chance, too large a drop) first.
     warnings: tuple[str, ...] | None = None
+    #: A stable code for each warning, in the same order (``class_lost``, ``near_chance``...).
+    warning_codes: tuple[str, ...] | None = None
 
     @classmethod
     def from_json(cls, data: object) -> JobResult:
@@ -144,7 +146,7 @@ class JobResult:
         counts, texts = {"k_star", "heads_total", "heads_kept"}, {"base_model", "dataset"}
 
         def convert(name: str) -> Callable[[Any], Any]:
-            if name == "warnings":
+            if name in ("warnings", "warning_codes"):
                 return lambda value: tuple(_text(v) for v in value)
             return _integer if name in counts else _text if name in texts else _number
 

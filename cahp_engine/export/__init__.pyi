@@ -4,6 +4,7 @@ Reading order: ``_records`` (what an export reports) -> ``_runtime`` (onnxruntim
 (``export_onnx`` and parity) -> ``_int8`` (``quantize_int8``) -> ``_card_facts``, ``_card_body`` and
 ``_model_card`` (the model cards) -> ``_from_checkpoint`` (``cahp export`` of a saved checkpoint)."""
 
+from ._calibration import CALIBRATION_ROWS
 from ._card_facts import ModelCardInputs, SpeedFigure, is_hub_id
 from ._from_checkpoint import CheckpointExport, export_checkpoint
 from ._int8 import quantize_int8
@@ -13,7 +14,8 @@ from ._records import ExportRecord, RuntimeSpeed, describe_speedup
 from ._runtime import compare_runtimes, evaluate_onnx, onnx_session, run_logits
 
 __all__ = [
-    "OPSET", "build_model_card", "check_parity", "CheckpointExport", "compare_runtimes", "describe_speedup",
+    "CALIBRATION_ROWS", "OPSET", "build_model_card",
+    "check_parity", "CheckpointExport", "compare_runtimes", "describe_speedup",
     "evaluate_onnx", "export_checkpoint", "export_onnx", "ExportRecord", "generated_rows", "is_hub_id",
     "ModelCardInputs", "onnx_input_names", "onnx_session", "quantize_int8", "run_logits", "RuntimeSpeed",
     "SpeedFigure", "write_model_card",

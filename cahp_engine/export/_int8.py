@@ -21,6 +21,7 @@ from torch import nn
 
 from cahp_engine.data import EncodedDataset
 from cahp_engine.errors import PipelineError
+from cahp_engine.export._calibration import quantize_static_qdq
 from cahp_engine.export._onnx import MODEL_FILES, PARITY_SAMPLES, check_parity
 from cahp_engine.export._records import Int8Export
 from cahp_engine.export._runtime import ONNX_FILE, evaluate_onnx, file_size, resolve_onnx_file, runtime_versions
@@ -36,6 +37,7 @@ def quantize_int8(
     per_channel: bool = False,
     samples: int = PARITY_SAMPLES,
     seed: int = 0,
+    calibration_data: EncodedDataset | None = None,
 ) -> Int8Export:
     """Dynamic int8 quantization of an exported directory into ``out_dir`` (same layout).
 
@@ -52,6 +54,10 @@ def quantize_int8(
     per_channel : bool
         One weight scale per output channel instead of per tensor.
     samples, seed : as in :func:`check_parity`
+    calibration_data : EncodedDataset, optional
+        When given, the activations are quantized statically (QDQ), with scales calibrated on these
+        rows (:mod:`cahp_engine.export._calibration`): a row's answer no longer depends on the rows
+        batched with it. Without, dynamic quantization as below.
 
     Notes
     -----
@@ -71,21 +77,28 @@ def quantize_int8(
     target = out / ONNX_FILE
     with _quiet_quantizer():
         try:
-            quantize_dynamic(
-                source,
-                target,
-                weight_type=QuantType.QInt8,
-                per_channel=per_channel,
-                reduce_range=False,
-                extra_options={"MatMulConstBOnly": True},
-                # Beyond protobuf's 2 GiB the weights go to model.onnx.data, as in the fp32 export.
-                use_external_data_format=file_size(source) >= 2**31,
-            )
+            if calibration_data is not None:
+                quantize_static_qdq(source, target, calibration_data, per_channel=per_channel,
+                                    external=file_size(source) >= 2**31)
+            else:
+                quantize_dynamic(
+                    source,
+                    target,
+                    weight_type=QuantType.QInt8,
+                    per_channel=per_channel,
+                    reduce_range=False,
+                    extra_options={"MatMulConstBOnly": True},
+                    # Beyond protobuf's 2 GiB the weights go to model.onnx.data, as in the fp32 export.
+                    use_external_data_format=file_size(source) >= 2**31,
+                )
         except Exception as exc:  # the quantizer raises plain exceptions of many types
             raise PipelineError(f"onnxruntime's quantizer failed on {str(source)!r}: {exc}") from exc
     quantize_s = time.perf_counter() - started
     graph = onnx.load(str(target), load_external_data=False)
     quantized = sum(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul", "ConvInteger") for n in graph.graph.node)
+    if calibration_data is not None:  # QDQ: each quantized product's weight has its own DequantizeLinear
+        quantized = sum(n.op_type == "DequantizeLinear" and n.input[0].endswith("_quantized")
+                        for n in graph.graph.node)
     deviation = None
     if model is not None:
         deviation = check_parity(model, target, data=parity_data, samples=samples, threshold=None, seed=seed)

@@ -17,6 +17,7 @@ from cahp_engine.run._deploy import INT8_PRUNED, ONNX_PRUNED, TORCH_PRUNED, torc
 from cahp_engine.run._identity import RunIdentity, identity_of, recipe_of
 from cahp_engine.run._quality import assess_quality
 from cahp_engine.run._report import FailedRunReport, RunReport
+from cahp_engine.run._warning_codes import code_warnings
 
 #: The batch size the summary's speed-ups are quoted at.
 SUMMARY_BATCH = 32
@@ -56,7 +57,7 @@ def complete_report(report: RunReport, *, identity: RunIdentity | None, model_re
         int8_macro_f1=int8_metrics.macro_f1 if int8_metrics is not None else None,
         int8_max_abs_diff=(int8.deviation.max_abs_diff if int8 is not None and int8.deviation is not None
                            else None),
-        warnings=warnings,
+        warnings=warnings, warning_codes=code_warnings(warnings, quality.flags),
     )
     return dataclasses.replace(report, summary=summary, speed=speed, warnings=warnings, identity=ident,
                                recipe=recipe_of(report), quality=quality)

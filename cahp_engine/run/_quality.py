@@ -137,7 +137,8 @@ def assess_quality(
         if metrics.macro_f1 < below:
             flags.append(QualityFlag(key, "near_chance", (
                 f"{words} scores near chance: macro-F1 {metrics.macro_f1:.3f}, where guessing without reading "
-                f"the text reaches {chance:.3f} (flagged below {below:.3f})")))
+                f"the text reaches {chance:.3f} (flagged below {below:.3f})"
+                + ("; fine-tune it first with `dense_finetune=always`" if key == "dense" else ""))))
     if pruned is not None:
         flags += _drops(dense, pruned, int8, allowed=allowed, max_accuracy_drop=max_accuracy_drop, metric=metric)
     return QualityRecord(chance_macro_f1=chance, near_chance_below=below, max_accuracy_drop=allowed, drop_rule=rule,

@@ -73,6 +73,8 @@ class RunSummary(JsonRecord):
         holds 1 is no measurable change.
     warnings : tuple of str
         Every warning of the run, the quality flags (``quality``) included.
+    warning_codes : tuple of str
+        A stable code for each warning, in the same order (``cahp_engine.run.WARNING_CODES``).
     """
 
     k_star: int
@@ -101,6 +103,7 @@ class RunSummary(JsonRecord):
     int8_speedup_low: float | None = None
     int8_speedup_high: float | None = None
     warnings: tuple[str, ...] = ()
+    warning_codes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from cahp_engine.recovery import (
 from cahp_engine.results import ClassificationMetrics, TrainingResult
 from cahp_engine.run._budget import BudgetOutcome, ladder, search
 from cahp_engine.run._candidates import SearchInputs
+from cahp_engine.run._dense_probe import untrained_in_effect
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._holdout import ValidationData, ValidationScorer, score_of, validation_data
 from cahp_engine.run._live import TrainingHooks
@@ -134,9 +135,10 @@ def load(
                                  cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed,
                                  max_params=max_params)
         loaded.model.to(device).eval()
-        if not loaded.classifier_trained:
-            # A head cahp creates classifies the dataset's classes: name them as the dataset does, so
-            # config.json (and every export) says `very negative`, not `LABEL_0`.
+        if not loaded.classifier_trained or _generic_names(loaded.model):
+            # A head cahp creates (or one saved with transformers' placeholder names) classifies the
+            # dataset's classes: name them as the dataset does, so config.json (and every export) says
+            # `very negative`, not `LABEL_0`, as the model cards do.
             name_classes(loaded.model, splits.label_names)
         held_out = validation = None
         train = splits.train
@@ -156,6 +158,12 @@ def load(
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
     return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,
                   held_out=held_out)
+
+
+def _generic_names(model: nn.Module) -> bool:
+    """Whether the model's classes have only transformers' placeholder names (``LABEL_0``, ``LABEL_1``...)."""
+    names = dict(getattr(model.config, "id2label", None) or {})
+    return bool(names) and all(str(name) == f"LABEL_{int(i)}" for i, name in names.items())
 
 
 def name_classes(model: nn.Module, label_names: Sequence[str]) -> None:
@@ -180,6 +188,15 @@ def dense_finetune(
     """
     config = run.config
     ran, reason = _dense_decision(config.dense_finetune, classifier_trained)
+    if config.dense_finetune == "auto" and classifier_trained:
+        # A head in the checkpoint may still be random (saved by from_pretrained(num_labels=...)).
+        with run.monitor.stage("dense_evaluation"):
+            before = evaluate(model, inputs.evaluation, batch_size=config.batch_size, device=run.device)
+        untrained = untrained_in_effect(before)
+        run.say(f"dense model as loaded: accuracy {before.accuracy:.4f}, macro-F1 {before.macro_f1:.4f}"
+                + (f"; {untrained}" if untrained else ""))
+        if untrained is not None:
+            ran, reason = True, untrained
     training = None
     if ran:
         with run.monitor.stage("dense_finetune"):

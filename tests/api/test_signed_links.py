@@ -223,7 +223,10 @@ def test_a_tampered_presigned_url_is_refused_by_the_store(tmp_path: Path, checke
 
 
 def test_a_presigned_url_is_refused_by_the_store_after_its_ttl(tmp_path: Path, checked_s3_endpoint: str) -> None:
-    settings = _s3_settings(tmp_path, checked_s3_endpoint, ttl_s=1)
+    # A TTL with margin: the first GET must come before it ends, however busy the machine (a 1-s link
+    # expired before its first GET on a loaded 2-core machine).
+    ttl = 10
+    settings = _s3_settings(tmp_path, checked_s3_endpoint, ttl_s=ttl)
     engine = migrated_engine(settings)
     auth = {"Authorization": f"Bearer {new_key(engine)}"}
     with TestClient(create_app(settings)) as client:
@@ -232,12 +235,12 @@ def test_a_presigned_url_is_refused_by_the_store_after_its_ttl(tmp_path: Path, c
     engine.dispose()
     link = entry["signed_url"]
     query = parse_qs(urlsplit(link).query)
-    assert query["X-Amz-Expires"] == ["1"]
+    assert query["X-Amz-Expires"] == [str(ttl)]
     signed_at = dt.datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.UTC)
     expires_at = dt.datetime.fromisoformat(entry["signed_url_expires_at"].replace("Z", "+00:00"))
-    assert abs((expires_at - signed_at).total_seconds() - 1) < 2  # the manifest says when the store stops serving it
+    assert abs((expires_at - signed_at).total_seconds() - ttl) < 2  # the manifest says when the store stops serving it
     assert httpx.get(link).content == FILES["report.json"]
-    # Past X-Amz-Date + 1 s (X-Amz-Date is to the second).
-    time.sleep(max(0.0, signed_at.timestamp() + 2.2 - time.time()))
+    # Past X-Amz-Date + the TTL (X-Amz-Date is to the second).
+    time.sleep(max(0.0, signed_at.timestamp() + ttl + 1.2 - time.time()))
     assert _refusal(httpx.get(link)) == "AccessDenied"
     assert "Request has expired" in httpx.get(link).text

@@ -63,3 +63,23 @@ def test_an_unknown_job_setting_is_refused_before_anything_is_uploaded(capsys: p
                  "epoch=1", "--url", "http://127.0.0.1:9", "--timeout", "0"])
     assert code == ExitCode.USAGE
     assert "cahp: --param epoch: no job setting has this name; did you mean epochs?" in capsys.readouterr().err
+
+
+def test_a_setting_given_as_a_submit_flag_is_pointed_to_param(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["submit", "--model", "m", "--dataset", "d", "--epoch", "1"])
+    assert stopped.value.code == ExitCode.USAGE
+    assert "unrecognized arguments: --epoch 1; did you mean --param epochs=VALUE?" in capsys.readouterr().err
+
+
+def test_a_bad_setting_value_is_refused_before_anything_is_packed(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Any) -> None:
+    # Had anything been packed or sent, the absent dataset or the unreachable server would have answered.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"\0" * 1024)
+    code = main(["submit", "--model", str(model), "--dataset", str(tmp_path / "absent"), "--param", "epochs=one",
+                 "--url", "http://127.0.0.1:9", "--timeout", "0"])
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "cahp: --param: `epochs` must be a number" in err and "got 'one'" in err and "upload" not in err

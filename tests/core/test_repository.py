@@ -214,3 +214,29 @@ def test_status_and_progress_are_constrained(sessions: sessionmaker[Session]) ->
               request_hash="0" * 64)
     with pytest.raises(IntegrityError), transaction(sessions) as session:
         repository.add_job(session, bad)
+
+
+def test_a_new_attempt_keeps_the_first_start_and_the_progress_already_shown(sessions: sessionmaker[Session]) -> None:
+    owner = add_owner(sessions)
+    job_id = add_job(sessions, owner)
+    with sessions.begin() as session:
+        first = repository.claim_job(session, job_id=job_id, worker_id="w1", lease_s=60)
+        assert first is not None
+        started = first.started_at
+        repository.report_progress(session, job_id=job_id, worker_id="w1", stage="recovery", progress=0.8)
+    with sessions.begin() as session:  # the worker is stopped: the job goes back to the queue
+        assert repository.hand_back_job(session, job_id=job_id, worker_id="w1", messages=["handed back"])
+    with sessions.begin() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and job.status == "queued" and job.progress == 0.8
+        again = repository.claim_job(session, job_id=job_id, worker_id="w2", lease_s=60)
+        assert again is not None and again.started_at == started and again.progress == 0.8
+        # The new attempt re-counts its stages from their start: what a client sees does not go back.
+        repository.report_progress(session, job_id=job_id, worker_id="w2", stage="load", progress=0.1)
+    with sessions.begin() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and (job.stage, job.progress) == ("load", 0.8)
+        repository.report_progress(session, job_id=job_id, worker_id="w2", stage="recovery", progress=0.9)
+    with sessions() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and job.progress == 0.9 and job.started_at == started

@@ -7,6 +7,7 @@ finds every file already there and fetches none again. ``cahp submit --check`` c
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from tests.support.helpers import write_tiny_dataset, write_tiny_model
 from tests.support.processes import answers_ready, child_env, create_key, start_serve, stop, wait_for
 
 #: The README's CI block (section "In CI, and for the platform that takes the model"), with settings that
-#: keep a tiny job to seconds added to its --param.
+#: keep a tiny job to seconds added to its --param; its gate (`--fail-on`) is run on its own below, since
+#: this random tiny model is bad on purpose.
 CI_STEP = """
 set -e
 JOB=$(cahp submit --model ./my-model --dataset ./my-dataset --param epochs=1 \\
@@ -71,6 +73,24 @@ def test_the_readme_ci_step_run_twice_uploads_once_and_answers_the_same_job(tmp_
         database.dispose()
         # The second download found every file whole and checked: none was written again.
         assert second_files == first_files and "model.tar.gz" in first_files
+
+        # The README's gate: this random tiny model scores near chance, so the step fails (exit 6), naming why;
+        # a code it does not have lets it pass; a misspelt code is refused with the nearest.
+        shown = subprocess.run(["cahp", "wait", first_job, "--json", "--quiet"], cwd=workspace, env=ci_env,
+                               capture_output=True, text=True, timeout=120)
+        result = json.loads(shown.stdout)["result"]
+        assert len(result["warning_codes"]) == len(result["warnings"]) and "near_chance" in result["warning_codes"]
+        assert "[near_chance]" in shown.stderr
+        gate = subprocess.run(["cahp", "wait", first_job, "--fail-on", "class_lost,near_chance,accuracy_drop"],
+                              cwd=workspace, env=ci_env, capture_output=True, text=True, timeout=120)
+        assert gate.returncode == 6 and "it was told to fail on" in gate.stderr and "near_chance" in gate.stderr
+        assert subprocess.run(["cahp", "wait", first_job, "--fail-on-warnings"], cwd=workspace, env=ci_env,
+                              capture_output=True, timeout=120).returncode == 6
+        assert subprocess.run(["cahp", "wait", first_job, "--fail-on", "int8_accuracy_drop"], cwd=workspace,
+                              env=ci_env, capture_output=True, timeout=120).returncode == 0  # export=none: no int8
+        misspelt = subprocess.run(["cahp", "wait", first_job, "--fail-on", "near_chanse"], cwd=workspace, env=ci_env,
+                                  capture_output=True, text=True, timeout=120)
+        assert misspelt.returncode == 2 and "did you mean near_chance?" in misspelt.stderr
 
         # `cahp submit --check`: the same checks, nothing queued; a wrong column is refused with what to change.
         checked = subprocess.run(["cahp", "submit", "--check", "--model", "./my-model", "--dataset", "./my-dataset"],

@@ -253,3 +253,20 @@ def test_an_export_that_cannot_run_is_reported_as_a_load_error(tmp_path: Path) -
 
     with pytest.raises(ModelLoadError, match="onnxruntime cannot load"):
         onnx_session(tmp_path)
+
+
+def test_static_int8_gives_a_row_the_same_class_alone_and_inside_a_padded_batch_of_200(bert_export,
+                                                                                       tmp_path: Path) -> None:
+    model, _, directory, _ = bert_export
+    rows = _rows(200, seed=5)
+    result = quantize_int8(directory, tmp_path / "onnx-int8", model=model, parity_data=rows, eval_data=rows,
+                           per_channel=True, calibration_data=_rows(64, seed=9))
+    graph = onnx.load(str(tmp_path / "onnx-int8" / "model.onnx"))
+    assert any(n.op_type == "QuantizeLinear" for n in graph.graph.node) and result.quantized_nodes > 0
+    assert not any(n.op_type in ("DynamicQuantizeLinear", "MatMulInteger") for n in graph.graph.node)
+    session = onnx_session(tmp_path / "onnx-int8")
+    # All 200 rows padded to the longest, and each row alone: the same class for every row.
+    together = run_logits(session, collate(rows, np.arange(len(rows))))
+    alone = np.concatenate([run_logits(session, collate(rows, np.array([i]))) for i in range(len(rows))])
+    assert (together.argmax(axis=-1) == alone.argmax(axis=-1)).all()
+    np.testing.assert_allclose(together, alone, atol=1e-4)

@@ -179,6 +179,12 @@ def test_a_run_says_what_it_made_warns_and_quotes_one_measurement(tmp_path: Path
         assert flagged == ([never] if never else [])
     assert report.warnings[:len(quality.flags)] == quality.messages
     assert report.summary.warnings == report.warnings and report.summary.base_model == "my-bert"
+    # Each warning has its code, in the same order: the flags' own, and the untrained head's.
+    codes = report.summary.warning_codes
+    assert len(codes) == len(report.warnings) and codes[0] in ("class_lost", "near_chance")
+    untrained = next(w for w in report.warnings if "head is untrained" in w)
+    assert codes[report.warnings.index(untrained)] == "untrained_head"
+    assert written["summary"]["warning_codes"] == list(codes)
 
     # One measurement: the report's speed, the summary and the export's timing are the same numbers.
     assert report.export.speed is not None

@@ -118,7 +118,9 @@ def test_cancelling_a_budget_job_ends_its_pieces(stack: Stack) -> None:
     if not stack.workers:
         workers = [stack.start_worker(name, pool="prefork") for name in ("c", "d")]
         stack.wait_ready(*workers)
-    job_id = _submit(stack, seed=6)
+    # Pieces ten times as long as the other tests': one is surely still running in the other worker when
+    # looked at, however slow or fast the machine (the job is cancelled, so they never run to their end).
+    job_id = _submit(stack, seed=6, epochs=480, budget_screen_epochs=240.0)
     _wait_for_a_piece_elsewhere(stack, job_id, timeout=300)
     assert stack.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
     ended = stack.wait_row(job_id, lambda r: r["status"] in TERMINAL, timeout=120, what="the job to be cancelled")

@@ -154,3 +154,24 @@ def test_a_sweep_with_the_broker_down_sends_nothing_and_keeps_the_jobs(tmp_path:
         assert report.sent == ()
         assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "queued"
     engine.dispose()
+
+
+def test_no_eta_is_shown_while_no_live_worker_holds_the_job_only_why(rig: Rig) -> None:
+    job_id = rig.submit()
+    queued = rig.client.get(f"/v1/jobs/{job_id}").json()
+    assert queued["eta_s"] is None and queued["eta_reason"].startswith("queued: waiting for a worker")
+    with transaction(rig.sessions) as session:
+        repository.claim_job(session, job_id=job_id, worker_id="w1", lease_s=60)
+        repository.report_progress(session, job_id=job_id, worker_id="w1", stage="recovery", progress=0.5, eta_s=72.0)
+    held = rig.client.get(f"/v1/jobs/{job_id}").json()
+    assert held["eta_s"] == 72.0 and held["eta_reason"] is None
+    # The worker died: its lease lapses before any sweep. The last figure is not shown frozen.
+    with transaction(rig.sessions) as session:
+        session.execute(update(Job).where(Job.id == job_id).values(lease_expires_at=utcnow() - dt.timedelta(seconds=1)))
+    lost = rig.client.get(f"/v1/jobs/{job_id}").json()
+    assert lost["status"] == "running" and lost["eta_s"] is None and "stopped renewing its lease" in lost["eta_reason"]
+    rig.sweep()
+    again = rig.client.get(f"/v1/jobs/{job_id}").json()
+    assert again["status"] == "queued" and again["eta_s"] is None
+    assert "resumes from its checkpoints" in again["eta_reason"]
+    assert again["progress"] == 0.5  # and the progress shown does not go back

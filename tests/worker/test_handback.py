@@ -22,7 +22,7 @@ from tests.support.helpers import job_body
 from tests.support.rows import Clock, job_row, running_job
 from worker import shutdown
 from worker.checkpoints import StoreCheckpoints
-from worker.reporting import ETA_MIN_S, KEEP_ALIVE_S, JobReporter
+from worker.reporting import ETA_MIN_S, KEEP_ALIVE_CHECK_S, KEEP_ALIVE_S, JobReporter
 from worker.runner import Outcome, WorkerContext, execute_job
 
 
@@ -46,7 +46,8 @@ def test_a_quiet_stage_still_gets_a_line_every_half_minute(sessions: sessionmake
                            cancel_check_interval_s=0.0, time_limit_s=10_000.0)
     reporter.progress("teacher", 0.3)
     reporter.log("teacher logits over 8544 rows")
-    clock.now += KEEP_ALIVE_S - 1
+    # Asked every KEEP_ALIVE_CHECK_S, it speaks one check before KEEP_ALIVE_S of quiet: never a longer silence.
+    clock.now += KEEP_ALIVE_S - KEEP_ALIVE_CHECK_S - 1
     reporter.keep_alive()
     clock.now += 1
     reporter.keep_alive()
@@ -54,7 +55,7 @@ def test_a_quiet_stage_still_gets_a_line_every_half_minute(sessions: sessionmake
     with transaction(sessions) as session:
         lines = [line.message for line in repository.read_logs(session, job_id=job_id, offset=0, limit=10)]
     assert lines == ["teacher logits over 8544 rows",
-                     "teacher: still working, 30 s into this stage (30% of the job done)"]
+                     "teacher: still working, 25 s into this stage (30% of the job done)"]
     reporter.drain()
     clock.now += 2 * KEEP_ALIVE_S
     reporter.keep_alive()  # the job's end is being recorded: nothing more

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from app.api.deps import QueueDep, SessionDep
 from app.api.routes.problem_docs import problem_responses
@@ -19,7 +19,8 @@ def healthz() -> Health:
 
 
 @router.get("/readyz", responses=problem_responses(503))
-def readyz(session: SessionDep, queue: QueueDep) -> Readiness:
-    """The database and the broker answer."""
-    check_ready(session=session, queue=queue)
-    return Readiness(status="ok", database="ok", broker="ok")
+def readyz(request: Request, session: SessionDep, queue: QueueDep) -> Readiness:
+    """The database and the broker answer, and (when this server runs its own workers) one is alive."""
+    workers = getattr(request.app.state, "local_workers", None)
+    check_ready(session=session, queue=queue, local_workers=workers)
+    return Readiness(status="ok", database="ok", broker="ok", workers=None if workers is None else workers.alive())

@@ -344,15 +344,33 @@ def etag_of(artifact: Artifact) -> str:
     return f'"{artifact.sha256}"'
 
 
+def _eta(job: Job | Row[Any]) -> tuple[float | None, str | None]:
+    """``eta_s`` as shown, and why it is null: never a stale figure while no live worker holds the job."""
+    if job.status == JobStatus.queued.value:
+        again = " (an earlier attempt ended; the next one resumes from its checkpoints)" if job.started_at else ""
+        return None, "queued: waiting for a worker" + again
+    if job.status != JobStatus.running.value:
+        return None, None
+    lease = job.lease_expires_at
+    if lease is not None and (lease if lease.tzinfo else lease.replace(tzinfo=dt.UTC)) < utcnow():
+        return None, ("its worker stopped renewing its lease: the job goes back to the queue when the sweeper "
+                      "notices, and another worker resumes it")
+    if job.eta_s is None:
+        return None, "measuring this attempt's pace: an estimate comes once it has run for half a minute"
+    return float(job.eta_s), None
+
+
 def to_public(job: Job | Row[Any]) -> JobPublic:
     """The API's view of a job, from its ORM object or a plain row of its columns."""
     base = f"/v1/jobs/{job.id}"
+    eta, eta_reason = _eta(job)
     return JobPublic(
         id=job.id,
         status=JobStatus(job.status),
         stage=job.stage,
         progress=job.progress,
-        eta_s=job.eta_s,
+        eta_s=eta,
+        eta_reason=eta_reason,
         cancel_requested=job.cancel_requested,
         model=ModelSpec(uri=job.model_uri, revision=job.model_revision),
         dataset=DatasetSpec.model_validate(job.dataset),

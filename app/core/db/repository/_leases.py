@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.db._database import utcnow
@@ -48,8 +48,10 @@ def claim_job(
         update(Job)
         .where(Job.id == job_id, takeable, Job.attempts < max_attempts)
         .values(status=JobStatus.running.value, worker_id=worker_id, attempts=Job.attempts + 1,
-                lease_expires_at=now + dt.timedelta(seconds=lease_s), started_at=now, updated_at=now,
-                stage=None, progress=0.0, eta_s=None)
+                lease_expires_at=now + dt.timedelta(seconds=lease_s), updated_at=now, stage=None, eta_s=None,
+                # The first attempt's start, kept by the next ones, and the progress already shown: a
+                # client's elapsed time and progress bar never jump back when a worker is replaced.
+                started_at=func.coalesce(Job.started_at, now))
     )
     if rowcount(claimed) != 1:
         return None
@@ -89,7 +91,10 @@ def report_progress(
 
     A worker that no longer holds the job writes nothing, log lines included.
     """
-    values: dict[str, Any] = {"progress": min(1.0, max(0.0, progress)), "updated_at": utcnow(), "eta_s": eta_s}
+    shown = min(1.0, max(0.0, progress))
+    # Never below what a client was shown (an attempt that resumes re-counts its stages from their start).
+    values: dict[str, Any] = {"progress": case((Job.progress > shown, Job.progress), else_=shown),
+                              "updated_at": utcnow(), "eta_s": eta_s}
     held_by = (Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
     held = False
     if stage is not None:
@@ -189,7 +194,7 @@ def hand_back_job(session: Session, *, job_id: str, worker_id: str, messages: Se
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value,
                Job.cancel_requested.is_(False))
         .values(status=JobStatus.queued.value, worker_id=None, lease_expires_at=None, attempts=Job.attempts - 1,
-                stage=None, progress=0.0, eta_s=None, enqueued_at=now, updated_at=now)
+                stage=None, eta_s=None, enqueued_at=now, updated_at=now)
     )
     if rowcount(handed) != 1:
         return False
@@ -241,7 +246,7 @@ def release_lost_job(session: Session, *, job: LostJob, max_attempts: int) -> Jo
     else:
         status = JobStatus.queued
         message = f"worker {holder} stopped renewing its lease during attempt {job.attempts}; queued again"
-        values.update(status=status.value, stage=None, progress=0.0, enqueued_at=None)
+        values.update(status=status.value, stage=None, enqueued_at=None)
     released = session.execute(
         update(Job)
         .where(Job.id == job.id, Job.status == JobStatus.running.value, Job.attempts == job.attempts,

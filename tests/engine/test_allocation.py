@@ -1,0 +1,209 @@
+"""Pruning to a target: unit importance, costs, the allocation search and the target's errors."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cahp_engine.allocation import (
+    CostModel,
+    TargetUnreachableError,
+    UnitImportance,
+    allocate,
+    flops_costs,
+    latency_costs,
+    prune_to_target,
+    unit_importance,
+)
+from cahp_engine.errors import InvalidInputError, UnsupportedModelError
+from cahp_engine.models import gate_heads, gate_neurons, get_adapter, heads_per_layer, neurons_per_layer
+from tests.support.tiny_models import LAYOUTS, make_classifier, make_tokenizer
+
+LAYERS, HEADS, HEAD_DIM = 3, 4, 8
+NEURONS = 2 * HEADS * HEAD_DIM
+TEXTS = ["good movie", "the plot was very boring and not fun at all", "fun", "a weak story but strong actor"]
+
+
+def _model(family: str = "bert") -> torch.nn.Module:
+    model = make_classifier(family, layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 or name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2, generator=generator)
+    return model.eval()
+
+
+def _batches() -> list[dict[str, torch.Tensor]]:
+    encoded = make_tokenizer()(TEXTS, padding=True, return_tensors="pt")
+    batch = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
+             "labels": torch.tensor([0, 1, 2, 0])}
+    return [batch, {**batch, "labels": torch.tensor([2, 2, 1, 0])}]
+
+
+def _costs(**overrides: float) -> CostModel:
+    values = {"fixed": 10.0, "attention": 1.0, "head": 2.0, "ffn": 1.0, "neuron": 0.25, **overrides}
+    return CostModel(unit="seconds", num_layers=LAYERS, num_heads=HEADS, num_neurons=NEURONS, batch_size=8,
+                     seq_len=16, runtime="pytorch", **values)
+
+
+@pytest.mark.parametrize("family", LAYOUTS)
+def test_importance_scores_every_head_and_neuron_and_a_dead_unit_scores_zero(family: str) -> None:
+    model = _model(family)
+    adapter = get_adapter(model)
+    with torch.no_grad():  # neuron 5 of layer 1 and head 2 of layer 0 no longer reach the output
+        adapter.feed_forward(adapter.layers(model)[1]).output.weight[:, 5] = 0
+        adapter.attention(adapter.layers(model)[0]).output.weight[:, 2 * HEAD_DIM:3 * HEAD_DIM] = 0
+    fisher = unit_importance(model, _batches()[:1], kind="fisher")
+    taylor = unit_importance(model, _batches()[:1], kind="taylor")
+    assert fisher.heads.shape == (LAYERS, HEADS) and fisher.neurons.shape == (LAYERS, NEURONS)
+    assert fisher.neurons[1, 5] == 0 and fisher.heads[0, 2] == 0
+    assert (fisher.neurons > 0).sum() > NEURONS  # the others do matter
+    # One batch: the Fisher score is the square of the Taylor score.
+    torch.testing.assert_close(fisher.neurons, taylor.neurons.square())
+    torch.testing.assert_close(fisher.heads, taylor.heads.square())
+    assert not any(p.requires_grad is False for p in model.parameters())  # restored
+
+
+def test_flops_costs_count_the_weights_each_unit_multiplies() -> None:
+    model = _model("modernbert")
+    costs = flops_costs(model, batch_size=2, seq_len=16)
+    adapter = get_adapter(model)
+    parts = [adapter.feed_forward(layer) for layer in adapter.layers(model)]
+    ffn_weights = sum(p.input.weight.numel() + p.output.weight.numel() for p in parts)
+    # 2 FLOPs per multiply-accumulate, one per weight and token, over 2 x 16 tokens.
+    assert costs.neuron * NEURONS * LAYERS == 2 * 32 * ffn_weights
+    attention_weights = sum(p.weight.numel() for layer in adapter.layers(model)
+                            for p in (*adapter.attention(layer).projections, adapter.attention(layer).output))
+    assert costs.head * HEADS * LAYERS == 2 * 32 * attention_weights + LAYERS * HEADS * 32 * 4 * 16 * HEAD_DIM
+
+
+def test_allocation_meets_the_budget_by_the_cheapest_loss_per_cost() -> None:
+    generator = torch.Generator().manual_seed(0)
+    heads = torch.rand(LAYERS, HEADS, generator=generator, dtype=torch.float64) + 1.0
+    neurons = torch.rand(LAYERS, NEURONS, generator=generator, dtype=torch.float64) + 1.0
+    neurons[2] *= 1e-3  # layer 2's neurons barely matter: they go first
+    importance = UnitImportance(heads=heads, neurons=neurons, kind="fisher", batches=1)
+    costs = _costs()
+    plan = allocate(importance, costs, target_speedup=1.3)
+    assert plan.predicted_cost <= costs.dense / 1.3 + 1e-9 and plan.predicted_speedup >= 1.3
+    assert plan.neurons_per_layer[2] == 1 and plan.neurons_per_layer[:2] != (1, 1)
+    assert all(h >= 1 for h in plan.heads_per_layer) and all(n >= 1 for n in plan.neurons_per_layer)
+    # The kept ones are each layer's most important.
+    for layer, kept in enumerate(plan.kept_neurons):
+        dropped = sorted(set(range(NEURONS)) - set(kept))
+        if dropped:
+            assert neurons[layer, list(kept)].min() >= neurons[layer, dropped].max()
+    removed = sum(float(neurons[layer, sorted(set(range(NEURONS)) - set(kept))].sum())
+                  for layer, kept in enumerate(plan.kept_neurons))
+    removed += sum(float(heads[layer, sorted(set(range(HEADS)) - set(kept))].sum())
+                   for layer, kept in enumerate(plan.kept_heads))
+    assert plan.predicted_loss == pytest.approx(removed)
+    # A FLOPs target: the same search under a fraction of the dense cost.
+    half = allocate(importance, costs, target_flops=0.5)
+    assert half.predicted_cost <= 0.5 * costs.dense + 1e-9
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ({"target_speedup": 0.5}, r"`target_speedup` must be a number >= 1, got 0.5"),
+    ({"target_speedup": True}, r"`target_speedup` must be a number >= 1"),
+    ({"target_flops": 1.5}, r"`target_flops` must be a fraction of the dense FLOPs in \(0, 1\], got 1.5"),
+    ({}, "give exactly one of `target_speedup` and `target_flops`"),
+    ({"target_speedup": 2.0, "target_flops": 0.5}, "give exactly one"),
+])
+def test_malformed_targets_are_refused(target: dict, message: str) -> None:
+    importance = UnitImportance(heads=torch.ones(LAYERS, HEADS), neurons=torch.ones(LAYERS, NEURONS), kind="fisher",
+                                batches=1)
+    with pytest.raises(InvalidInputError, match=message):
+        allocate(importance, _costs(), **target)
+
+
+def test_an_unreachable_target_names_the_best_reachable() -> None:
+    importance = UnitImportance(heads=torch.ones(LAYERS, HEADS), neurons=torch.ones(LAYERS, NEURONS), kind="fisher",
+                                batches=1)
+    costs = _costs()
+    best = costs.dense / costs.floor
+    with pytest.raises(TargetUnreachableError, match=rf"at most x{best:.2f}, keeping one head and one neuron") as info:
+        allocate(importance, costs, target_speedup=best * 1.01)
+    assert info.value.best == pytest.approx(best)
+    plan = allocate(importance, costs, target_speedup=best)  # the best itself is reachable
+    assert plan.heads_per_layer == (1,) * LAYERS and plan.neurons_per_layer == (1,) * LAYERS
+    with pytest.raises(TargetUnreachableError, match="is below what this model can keep"):
+        allocate(importance, costs, target_flops=0.5 / best)
+
+
+def test_latency_table_is_fitted_once_and_read_from_its_cache(tmp_path: Path) -> None:
+    model = _model()
+    ticks = itertools.count()
+    calls = []
+
+    def clock() -> float:  # every timed pass lasts one tick: the model predicts one tick whatever is kept
+        calls.append(1)
+        return float(next(ticks))
+
+    costs = latency_costs(model, batch_size=2, seq_len=8, repeats=2, cache_dir=tmp_path, clock=clock)
+    assert costs.points == 8 and calls and costs.unit == "seconds"
+    assert costs.dense == pytest.approx(1.0) and costs.floor == pytest.approx(1.0)
+    assert len(list(tmp_path.glob("latency-*.json"))) == 1
+    calls.clear()
+    assert latency_costs(model, batch_size=2, seq_len=8, repeats=2, cache_dir=tmp_path, clock=clock) == costs
+    assert calls == []  # read, not timed
+    other = latency_costs(model, batch_size=4, seq_len=8, repeats=2, cache_dir=tmp_path, clock=clock)
+    assert other.batch_size == 4 and len(list(tmp_path.glob("latency-*.json"))) == 2
+    # Nothing can be faster than a model whose time does not change: any target above 1 is refused.
+    with pytest.raises(TargetUnreachableError, match=r"at most x1.00"):
+        prune_to_target(model, _batches(), target_speedup=1.5, batch_size=2, seq_len=8, cache_dir=tmp_path,
+                        repeats=2, clock=clock)
+
+
+@pytest.mark.parametrize("family", LAYOUTS)
+def test_a_flops_target_prunes_heads_and_neurons_physically(family: str) -> None:
+    model = _model(family)
+    batches = _batches()
+    pruned, result = prune_to_target(model, batches, target_flops=0.4, batch_size=4, seq_len=16)
+    assert result.flops_pruned <= 0.4 * result.flops_dense + 1e-6
+    assert tuple(heads_per_layer(pruned)) == result.heads_per_layer
+    assert tuple(neurons_per_layer(pruned)) == result.neurons_per_layer
+    assert sum(result.neurons_per_layer) < LAYERS * NEURONS
+    assert heads_per_layer(model) == [HEADS] * LAYERS  # the original is untouched
+    assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
+    plan = result.allocation
+    head_gates = [torch.tensor([float(h in kept) for h in range(HEADS)]) for kept in plan.kept_heads]
+    neuron_gates = [torch.tensor([float(n in kept) for n in range(NEURONS)]) for kept in plan.kept_neurons]
+    inputs = {k: v for k, v in batches[0].items() if k != "labels"}
+    with torch.no_grad(), gate_heads(model, head_gates), gate_neurons(model, neuron_gates):
+        gated = model(**inputs).logits
+    with torch.no_grad():
+        torch.testing.assert_close(pruned(**inputs).logits, gated, atol=1e-5, rtol=0)
+    assert np.isfinite(result.seconds) and result.measured_speedup is None
+
+
+def test_a_speed_target_reports_what_it_measured_and_a_head_choice_is_honoured() -> None:
+    model = _model()
+    chosen: list[list[int]] = []
+
+    def first_heads(counts):
+        chosen.append(list(counts))
+        return [list(range(c)) for c in counts]
+
+    pruned, result = prune_to_target(model, _batches(), target_speedup=1.0, batch_size=2, seq_len=8, repeats=1,
+                                     choose_heads=first_heads, corrections=0)
+    assert result.measured_speedup == result.dense_seconds / result.pruned_seconds
+    assert chosen == [list(result.heads_per_layer)]
+    with pytest.raises(InvalidInputError, match="`choose_heads` must keep"):
+        prune_to_target(model, _batches(), target_flops=0.5, choose_heads=lambda counts: [[0]] * LAYERS)
+
+
+def test_a_family_whose_neurons_cannot_be_cut_is_refused_before_any_work(monkeypatch) -> None:
+    import dataclasses
+
+    from cahp_engine.models import _families
+
+    model = _model()
+    monkeypatch.setitem(_families._ADAPTERS, "bert", dataclasses.replace(get_adapter(model), ffn_output_path=None))
+    with pytest.raises(UnsupportedModelError, match="cannot be pruned"):
+        prune_to_target(model, [], target_flops=0.5)  # no batches: it fails before it would read them

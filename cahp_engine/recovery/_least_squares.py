@@ -36,7 +36,7 @@ class Solution:
     ridge : float
         The absolute ridge term ``lambda`` the solution used.
     condition : float
-        Condition number of the system's Gram matrix before the ridge term (inf when singular).
+        Condition number of the system's Gram matrix before the ridge term (1e300 when singular).
     """
 
     weight: torch.Tensor
@@ -99,7 +99,7 @@ def _stacked(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
 def _condition(matrix: torch.Tensor) -> float:
     eig = torch.linalg.eigvalsh(matrix)
     top, bottom = float(eig[-1]), float(eig[0])
-    return float("inf") if bottom <= top * 1e-300 else top / bottom
+    return 1e300 if bottom <= top * 1e-300 else min(top / bottom, 1e300)
 
 
 def solve_ridge(system: NormalEquations, weight: torch.Tensor, bias: torch.Tensor | None, *,

@@ -46,6 +46,7 @@ from cahp_engine._torch import model_inputs
 from cahp_engine.errors import InvalidInputError, UnsupportedModelError
 from cahp_engine.models import get_adapter
 from cahp_engine.recovery._least_squares import NormalEquations, Solution, solve_ridge, solve_scales
+from cahp_engine.results import JsonRecord
 
 Sublayer = Literal["attention", "ffn"]
 Method = Literal["ridge", "scales"]
@@ -96,7 +97,7 @@ class ReconstructionOptions:
 
 
 @dataclass(frozen=True)
-class LayerFit:
+class LayerFit(JsonRecord):
     """One refit projection.
 
     ``error_before`` and ``error_after`` are ``||output - target||^2 / ||target||^2`` over the
@@ -118,7 +119,7 @@ class LayerFit:
 
 
 @dataclass(frozen=True)
-class Reconstruction:
+class Reconstruction(JsonRecord):
     """What :func:`reconstruct` did: one :class:`LayerFit` per refit projection, in order."""
 
     fits: tuple[LayerFit, ...]
@@ -132,6 +133,17 @@ class Reconstruction:
     @property
     def ill_conditioned(self) -> tuple[LayerFit, ...]:
         return tuple(f for f in self.fits if f.ill_conditioned)
+
+    def describe(self) -> str:
+        """One line for the run's log: the layers' mean error before and after, and the time."""
+        if not self.fits:
+            return "layer-wise reconstruction: nothing to refit"
+        before = sum(f.error_before for f in self.fits) / len(self.fits)
+        after = sum(f.error_after for f in self.fits) / len(self.fits)
+        return (f"layer-wise reconstruction ({self.method}, {self.target} target) of {len(self.fits)} projections "
+                f"on {self.rows} tokens in {self.seconds:.1f} s: relative error {before:.3f} -> {after:.3f}"
+                + (f"; {len(self.ill_conditioned)} ill-conditioned, held by the ridge term" if self.ill_conditioned
+                   else ""))
 
 
 class _Stop(Exception):

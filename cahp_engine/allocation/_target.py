@@ -18,11 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from cahp_engine._torch import model_inputs
 from cahp_engine.allocation._allocate import Allocation, allocate, reachable, validate_target
 from cahp_engine.allocation._costs import CostModel, Runtime, _median_seconds, flops_costs, latency_costs
 from cahp_engine.allocation._importance import ImportanceKind, UnitImportance, unit_importance
 from cahp_engine.errors import InvalidInputError
 from cahp_engine.models import get_adapter, prune_heads, prune_neurons
+from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct
 
 #: Relative shortfall of the measured speed-up below the target that is accepted without a correction.
 TOLERANCE = 0.02
@@ -52,6 +54,8 @@ class TargetResult:
         The cost model the allocation used.
     corrections : int
         Times the allocation was redone because the measured speed-up fell short of the target.
+    reconstruction : Reconstruction or None
+        The layer-wise refit, when one was asked for.
     seconds : float
         Wall time of the whole call (importance, costs, allocation, surgery, timing).
     """
@@ -67,6 +71,7 @@ class TargetResult:
     reachable_speedup: float
     costs: CostModel
     corrections: int
+    reconstruction: Reconstruction | None
     seconds: float
 
     def to_dict(self) -> dict[str, object]:
@@ -78,7 +83,7 @@ def prune_to_target(
     target_flops: float | None = None, batch_size: int = 32, seq_len: int = 64, runtime: Runtime = "pytorch",
     importance: ImportanceKind | UnitImportance = "fisher", choose_heads: HeadChoice | None = None,
     cache_dir: str | Path | None = None, repeats: int = 5, corrections: int = 2,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = time.perf_counter, reconstruction: ReconstructionOptions | None = None,
 ) -> tuple[nn.Module, TargetResult]:
     """Prune a copy of ``model`` to a speed-up or FLOPs target.
 
@@ -105,6 +110,10 @@ def prune_to_target(
         When the measured speed-up falls short of ``target_speedup`` by more than 2 %, the allocation
         aims higher by the ratio missed and is measured again, at most this many times.
     clock : callable returning seconds
+    reconstruction : ReconstructionOptions, optional
+        When given, the kept units' output projections are refit on ``batches`` after the surgery
+        (:func:`cahp_engine.recovery.reconstruct`, retraining-free), e.g. with
+        ``sublayers=("attention", "ffn")`` for heads and neurons. Shapes, and so speed, do not change.
 
     Returns
     -------
@@ -149,11 +158,14 @@ def prune_to_target(
                                                       repeats=repeats, clock=clock)
             measured = dense_seconds / pruned_seconds
     neurons = plan.neurons_per_layer
+    refit = None
+    if reconstruction is not None:
+        refit = reconstruct(model, pruned, [model_inputs(model, b) for b in batches], reconstruction)
     result = TargetResult(
         allocation=plan, heads_per_layer=heads, neurons_per_layer=neurons, flops_dense=flops.dense,
         flops_pruned=flops.predict(np.array(heads), np.array(neurons)), dense_seconds=dense_seconds,
         pruned_seconds=pruned_seconds, measured_speedup=measured, reachable_speedup=reachable(costs),
-        costs=costs, corrections=steps, seconds=clock() - start,
+        costs=costs, corrections=steps, reconstruction=refit, seconds=clock() - start,
     )
     return pruned, result
 

@@ -21,7 +21,7 @@ from cahp_engine.allocation import (
 )
 from cahp_engine.errors import InvalidInputError, UnsupportedModelError
 from cahp_engine.models import gate_heads, gate_neurons, get_adapter, heads_per_layer, neurons_per_layer
-from tests.support.tiny_models import LAYOUTS, make_classifier, make_tokenizer
+from tests.support.tiny_models import LAYOUTS, make_classifier, make_texts, make_tokenizer
 
 LAYERS, HEADS, HEAD_DIM = 3, 4, 8
 NEURONS = 2 * HEADS * HEAD_DIM
@@ -207,3 +207,24 @@ def test_a_family_whose_neurons_cannot_be_cut_is_refused_before_any_work(monkeyp
     monkeypatch.setitem(_families._ADAPTERS, "bert", dataclasses.replace(get_adapter(model), ffn_output_path=None))
     with pytest.raises(UnsupportedModelError, match="cannot be pruned"):
         prune_to_target(model, [], target_flops=0.5)  # no batches: it fails before it would read them
+
+
+@pytest.mark.parametrize("family", LAYOUTS)
+def test_reconstruction_brings_the_pruned_model_back_towards_the_dense_one(family: str) -> None:
+    from cahp_engine.recovery import ReconstructionOptions
+
+    model = _model(family)
+    texts, labels = make_texts(64, seed=1)
+    encoded = make_tokenizer()(texts, padding=True, return_tensors="pt")
+    batches = [{"input_ids": encoded["input_ids"][i:i + 16], "attention_mask": encoded["attention_mask"][i:i + 16],
+                "labels": torch.tensor(labels[i:i + 16])} for i in range(0, 64, 16)]
+    inputs = {k: v for k, v in batches[0].items() if k != "labels"}
+    plain, _ = prune_to_target(model, batches, target_flops=0.4, batch_size=4, seq_len=16)
+    refit, result = prune_to_target(model, batches, target_flops=0.4, batch_size=4, seq_len=16,
+                                    reconstruction=ReconstructionOptions(sublayers=("attention", "ffn")))
+    assert neurons_per_layer(refit) == neurons_per_layer(plain)  # same shapes: the same speed
+    assert result.reconstruction is not None and {f.sublayer for f in result.reconstruction.fits} == {"attention",
+                                                                                                      "ffn"}
+    with torch.no_grad():
+        dense = model(**inputs).logits
+        assert (refit(**inputs).logits - dense).abs().mean() < (plain(**inputs).logits - dense).abs().mean()

@@ -19,6 +19,7 @@ BENCHMARKS = {
     "gpu-check": "bench.gpu_check",
     "preflight": "bench.preflight",
     "resume": "bench.resume",
+    "ffn_speed": "bench.ffn_speed",
     "reconstruction": "bench.reconstruction",
 }
 

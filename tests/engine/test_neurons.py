@@ -209,6 +209,7 @@ def test_non_uniform_model_exports_to_onnx_and_int8_with_parity(family: str, tmp
     rows = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
     result = export_onnx(model, make_tokenizer(), tmp_path / "onnx", data=rows)
     assert result.parity is not None and result.parity.passed and result.parity.max_abs_diff <= 1e-4
+    assert result.neurons_per_layer == (5, 0, 40) and result.heads_per_layer == (HEADS, 0, 2)
     config = json.loads((tmp_path / "onnx" / "config.json").read_text())
     assert [len(config["cahp"]["kept_neurons"][str(i)]) for i in range(LAYERS)] == [5, 0, 40]
     int8 = quantize_int8(tmp_path / "onnx", tmp_path / "int8", model=model, parity_data=rows, eval_data=rows)

@@ -21,15 +21,18 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import numpy as np
+import scipy.optimize
 import torch
 from torch import nn
 
-from cahp_engine.errors import InvalidInputError
+from cahp_engine.errors import InvalidInputError, PipelineError
 from cahp_engine.models import get_adapter, prune_heads, prune_neurons
 
 Runtime = Literal["pytorch"]
 RUNTIMES: tuple[str, ...] = ("pytorch",)
 TABLE_FORMAT = 1
+#: A fit whose largest relative error on the timed shapes is above this is used once but not cached.
+CACHED_FIT_ERROR = 0.10
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,8 @@ def flops_costs(model: nn.Module, *, batch_size: int = 1, seq_len: int = 128) ->
 
 
 def latency_costs(
-    model: nn.Module, *, batch_size: int, seq_len: int, runtime: Runtime = "pytorch", repeats: int = 5,
-    cache_dir: str | Path | None = None, clock: Callable[[], float] = time.perf_counter,
+    model: nn.Module, *, batch_size: int, seq_len: int, runtime: Runtime = "pytorch", repeats: int = 3,
+    rounds: int = 3, cache_dir: str | Path | None = None, clock: Callable[[], float] = time.perf_counter,
 ) -> CostModel:
     """Fit the :class:`CostModel` of ``model``'s latency on ``runtime`` by timing it at a few shapes.
 
@@ -125,7 +128,9 @@ def latency_costs(
     runtime : {"pytorch"}
         PyTorch fp32 on the model's device, with the thread count the process has.
     repeats : int
-        Timed passes per shape after one warm-up pass; the median is kept.
+        Timed passes per shape and round after one warm-up pass; the median is kept.
+    rounds : int
+        Rounds over all the shapes; each shape's median over the rounds is fitted.
     cache_dir : directory or None
         Where fitted tables are kept, one JSON file per machine, model shape, runtime, threads, batch and
         length; a table found there is returned without timing anything.
@@ -133,13 +138,19 @@ def latency_costs(
 
     Returns
     -------
-    CostModel in seconds, with ``points`` the shapes timed and ``fit_error`` the fit's largest relative error.
+    CostModel in seconds, with ``points`` the shapes timed and ``fit_error`` the fit's largest relative error
+    (above :data:`CACHED_FIT_ERROR` the table is returned but not cached).
+
+    Raises
+    ------
+    PipelineError
+        If the timings do not grow with the units kept (a broken timer, or a machine too busy to measure).
 
     Notes
     -----
     Shapes timed, each the same in every layer: the dense model; half of the heads; one head; no
-    attention; half, a quarter and one of the neurons; no feed-forward block. Least squares over them
-    gives the five coefficients.
+    attention; half, a quarter and one of the neurons; no feed-forward block. Non-negative least squares
+    over them gives the five coefficients.
 
     References
     ----------
@@ -147,7 +158,7 @@ def latency_costs(
     """
     if runtime not in RUNTIMES:
         raise InvalidInputError(f"`runtime` must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("repeats", repeats)):
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("repeats", repeats), ("rounds", rounds)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"`{name}` must be an integer >= 1, got {value!r}")
     adapter = get_adapter(model)
@@ -168,25 +179,38 @@ def latency_costs(
     low = int(getattr(config, "pad_token_id", 0) or 0) + 1
     ids = torch.randint(low, int(config.vocab_size), (batch_size, seq_len), generator=generator).to(device)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    rows, seconds = [], []
-    for h, n in shapes:
-        pruned = copy.deepcopy(model).eval()
-        if h < heads:
-            prune_heads(pruned, {layer: list(range(h)) for layer in range(layers)})
-        if n < neurons:
-            prune_neurons(pruned, {layer: list(range(n)) for layer in range(layers)})
-        seconds.append(_median_seconds(pruned, batch, repeats=repeats, clock=clock))
-        rows.append([1.0, layers * float(h > 0), layers * h, layers * float(n > 0), layers * n])
-        del pruned
-    design, observed = np.asarray(rows), np.asarray(seconds)
-    coef, *_ = np.linalg.lstsq(design, observed, rcond=None)
+    # Rounds over all the shapes, the median of each shape's rounds kept: a machine whose load changes
+    # during the measurement then slows every shape alike instead of one.
+    timings: list[list[float]] = [[] for _ in shapes]
+    for _ in range(rounds):
+        for index, (h, n) in enumerate(shapes):
+            pruned = copy.deepcopy(model).eval()
+            if h < heads:
+                prune_heads(pruned, {layer: list(range(h)) for layer in range(layers)})
+            if n < neurons:
+                prune_neurons(pruned, {layer: list(range(n)) for layer in range(layers)})
+            timings[index].append(_median_seconds(pruned, batch, repeats=repeats, clock=clock))
+            del pruned
+    rows = [[1.0, layers * float(h > 0), layers * h, layers * float(n > 0), layers * n] for h, n in shapes]
+    design, observed = np.asarray(rows), np.asarray([np.median(t) for t in timings])
+    # Non-negative least squares: no part of a model takes negative time, and a fit free to say so
+    # (a negative fixed part against large per-unit parts) would predict a floor below zero.
+    coef, _ = scipy.optimize.nnls(design, observed)
+    if layers * (coef[2] * heads + coef[4] * neurons) < 0.01 * observed[0]:  # the units: under 1 % of dense
+        raise PipelineError(
+            f"the latency of this model on {runtime} did not grow with the heads and neurons it keeps "
+            f"({', '.join(f'{t * 1000:.1f}' for t in observed)} ms over {len(shapes)} shapes); the timer or the "
+            "machine is not measuring the model (time it on a quieter machine, or use `target_flops`)"
+        )
     fit_error = float(np.max(np.abs(design @ coef - observed) / observed))
     costs = CostModel(
-        unit="seconds", fixed=float(coef[0]), attention=float(coef[1]), head=float(max(coef[2], 0.0)),
-        ffn=float(coef[3]), neuron=float(max(coef[4], 0.0)), num_layers=layers, num_heads=heads,
+        unit="seconds", fixed=float(coef[0]), attention=float(coef[1]), head=float(coef[2]),
+        ffn=float(coef[3]), neuron=float(coef[4]), num_layers=layers, num_heads=heads,
         num_neurons=neurons, batch_size=batch_size, seq_len=seq_len, runtime=runtime, points=len(shapes),
         fit_error=fit_error,
     )
+    if fit_error > CACHED_FIT_ERROR:
+        return costs  # too noisy to keep: the next call measures again
     _write_cache(cache_dir, key, costs)
     return costs
 

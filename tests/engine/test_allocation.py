@@ -19,7 +19,7 @@ from cahp_engine.allocation import (
     prune_to_target,
     unit_importance,
 )
-from cahp_engine.errors import InvalidInputError, UnsupportedModelError
+from cahp_engine.errors import InvalidInputError, PipelineError, UnsupportedModelError
 from cahp_engine.models import gate_heads, gate_neurons, get_adapter, heads_per_layer, neurons_per_layer
 from tests.support.tiny_models import LAYOUTS, make_classifier, make_texts, make_tokenizer
 
@@ -136,28 +136,52 @@ def test_an_unreachable_target_names_the_best_reachable() -> None:
         allocate(importance, costs, target_flops=0.5 / best)
 
 
-def test_latency_table_is_fitted_once_and_read_from_its_cache(tmp_path: Path) -> None:
+class _ModelClock:
+    """A controlled clock: a timed pass lasts ``fixed + per_head * heads + per_neuron * neurons`` seconds of
+    the model being run, read off its shapes by a forward pre-hook, so the fit can be checked exactly."""
+
+    def __init__(self, fixed: float, per_head: float, per_neuron: float) -> None:
+        self.now, self.fixed, self.per_head, self.per_neuron = 0.0, fixed, per_head, per_neuron
+        self.calls = 0
+
+    def attach(self, model: torch.nn.Module) -> None:
+        model.register_forward_pre_hook(lambda module, _args: self._advance(module))
+
+    def _advance(self, module: torch.nn.Module) -> None:
+        self.now += self.fixed + self.per_head * sum(heads_per_layer(module)) \
+            + self.per_neuron * sum(neurons_per_layer(module))
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.now
+
+
+def test_latency_table_is_fitted_on_the_model_once_and_read_from_its_cache(tmp_path: Path) -> None:
     model = _model()
-    ticks = itertools.count()
-    calls = []
-
-    def clock() -> float:  # every timed pass lasts one tick: the model predicts one tick whatever is kept
-        calls.append(1)
-        return float(next(ticks))
-
-    costs = latency_costs(model, batch_size=2, seq_len=8, repeats=2, cache_dir=tmp_path, clock=clock)
-    assert costs.points == 8 and calls and costs.unit == "seconds"
-    assert costs.dense == pytest.approx(1.0) and costs.floor == pytest.approx(1.0)
+    clock = _ModelClock(fixed=0.5, per_head=0.01, per_neuron=0.001)
+    clock.attach(model)  # deep copies keep the hook: every pruned copy advances the clock by its own shape
+    costs = latency_costs(model, batch_size=2, seq_len=8, repeats=2, rounds=2, cache_dir=tmp_path, clock=clock)
+    assert costs.points == 8 and costs.unit == "seconds" and costs.fit_error < 1e-6
+    assert (costs.fixed, costs.head, costs.neuron) == pytest.approx((0.5, 0.01, 0.001), abs=1e-9)
+    assert costs.attention == pytest.approx(0.0, abs=1e-9) and costs.ffn == pytest.approx(0.0, abs=1e-9)
     assert len(list(tmp_path.glob("latency-*.json"))) == 1
-    calls.clear()
-    assert latency_costs(model, batch_size=2, seq_len=8, repeats=2, cache_dir=tmp_path, clock=clock) == costs
-    assert calls == []  # read, not timed
-    other = latency_costs(model, batch_size=4, seq_len=8, repeats=2, cache_dir=tmp_path, clock=clock)
+    clock.calls = 0
+    assert latency_costs(model, batch_size=2, seq_len=8, repeats=2, rounds=2, cache_dir=tmp_path, clock=clock) == costs
+    assert clock.calls == 0  # read, not timed
+    other = latency_costs(model, batch_size=4, seq_len=8, repeats=2, rounds=2, cache_dir=tmp_path, clock=clock)
     assert other.batch_size == 4 and len(list(tmp_path.glob("latency-*.json"))) == 2
-    # Nothing can be faster than a model whose time does not change: any target above 1 is refused.
-    with pytest.raises(TargetUnreachableError, match=r"at most x1.00"):
-        prune_to_target(model, _batches(), target_speedup=1.5, batch_size=2, seq_len=8, cache_dir=tmp_path,
+    best = costs.dense / costs.floor
+    with pytest.raises(TargetUnreachableError, match=rf"at most x{best:.2f}"):
+        prune_to_target(model, _batches(), target_speedup=best + 0.1, batch_size=2, seq_len=8, cache_dir=tmp_path,
                         repeats=2, clock=clock)
+
+
+def test_timings_that_do_not_follow_the_model_are_refused(tmp_path: Path) -> None:
+    ticks = itertools.count()
+    with pytest.raises(PipelineError, match="did not grow with the heads and neurons"):
+        latency_costs(_model(), batch_size=2, seq_len=8, repeats=2, rounds=1, cache_dir=tmp_path,
+                      clock=lambda: float(next(ticks)))
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("family", LAYOUTS)

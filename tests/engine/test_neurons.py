@@ -218,3 +218,16 @@ def test_non_uniform_model_exports_to_onnx_and_int8_with_parity(family: str, tmp
     # The int8 graph runs on every sample; how far it moves these random wide weights is not a property of pruning.
     assert int8.deviation is not None and int8.deviation.samples == len(rows)
     assert np.isfinite(int8.deviation.max_abs_diff)
+
+
+@pytest.mark.parametrize("family", LAYOUTS)
+def test_load_classifier_reads_a_neuron_pruned_directory(family: str, tmp_path: Path) -> None:
+    from cahp_engine.models import load_classifier
+
+    model = _model(family)
+    prune_neurons(model, KEPT)
+    save_pruned(model, make_tokenizer(), tmp_path)
+    loaded = load_classifier(str(tmp_path))
+    assert neurons_per_layer(loaded.model) == [5, 0, 40] and loaded.classifier_trained
+    batch = _batch()
+    torch.testing.assert_close(_logits(loaded.model, batch), _logits(model, batch), atol=1e-6, rtol=0)

@@ -53,7 +53,7 @@ class TargetResult:
     costs : CostModel
         The cost model the allocation used.
     corrections : int
-        Times the allocation was redone because the measured speed-up fell short of the target.
+        Times the allocation was redone because the measured speed-up missed the target by more than 2 %.
     reconstruction : Reconstruction or None
         The layer-wise refit, when one was asked for.
     seconds : float
@@ -107,8 +107,9 @@ def prune_to_target(
     cache_dir : directory for the latency table, or None to measure it each call
     repeats : timed passes per measurement (median)
     corrections : int
-        When the measured speed-up falls short of ``target_speedup`` by more than 2 %, the allocation
-        aims higher by the ratio missed and is measured again, at most this many times.
+        When the measured speed-up misses ``target_speedup`` by more than 2 % either way, the allocation
+        aims again by the ratio missed and is measured again, at most this many times; of the tries, the
+        least pruned one that meets the target is kept (the fastest one if none does).
     clock : callable returning seconds
     reconstruction : ReconstructionOptions, optional
         When given, the kept units' output projections are refit on ``batches`` after the surgery
@@ -142,21 +143,28 @@ def prune_to_target(
     dense_seconds = pruned_seconds = measured = None
     steps = 0
     if target_speedup is not None:
+        goal = float(target_speedup)
         dense_seconds, pruned_seconds = time_pair(model, pruned, batch_size=batch_size, seq_len=seq_len,
                                                   repeats=repeats, clock=clock)
-        measured = dense_seconds / pruned_seconds
-        asked = float(target_speedup)
-        best = reachable(costs)
-        # The cost model is linear; the runtime is not quite. A measured shortfall raises the target the
-        # allocation aims at by the ratio missed, at most ``corrections`` times and never past the reachable.
-        while steps < corrections and measured < target_speedup * (1 - TOLERANCE) and asked < best:
-            steps += 1
-            asked = min(asked * target_speedup / measured, best)
-            plan = allocate(scores, costs, target_speedup=asked)
-            pruned, heads = _cut(model, plan, choose_heads)
-            dense_seconds, pruned_seconds = time_pair(model, pruned, batch_size=batch_size, seq_len=seq_len,
-                                                      repeats=repeats, clock=clock)
-            measured = dense_seconds / pruned_seconds
+        tried = [_Tried(dense_seconds / pruned_seconds, plan, pruned, heads, dense_seconds, pruned_seconds)]
+        asked, best = goal, reachable(costs)
+        # The cost model is linear; the runtime is not quite. The allocation aims again by the ratio missed
+        # (higher after a shortfall, lower after an overshoot that removed more than needed), at most
+        # ``corrections`` times, within [1, reachable]; the least pruned try that meets the goal is kept.
+        while steps < corrections and not goal * (1 - TOLERANCE) <= tried[-1].speedup <= goal * (1 + TOLERANCE):
+            following = min(max(asked * goal / tried[-1].speedup, 1.0), best)
+            if following == asked:
+                break
+            steps, asked = steps + 1, following
+            candidate = allocate(scores, costs, target_speedup=asked)
+            cut, kept = _cut(model, candidate, choose_heads)
+            dense_s, pruned_s = time_pair(model, cut, batch_size=batch_size, seq_len=seq_len, repeats=repeats,
+                                          clock=clock)
+            tried.append(_Tried(dense_s / pruned_s, candidate, cut, kept, dense_s, pruned_s))
+        meeting = [t for t in tried if t.speedup >= goal * (1 - TOLERANCE)]
+        chosen = min(meeting, key=lambda t: t.speedup) if meeting else max(tried, key=lambda t: t.speedup)
+        plan, pruned, heads = chosen.plan, chosen.model, chosen.heads
+        dense_seconds, pruned_seconds, measured = chosen.dense_seconds, chosen.pruned_seconds, chosen.speedup
     neurons = plan.neurons_per_layer
     refit = None
     if reconstruction is not None:
@@ -168,6 +176,18 @@ def prune_to_target(
         costs=costs, corrections=steps, reconstruction=refit, seconds=clock() - start,
     )
     return pruned, result
+
+
+@dataclass(frozen=True)
+class _Tried:
+    """One allocation cut and timed while aiming at a speed target."""
+
+    speedup: float
+    plan: Allocation
+    model: nn.Module
+    heads: tuple[int, ...]
+    dense_seconds: float
+    pruned_seconds: float
 
 
 def _cut(model: nn.Module, plan: Allocation, choose_heads: HeadChoice | None) -> tuple[nn.Module, tuple[int, ...]]:

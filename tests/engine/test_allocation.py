@@ -252,3 +252,28 @@ def test_reconstruction_brings_the_pruned_model_back_towards_the_dense_one(famil
     with torch.no_grad():
         dense = model(**inputs).logits
         assert (refit(**inputs).logits - dense).abs().mean() < (plain(**inputs).logits - dense).abs().mean()
+
+
+class _CurvedClock(_ModelClock):
+    """A runtime that is not linear in the neurons kept: a neuron costs more the more neurons there are."""
+
+    def _advance(self, module: torch.nn.Module) -> None:
+        share = sum(neurons_per_layer(module)) / (LAYERS * NEURONS)
+        self.now += self.fixed + self.per_head * sum(heads_per_layer(module)) \
+            + self.per_neuron * sum(neurons_per_layer(module)) * (0.5 + share)
+
+
+def test_a_measured_miss_is_corrected_and_the_least_pruned_model_meeting_the_target_kept(tmp_path: Path) -> None:
+    model = _model()
+    clock = _CurvedClock(fixed=0.05, per_head=0.01, per_neuron=0.004)
+    clock.attach(model)
+    kwargs = {"target_speedup": 2.0, "batch_size": 2, "seq_len": 8, "repeats": 1, "cache_dir": tmp_path,
+              "clock": clock}
+    _, once = prune_to_target(model, _batches(), corrections=0, **kwargs)
+    assert once.corrections == 0
+    assert abs(once.measured_speedup / 2.0 - 1) > 0.02  # the linear table misses this runtime
+    pruned, fixed = prune_to_target(model, _batches(), corrections=4, **kwargs)
+    assert fixed.corrections >= 1
+    assert fixed.measured_speedup >= 2.0 * 0.98
+    assert abs(fixed.measured_speedup - 2.0) < abs(once.measured_speedup - 2.0)
+    assert tuple(neurons_per_layer(pruned)) == fixed.neurons_per_layer

@@ -18,18 +18,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import numpy as np
 import scipy.optimize
 import torch
 from torch import nn
 
+from cahp_engine.allocation._runtimes import Runtime, check_runtime, median_seconds, runner
 from cahp_engine.errors import InvalidInputError, PipelineError
 from cahp_engine.models import get_adapter, prune_heads, prune_neurons
 
-Runtime = Literal["pytorch"]
-RUNTIMES: tuple[str, ...] = ("pytorch",)
 TABLE_FORMAT = 1
 #: A fit whose largest relative error on the timed shapes is above this is used once but not cached.
 CACHED_FIT_ERROR = 0.10
@@ -125,8 +124,9 @@ def latency_costs(
     model : an unpruned supported sequence classifier (left unchanged: copies are pruned)
     batch_size, seq_len : int
         The input shape timed: ``batch_size`` sequences of ``seq_len`` tokens, no padding.
-    runtime : {"pytorch"}
-        PyTorch fp32 on the model's device, with the thread count the process has.
+    runtime : {"pytorch", "onnxruntime", "onnxruntime-int8"}
+        PyTorch fp32 on the model's device, or the model exported to ONNX (fp32 or dynamic int8) in an
+        onnxruntime session, with the thread count the process has (:func:`runner`).
     repeats : int
         Timed passes per shape and round after one warm-up pass; the median is kept.
     rounds : int
@@ -156,8 +156,7 @@ def latency_costs(
     ----------
     Kwon et al. 2022, Section 4.3 (a latency lookup table measured once per device).
     """
-    if runtime not in RUNTIMES:
-        raise InvalidInputError(f"`runtime` must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    check_runtime(runtime)
     for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("repeats", repeats), ("rounds", rounds)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"`{name}` must be an integer >= 1, got {value!r}")
@@ -189,7 +188,8 @@ def latency_costs(
                 prune_heads(pruned, {layer: list(range(h)) for layer in range(layers)})
             if n < neurons:
                 prune_neurons(pruned, {layer: list(range(n)) for layer in range(layers)})
-            timings[index].append(_median_seconds(pruned, batch, repeats=repeats, clock=clock))
+            with runner(pruned, batch, runtime) as run:
+                timings[index].append(median_seconds(run, repeats=repeats, clock=clock))
             del pruned
     rows = [[1.0, layers * float(h > 0), layers * h, layers * float(n > 0), layers * n] for h, n in shapes]
     design, observed = np.asarray(rows), np.asarray([np.median(t) for t in timings])
@@ -213,18 +213,6 @@ def latency_costs(
         return costs  # too noisy to keep: the next call measures again
     _write_cache(cache_dir, key, costs)
     return costs
-
-
-@torch.no_grad()
-def _median_seconds(model: nn.Module, batch: dict[str, torch.Tensor], *, repeats: int,
-                    clock: Callable[[], float]) -> float:
-    model(**batch)  # warm-up: allocator, kernels
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        model(**batch)
-        times.append(clock() - start)
-    return float(np.median(times))
 
 
 def _cache_key(model: nn.Module, *, batch_size: int, seq_len: int, runtime: str) -> str:

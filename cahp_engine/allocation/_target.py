@@ -20,8 +20,9 @@ from torch import nn
 
 from cahp_engine._torch import model_inputs
 from cahp_engine.allocation._allocate import Allocation, allocate, reachable, validate_target
-from cahp_engine.allocation._costs import CostModel, Runtime, _median_seconds, flops_costs, latency_costs
+from cahp_engine.allocation._costs import CostModel, flops_costs, latency_costs
 from cahp_engine.allocation._importance import ImportanceKind, UnitImportance, unit_importance
+from cahp_engine.allocation._runtimes import Runtime, check_runtime, median_seconds, runner
 from cahp_engine.errors import InvalidInputError
 from cahp_engine.models import get_adapter, prune_heads, prune_neurons
 from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct
@@ -97,7 +98,8 @@ def prune_to_target(
         Encoder FLOPs at most this fraction of the dense model's.
     batch_size, seq_len : int
         The serving shape the latency is measured at.
-    runtime : {"pytorch"}
+    runtime : {"pytorch", "onnxruntime", "onnxruntime-int8"}
+        The serving runtime the latency table and the measured speed-up are timed on.
     importance : {"fisher", "taylor"} or UnitImportance
         How to score the units, or scores already computed on ``model``.
     choose_heads : callable, optional
@@ -128,6 +130,7 @@ def prune_to_target(
         surgery; or if ``choose_heads`` returns other counts than it was given.
     """
     start = clock()
+    check_runtime(runtime)
     validate_target(target_speedup=target_speedup, target_flops=target_flops)
     adapter = get_adapter(model)
     adapter.feed_forward(adapter.layers(model)[0])  # a family whose neurons cannot be cut is refused here
@@ -145,7 +148,7 @@ def prune_to_target(
     if target_speedup is not None:
         goal = float(target_speedup)
         dense_seconds, pruned_seconds = time_pair(model, pruned, batch_size=batch_size, seq_len=seq_len,
-                                                  repeats=repeats, clock=clock)
+                                                  runtime=runtime, repeats=repeats, clock=clock)
         tried = [_Tried(dense_seconds / pruned_seconds, plan, pruned, heads, dense_seconds, pruned_seconds)]
         asked, best = goal, reachable(costs)
         # The cost model is linear; the runtime is not quite. The allocation aims again by the ratio missed
@@ -158,8 +161,8 @@ def prune_to_target(
             steps, asked = steps + 1, following
             candidate = allocate(scores, costs, target_speedup=asked)
             cut, kept = _cut(model, candidate, choose_heads)
-            dense_s, pruned_s = time_pair(model, cut, batch_size=batch_size, seq_len=seq_len, repeats=repeats,
-                                          clock=clock)
+            dense_s, pruned_s = time_pair(model, cut, batch_size=batch_size, seq_len=seq_len, runtime=runtime,
+                                          repeats=repeats, clock=clock)
             tried.append(_Tried(dense_s / pruned_s, candidate, cut, kept, dense_s, pruned_s))
         meeting = [t for t in tried if t.speedup >= goal * (1 - TOLERANCE)]
         chosen = min(meeting, key=lambda t: t.speedup) if meeting else max(tried, key=lambda t: t.speedup)
@@ -206,10 +209,10 @@ def _cut(model: nn.Module, plan: Allocation, choose_heads: HeadChoice | None) ->
 
 
 def time_pair(
-    dense: nn.Module, pruned: nn.Module, *, batch_size: int, seq_len: int, repeats: int = 5, rounds: int = 3,
-    clock: Callable[[], float] = time.perf_counter,
+    dense: nn.Module, pruned: nn.Module, *, batch_size: int, seq_len: int, runtime: Runtime = "pytorch",
+    repeats: int = 5, rounds: int = 3, clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[float, float]:
-    """Median latency of ``dense`` and of ``pruned`` on one random batch, timed in alternating rounds.
+    """Median latency of ``dense`` and of ``pruned`` on one random batch and ``runtime``, in alternating rounds.
 
     Alternating the two in the same run keeps their ratio fair on a machine whose load changes.
     """
@@ -221,6 +224,8 @@ def time_pair(
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     firsts, seconds = [], []
     for _ in range(rounds):
-        firsts.append(_median_seconds(dense, batch, repeats=repeats, clock=clock))
-        seconds.append(_median_seconds(pruned, batch, repeats=repeats, clock=clock))
+        with runner(dense, batch, runtime) as run:
+            firsts.append(median_seconds(run, repeats=repeats, clock=clock))
+        with runner(pruned, batch, runtime) as run:
+            seconds.append(median_seconds(run, repeats=repeats, clock=clock))
     return float(np.median(firsts)), float(np.median(seconds))

@@ -277,3 +277,26 @@ def test_a_measured_miss_is_corrected_and_the_least_pruned_model_meeting_the_tar
     assert fixed.measured_speedup >= 2.0 * 0.98
     assert abs(fixed.measured_speedup - 2.0) < abs(once.measured_speedup - 2.0)
     assert tuple(neurons_per_layer(pruned)) == fixed.neurons_per_layer
+
+
+@pytest.mark.slow  # two ONNX exports and an int8 quantization
+def test_onnx_runtimes_run_the_pruned_model_itself() -> None:
+    import onnxruntime  # noqa: F401  (the runtime under test)
+
+    from cahp_engine.allocation import runner
+    from cahp_engine.models import prune_heads, prune_neurons
+
+    model = _model("bert")
+    prune_heads(model, {1: [], 2: [0, 3]})
+    prune_neurons(model, {0: [1, 5, 9], 1: []})
+    batch = {k: v for k, v in _batches()[0].items() if k != "labels"}
+    with torch.no_grad():
+        expected = model(**batch).logits.numpy()
+    with runner(model, batch, "onnxruntime") as run:
+        np.testing.assert_allclose(run(), expected, atol=1e-4)
+    with runner(model, batch, "onnxruntime-int8") as run:
+        quantized = run()
+    assert quantized.shape == expected.shape and np.isfinite(quantized).all()
+    assert not np.allclose(quantized, expected, atol=1e-6)  # really the int8 graph, not the fp32 one
+    with pytest.raises(InvalidInputError, match="`runtime` must be one of pytorch, onnxruntime, onnxruntime-int8"):
+        prune_to_target(model, _batches(), target_speedup=2.0, runtime="tensorrt")

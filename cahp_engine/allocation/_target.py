@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -81,9 +81,9 @@ class TargetResult:
 
 def prune_to_target(
     model: nn.Module, batches: Sequence[dict[str, torch.Tensor]], *, target_speedup: float | None = None,
-    target_flops: float | None = None, batch_size: int = 32, seq_len: int = 64, runtime: Runtime = "pytorch",
-    importance: ImportanceKind | UnitImportance = "fisher", choose_heads: HeadChoice | None = None,
-    cache_dir: str | Path | None = None, repeats: int = 5, corrections: int = 2,
+    target_flops: float | None = None, batch_size: int = 32, seq_len: int | Literal["p95"] = 64,
+    runtime: Runtime = "pytorch", importance: ImportanceKind | UnitImportance = "fisher",
+    choose_heads: HeadChoice | None = None, cache_dir: str | Path | None = None, repeats: int = 5, corrections: int = 2,
     clock: Callable[[], float] = time.perf_counter, reconstruction: ReconstructionOptions | None = None,
 ) -> tuple[nn.Module, TargetResult]:
     """Prune a copy of ``model`` to a speed-up or FLOPs target.
@@ -96,8 +96,11 @@ def prune_to_target(
         Predicted latency at most ``dense / target_speedup`` on ``runtime`` at ``batch_size`` x ``seq_len``.
     target_flops : float in (0, 1], optional
         Encoder FLOPs at most this fraction of the dense model's.
-    batch_size, seq_len : int
-        The serving shape the latency is measured at.
+    batch_size : int
+        The serving batch the latency is measured at.
+    seq_len : int or "p95"
+        The serving length, in tokens; ``"p95"`` takes the 95th percentile of the calibration rows'
+        lengths (their attention masks), the length most of the data is served at.
     runtime : {"pytorch", "onnxruntime", "onnxruntime-int8"}
         The serving runtime the latency table and the measured speed-up are timed on.
     importance : {"fisher", "taylor"} or UnitImportance
@@ -132,6 +135,7 @@ def prune_to_target(
     start = clock()
     check_runtime(runtime)
     validate_target(target_speedup=target_speedup, target_flops=target_flops)
+    seq_len = serving_length(batches) if seq_len == "p95" else seq_len
     adapter = get_adapter(model)
     adapter.feed_forward(adapter.layers(model)[0])  # a family whose neurons cannot be cut is refused here
     scores = importance if isinstance(importance, UnitImportance) else unit_importance(model, batches, kind=importance)
@@ -206,6 +210,20 @@ def _cut(model: nn.Module, plan: Allocation, choose_heads: HeadChoice | None) ->
     prune_heads(pruned, dict(enumerate(kept_heads)))
     prune_neurons(pruned, dict(enumerate(plan.kept_neurons)))
     return pruned, tuple(len(h) for h in kept_heads)
+
+
+def serving_length(batches: Sequence[Mapping[str, torch.Tensor]], *, percentile: float = 95.0) -> int:
+    """The ``percentile`` of the rows' lengths (real tokens, from ``attention_mask`` (B, T)), rounded up.
+
+    Raises
+    ------
+    InvalidInputError
+        If no batch carries an ``attention_mask``.
+    """
+    lengths = [b["attention_mask"].sum(dim=1).cpu().numpy() for b in batches if "attention_mask" in b]
+    if not lengths:
+        raise InvalidInputError("`seq_len=\"p95\"` needs calibration batches with an `attention_mask`")
+    return max(1, int(np.ceil(np.percentile(np.concatenate(lengths), percentile))))
 
 
 def time_pair(

@@ -300,3 +300,18 @@ def test_onnx_runtimes_run_the_pruned_model_itself() -> None:
     assert not np.allclose(quantized, expected, atol=1e-6)  # really the int8 graph, not the fp32 one
     with pytest.raises(InvalidInputError, match="`runtime` must be one of pytorch, onnxruntime, onnxruntime-int8"):
         prune_to_target(model, _batches(), target_speedup=2.0, runtime="tensorrt")
+
+
+def test_the_serving_length_can_be_the_calibration_rows_95th_percentile() -> None:
+    from cahp_engine.allocation import serving_length
+
+    masks = torch.zeros(20, 30, dtype=torch.long)
+    for row in range(20):
+        masks[row, : row + 1] = 1  # lengths 1..20
+    assert serving_length([{"attention_mask": masks[:10]}, {"attention_mask": masks[10:]}]) == 20  # 19.05 up
+    assert serving_length([{"attention_mask": masks}], percentile=50) == 11  # 10.5 up
+    _, result = prune_to_target(_model(), _batches(), target_flops=0.5, seq_len="p95")
+    lengths = _batches()[0]["attention_mask"].sum(dim=1).float()
+    assert result.costs.seq_len == int(np.ceil(np.percentile(lengths.numpy(), 95)))
+    with pytest.raises(InvalidInputError, match="needs calibration batches with an `attention_mask`"):
+        serving_length([{"input_ids": masks}])

@@ -231,3 +231,36 @@ def test_load_classifier_reads_a_neuron_pruned_directory(family: str, tmp_path: 
     assert neurons_per_layer(loaded.model) == [5, 0, 40] and loaded.classifier_trained
     batch = _batch()
     torch.testing.assert_close(_logits(loaded.model, batch), _logits(model, batch), atol=1e-6, rtol=0)
+
+
+def test_the_model_card_shows_each_layers_neurons_beside_its_heads() -> None:
+    from cahp_engine.export import ModelCardInputs, build_model_card
+
+    inputs = ModelCardInputs(family="bert", num_layers=3, num_heads=4, kept_heads=((0, 2), (), (1,)),
+                             neurons_per_layer=(5, 0, 40), num_neurons=NEURONS)
+    card = build_model_card(inputs)
+    text = str(card)
+    assert "| layer | heads kept | original indices | feed-forward neurons kept |" in text
+    assert f"| 1 | 0 / 4 | none (attention skipped) | 0 / {NEURONS} (feed-forward skipped) |" in text
+    assert f"| 2 | 1 / 4 | 1 | 40 / {NEURONS} |" in text
+    assert card.data.cahp["neurons_per_layer"] == [5, 0, 40]
+    heads_only = str(build_model_card(ModelCardInputs(family="bert", num_layers=1, num_heads=4, kept_heads=((0,),))))
+    assert "feed-forward" not in heads_only
+    with pytest.raises(InvalidInputError, match="`neurons_per_layer` must give all 3 layers a count"):
+        ModelCardInputs(family="bert", num_layers=3, num_heads=4, kept_heads=((0,), (), (1,)),
+                        neurons_per_layer=(5, 0), num_neurons=NEURONS)
+
+
+@pytest.mark.slow  # an ONNX export, its parity check and a latency comparison
+def test_exporting_a_saved_neuron_pruned_checkpoint_checks_parity_and_writes_the_neuron_map(tmp_path: Path) -> None:
+    from cahp_engine.export import export_checkpoint
+
+    model = _model("bert")
+    prune_heads(model, {1: []})
+    prune_neurons(model, KEPT)
+    save_pruned(model, make_tokenizer(), tmp_path / "model")
+    result = export_checkpoint(tmp_path / "model", tmp_path / "out", latency_repeats=2, latency_warmup=1)
+    assert result.onnx.parity is not None and result.onnx.parity.passed
+    assert result.onnx.neurons_per_layer == (5, 0, 40)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"| 1 | 0 / {HEADS} | none (attention skipped) | 0 / {NEURONS} (feed-forward skipped) |" in card

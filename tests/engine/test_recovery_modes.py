@@ -51,6 +51,9 @@ def test_reconstruct_alone_trains_nothing_and_reports_the_stage(inputs, tmp_path
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert written["reconstruction"]["fits"][0]["sublayer"] == "attention"
     assert written["config"]["recovery"] == "reconstruct"
+    card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
+    assert "layer-wise reconstruction: the attention output projection of each layer refit" in card
+    assert "recovery fine-tuning: none (the reconstructed weights are the model)" in card
     # What the run saved is the reconstructed model: it scores what the report says.
     saved = load_pruned(tmp_path / "out" / report.checkpoint.path)
     assert evaluate(saved, _encoded(45, seed=1)).accuracy == pytest.approx(report.metrics.pruned.accuracy)

@@ -48,7 +48,13 @@ from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._holdout import ValidationData, ValidationScorer, score_of, validation_data
 from cahp_engine.run._judged import judged_search
 from cahp_engine.run._live import TrainingHooks
-from cahp_engine.run._reconstruct import calibration_batches, finetunes, reconstruct_pruned, reconstructs
+from cahp_engine.run._reconstruct import (
+    calibration_batches,
+    check_reconstruction,
+    finetunes,
+    reconstruct_pruned,
+    reconstructs,
+)
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
@@ -155,6 +161,7 @@ def load(
         rows = LazyEncodedDataset(loaded.tokenizer, train, max_length=config.max_length)
         evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
         validate_inputs(loaded.model, rows, config)
+        check_reconstruction(loaded.model, config)
         run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
     return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,

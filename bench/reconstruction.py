@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                              "epoch (default 0: not timed)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="reconstruction.json")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where --out goes (default bench/results)")
     args = parser.parse_args(argv)
     pin_threads(args.threads)
 
@@ -134,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
                     say(f"one recovery epoch: {cell['epoch_seconds']:.0f} s (from {args.epoch:g} of one)")
                 cells.append(cell)
                 save(args.out, {"cells": cells, **record}, command="python -m bench reconstruction "
-                     + " ".join(sys.argv[1:] if argv is None else argv), protocol=__doc__ or "")
-    say(f"saved {RESULTS / args.out}")
+                     + " ".join(sys.argv[1:] if argv is None else argv), protocol=__doc__ or "",
+                     results=args.results)
+    say(f"saved {args.results / args.out}")
 
 
 if __name__ == "__main__":

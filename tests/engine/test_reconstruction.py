@@ -214,3 +214,15 @@ def test_a_model_whose_projection_is_not_linear_is_refused_with_the_reason_befor
     assert all(torch.equal(kept[k], v) for k, v in pruned.state_dict().items())
     assert unsupported_reason(pruned, ReconstructionOptions()) is None  # the attention refit still can
     check_reconstruction(pruned, PruningConfig(recovery="reconstruct"))
+
+
+def test_the_dense_targets_kept_from_one_pass_give_the_same_refit_as_a_pass_per_layer(monkeypatch) -> None:
+    from cahp_engine.recovery import _reconstruction
+
+    dense = _dense("bert")
+    cached, per_layer = _pruned(dense), _pruned(dense)
+    reconstruct(dense, cached, _batches())
+    monkeypatch.setattr(_reconstruction, "TARGET_CACHE_BYTES", 0)  # too small: the dense model runs per layer
+    reconstruct(dense, per_layer, _batches())
+    for a, b in zip(cached.state_dict().values(), per_layer.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

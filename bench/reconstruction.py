@@ -7,12 +7,12 @@ knee (and any ``--strategies``) are removed and the test split is scored:
 
 - ``dense``, ``pruned`` (no recovery) and, for each reconstruction variant, ``reconstructed``;
 - ``gap closed`` = (reconstructed - pruned) / (dense - pruned);
-- the reconstruction's seconds, and (``--epoch``) one recovery epoch's seconds on the same pruned model
-  (cross-entropy, lr 2e-5), the recovery it would replace.
+- the reconstruction's seconds, and (``--epoch F``) one recovery epoch's seconds on the same pruned model
+  (cross-entropy, lr 2e-5; a fraction F of the epoch timed and scaled), the recovery it would replace.
 
 Calibration: ``--calibration-rows`` training sentences drawn with the seed (the tokens are the rows).
 
-    nice -n 10 python -m bench reconstruction --seeds 42,43,44 --degrees 2,6 --epoch
+    nice -n 10 python -m bench reconstruction --seeds 42,43,44 --degrees 2,6 --epoch 0.1
 """
 
 from __future__ import annotations
@@ -41,23 +41,24 @@ VARIANTS: dict[str, ReconstructionOptions] = {
 }
 
 
-def dense_model(data: Path, cache: Path, dense_dir: Path | None, say: Any) -> tuple[Any, Any, dict[str, Any]]:
+def dense_model(data: Path, cache: Path, dense_dir: Path | None, epochs: float,
+                say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """The dense model and tokenizer: ``dense_dir`` when given, else trained once into ``cache``."""
-    directory = dense_dir or cache / "dense-sst5"
+    directory = dense_dir or cache / f"dense-sst5-{epochs:g}ep"
     if not (directory / "config.json").is_file():
         if dense_dir is not None:
             raise SystemExit(f"--dense {dense_dir}: no config.json there")
         loaded = load_classifier(minilm_path(), num_labels=5, seed=42)
         splits = load_splits(data, DatasetOptions(eval_split="test"))
         train = encode(loaded.tokenizer, splits.train, max_length=512)
-        say(f"dense fine-tuning: 3 epochs at lr 5e-5 on {len(train)} rows")
+        say(f"dense fine-tuning: {epochs:g} epochs at lr 5e-5 on {len(train)} rows")
         started = time.perf_counter()
-        finetune(loaded.model, train, epochs=3, lr=5e-5, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
+        finetune(loaded.model, train, epochs=epochs, lr=5e-5, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
                  max_grad_norm=1.0, seed=42, device="cpu")
         say(f"dense model trained in {time.perf_counter() - started:.0f} s")
         save_pruned(loaded.model, loaded.tokenizer, directory)
     loaded = load_classifier(str(directory), device="cpu")
-    return loaded.model.eval(), loaded.tokenizer, {"dense_dir": str(directory)}
+    return loaded.model.eval(), loaded.tokenizer, {"dense_dir": str(directory), "dense_epochs": epochs}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,16 +72,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategies", default="cahp", help="comma-separated strategies (default cahp)")
     parser.add_argument("--calibration-rows", type=int, default=512, help="training sentences (default 512)")
     parser.add_argument("--test-rows", type=int, default=None, help="test rows (default: all 2,210)")
-    parser.add_argument("--epoch", action="store_true", help="also time one recovery epoch per degree")
+    parser.add_argument("--dense-epochs", type=float, default=3.0, help="dense fine-tuning epochs (default 3)")
+    parser.add_argument("--epoch", type=float, default=0.0, metavar="FRACTION",
+                        help="also time this fraction of one recovery epoch per degree (first seed), scaled to one "
+                             "epoch (default 0: not timed)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="reconstruction.json")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where --out goes (default bench/results)")
     args = parser.parse_args(argv)
     pin_threads(args.threads)
 
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    dense, tokenizer, record = dense_model(args.data, args.cache, args.dense, say)
+    dense, tokenizer, record = dense_model(args.data, args.cache, args.dense, args.dense_epochs, say)
     splits = load_splits(args.data, DatasetOptions(eval_split="test"))
     train = encode(tokenizer, splits.train, max_length=512)
     test_texts = splits.eval if args.test_rows is None else splits.eval.subset(
@@ -120,18 +125,19 @@ def main(argv: list[str] | None = None) -> None:
                         "error_after": [f.error_after for f in result.fits]}
                     say(f"seed {seed} degree {degree} {strategy} ({selection.num_kept} heads): dense {dense_acc:.4f} "
                         f"pruned {pruned_acc:.4f} {name} {acc:.4f} in {result.seconds:.1f} s")
-                if args.epoch and seed == int(args.seeds.split(",")[0]):
+                if args.epoch > 0 and seed == int(args.seeds.split(",")[0]):
                     model = copy.deepcopy(pruned)
                     started = time.perf_counter()
-                    finetune(model, train, epochs=1, lr=2e-5, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
-                             max_grad_norm=1.0, seed=seed, device="cpu")
-                    cell["epoch_seconds"] = time.perf_counter() - started
-                    cell["one_epoch_accuracy"] = evaluate(model, test, batch_size=64).accuracy
-                    say(f"one recovery epoch: {cell['epoch_seconds']:.0f} s, accuracy {cell['one_epoch_accuracy']:.4f}")
+                    finetune(model, train, epochs=args.epoch, lr=2e-5, batch_size=32, warmup_ratio=0.1,
+                             weight_decay=0.01, max_grad_norm=1.0, seed=seed, device="cpu")
+                    cell["epoch_seconds"] = (time.perf_counter() - started) / args.epoch
+                    cell["epoch_fraction_timed"] = args.epoch
+                    say(f"one recovery epoch: {cell['epoch_seconds']:.0f} s (from {args.epoch:g} of one)")
                 cells.append(cell)
                 save(args.out, {"cells": cells, **record}, command="python -m bench reconstruction "
-                     + " ".join(sys.argv[1:] if argv is None else argv), protocol=__doc__ or "")
-    say(f"saved {RESULTS / args.out}")
+                     + " ".join(sys.argv[1:] if argv is None else argv), protocol=__doc__ or "",
+                     results=args.results)
+    say(f"saved {args.results / args.out}")
 
 
 if __name__ == "__main__":

@@ -183,7 +183,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("strategy", "cahp", Options(STRATEGIES),
             "cahp is the paper's method; salience and random are baselines keeping as many heads; "
             "coassociation, stability-selection and mean-distance are consensus choices over CAHP's "
-            "leave-one-shard-out analyses (they need stability_shards)", group="selection"),
+            "leave-one-shard-out analyses (they need stability_shards); cahp-layer-salience keeps CAHP's head count in "
+            "each layer, filled with that layer's most salient heads", group="selection"),
     Setting("seed", 42, Interval("integer", 0, 2**32 - 1),
             "seeds every random choice: sample draws, t-SNE, FasterPAM, baselines and fine-tuning"),
     Setting("batch_size", 32, Interval("integer", 1, 4096),

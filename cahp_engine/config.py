@@ -88,7 +88,8 @@ class PruningConfig:
         stopped becoming more so (a plateau), with a floor per class and every row as the cap
         (:mod:`cahp_engine.selection._convergence`). A count, a fraction in (0, 1] (``1.0`` is every
         row) or ``"all"`` turns the rule off and is used exactly.
-    strategy : {"cahp", "salience", "random", "coassociation", "stability-selection", "mean-distance"}
+    strategy : {"cahp", "salience", "random", "coassociation", "stability-selection", "mean-distance",
+                "cahp-layer-salience"}
         ``cahp`` is the paper's method; ``salience`` and ``random`` are baselines that keep the same
         number of heads (``heads_to_keep`` if given, otherwise the count CAHP would keep); the
         consensus strategies combine CAHP's analysis with its ``stability_shards`` leave-one-shard-out

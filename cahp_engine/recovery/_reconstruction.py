@@ -34,6 +34,7 @@ pre-LayerNorm families).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -232,6 +233,7 @@ def reconstruct(
     pruned.eval()
     try:
         with torch.no_grad():
+            targets = _dense_targets(dense, adapter, plan, batches, keep, options)
             for done, (index, name) in enumerate(plan, start=1):
                 if should_cancel is not None and should_cancel():
                     raise JobCancelledError("cancelled during layer-wise reconstruction")
@@ -239,7 +241,8 @@ def reconstruct(
                 if projection.in_features == 0:
                     notes.append(f"layer {index} keeps no {name} units: nothing to refit")
                     continue
-                system = _accumulate(dense, pruned, adapter, index, name, batches, keep, options)
+                system = _accumulate(dense, pruned, adapter, index, name, batches, keep, options,
+                                     None if targets is None else targets[(index, name)])
                 unit = head_dim if name == "attention" else 1
                 solution = _solve(system, projection, options, unit)
                 _write(projection, solution)
@@ -351,20 +354,80 @@ def _rows(tensor: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
                             f"tokens {tuple(keep.shape)}")
 
 
+#: The dense model's targets are kept in memory, from one dense pass, up to this many bytes (float32); above
+#: it each layer's system runs the dense model again up to that layer (about (L + 1) / 2 passes in all).
+TARGET_CACHE_BYTES = 1 << 30
+
+
+def _dense_targets(dense: nn.Module, adapter: Any, plan: list[tuple[int, str]],
+                   batches: list[Mapping[str, torch.Tensor]], keep: list[torch.Tensor],
+                   options: ReconstructionOptions) -> dict[tuple[int, str], list[torch.Tensor | None]] | None:
+    """Every system's dense side (``A_d(x_d)``, plus ``h_d`` for the residual target) from one pass, or None
+    when they would take more than :data:`TARGET_CACHE_BYTES`."""
+    layers = adapter.layers(dense)
+    rows = int(sum(int(k.sum()) for k in keep))
+    if rows * sum(_projection(adapter, layers[i], n).out_features for i, n in plan) * 4 > TARGET_CACHE_BYTES:
+        return None
+    out: dict[tuple[int, str], list[torch.Tensor | None]] = {key: [] for key in plan}
+    for batch, kept in zip(batches, keep, strict=True):
+        if not bool(kept.any()):
+            for key in plan:
+                out[key].append(None)
+            continue
+        residual, output = _capture_all(dense, adapter, plan, batch)
+        for key in plan:
+            target = _rows(output.get(key), kept)
+            if key[1] == "attention" and options.target == "residual":
+                target = target + _rows(residual.get(key[0]), kept)
+            out[key].append(target.detach().to("cpu", torch.float32))
+    return out
+
+
+def _capture_all(model: nn.Module, adapter: Any, plan: list[tuple[int, str]], batch: Mapping[str, torch.Tensor]
+                 ) -> tuple[dict[int, torch.Tensor], dict[tuple[int, str], torch.Tensor]]:
+    """One whole forward pass of ``model``: every planned layer's input and projection output."""
+    layers = adapter.layers(model)
+    residual: dict[int, torch.Tensor] = {}
+    output: dict[tuple[int, str], torch.Tensor] = {}
+
+    def on_layer(index: int, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        residual[index] = args[0] if args else kwargs["hidden_states"]
+
+    def on_output(key: tuple[int, str], _m: nn.Module, _a: tuple[Any, ...], result: torch.Tensor) -> None:
+        output[key] = result
+
+    handles = [layers[i].register_forward_pre_hook(functools.partial(on_layer, i), with_kwargs=True)
+               for i in sorted({i for i, _ in plan})]
+    handles += [_projection(adapter, layers[key[0]], key[1]).register_forward_hook(functools.partial(on_output, key))
+                for key in plan]
+    try:
+        model(**model_inputs(model, batch))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return residual, output
+
+
 def _accumulate(dense: nn.Module, pruned: nn.Module, adapter: Any, index: int, name: str,
                 batches: list[Mapping[str, torch.Tensor]], keep: list[torch.Tensor],
-                options: ReconstructionOptions) -> NormalEquations:
+                options: ReconstructionOptions, cached: list[torch.Tensor | None] | None) -> NormalEquations:
     projection = _projection(adapter, adapter.layers(pruned)[index], name)
     system = NormalEquations(projection.in_features, projection.out_features)
-    for batch, rows in zip(batches, keep, strict=True):
+    residual = name == "attention" and options.target == "residual"
+    for b, (batch, rows) in enumerate(zip(batches, keep, strict=True)):
         if not bool(rows.any()):
             continue
-        want = _capture(dense, adapter, index, name, batch)
         have = _capture(pruned, adapter, index, name, batch)
-        target = _rows(want.output, rows).to(torch.float64)
-        if name == "attention" and options.target == "residual":
-            target = target + _rows(want.residual, rows).to(torch.float64) - _rows(have.residual, rows).to(
-                torch.float64)
+        known = None if cached is None else cached[b]
+        if known is not None:
+            target = known.to(torch.float64)
+        else:
+            want = _capture(dense, adapter, index, name, batch)
+            target = _rows(want.output, rows).to("cpu", torch.float64)
+            if residual:
+                target = target + _rows(want.residual, rows).to("cpu", torch.float64)
+        if residual:
+            target = target - _rows(have.residual, rows).to("cpu", torch.float64)
         system.add(_rows(have.input, rows), target)
     return system
 

@@ -16,8 +16,9 @@ from torch import nn
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import TrainRows, draw_subset, iterate_batches, length_grouped_batches, take_rows
+from cahp_engine.errors import UnsupportedModelError
 from cahp_engine.progress import CancelFn
-from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct
+from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct, unsupported_reason
 
 #: Sentences per calibration batch: the batches only bound memory, the sums do not depend on them.
 CALIBRATION_BATCH = 32
@@ -31,6 +32,16 @@ def reconstructs(config: PruningConfig) -> bool:
 def finetunes(config: PruningConfig) -> bool:
     """Whether a run with ``config`` fine-tunes its pruned model (for ``config.epochs``)."""
     return config.recovery in ("finetune", "reconstruct+finetune")
+
+
+def check_reconstruction(model: nn.Module, config: PruningConfig) -> None:
+    """Refuse, before any work, a reconstructing mode that ``model``'s family cannot run (the reason said)."""
+    if not reconstructs(config):
+        return
+    reason = unsupported_reason(model, ReconstructionOptions())
+    if reason is not None:
+        raise UnsupportedModelError(f"`recovery` {config.recovery!r} cannot run on this model: {reason}; "
+                                    "use `recovery` 'finetune'")
 
 
 def calibration_batches(rows: TrainRows, config: PruningConfig,

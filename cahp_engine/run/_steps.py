@@ -46,8 +46,15 @@ from cahp_engine.run._budget import BudgetOutcome, ladder, search
 from cahp_engine.run._candidates import SearchInputs
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._holdout import ValidationData, ValidationScorer, score_of, validation_data
+from cahp_engine.run._judged import judged_search
 from cahp_engine.run._live import TrainingHooks
-from cahp_engine.run._reconstruct import calibration_batches, finetunes, reconstruct_pruned
+from cahp_engine.run._reconstruct import (
+    calibration_batches,
+    check_reconstruction,
+    finetunes,
+    reconstruct_pruned,
+    reconstructs,
+)
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
@@ -154,6 +161,7 @@ def load(
         rows = LazyEncodedDataset(loaded.tokenizer, train, max_length=config.max_length)
         evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
         validate_inputs(loaded.model, rows, config)
+        check_reconstruction(loaded.model, config)
         run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
     return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,
@@ -376,7 +384,8 @@ def budget_search(
                       dense_predictions=dense_predictions),
         progress=lambda _step, _total: taken(1), steps_done=taken)
     with run.monitor.stage("budget"):
-        return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
+        how = judged_search if reconstructs(config) else search
+        return how(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
 
 
 def search_inputs(run: RunContext, *, inputs: Inputs, model: nn.Module, teacher: TeacherLogits | None,

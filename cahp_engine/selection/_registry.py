@@ -14,6 +14,7 @@ REGISTRY: dict[str, str] = {
     "coassociation": "cahp_engine.selection._strategies.coassociation",
     "stability-selection": "cahp_engine.selection._strategies.stability_selection",
     "mean-distance": "cahp_engine.selection._strategies.mean_distance",
+    "cahp-layer-salience": "cahp_engine.selection._strategies.cahp_layer_salience",
 }
 #: The registered names, in the registry's order (``cahp`` first).
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)

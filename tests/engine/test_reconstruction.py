@@ -126,7 +126,7 @@ def test_too_few_calibration_rows_names_the_rows_needed() -> None:
     pruned = _pruned(dense)
     # Layer 2 keeps 3 heads of 8 dimensions: 24 weights and a bias per output.
     batches = [collate(_rows(4, 2), np.arange(2))]
-    kept = pruned.state_dict()
+    kept = {k: v.clone() for k, v in pruned.state_dict().items()}
     with pytest.raises(InvalidInputError, match=r"needs at least 25 calibration tokens \(layer 2's attention refit"):
         reconstruct(dense, pruned, batches)
     assert all(torch.equal(kept[k], v) for k, v in pruned.state_dict().items())  # nothing was changed
@@ -194,3 +194,35 @@ def test_reconstructed_weights_round_trip_through_save_load_onnx_and_int8(tmp_pa
     assert exported.parity is not None and exported.parity.passed
     int8 = quantize_int8(tmp_path / "onnx", tmp_path / "onnx-int8", model=pruned, parity_data=rows, eval_data=rows)
     assert int8.deviation is not None and int8.deviation.prediction_agreement >= 0.5
+
+
+def test_a_model_whose_projection_is_not_linear_is_refused_with_the_reason_before_any_work() -> None:
+    from cahp_engine.config import PruningConfig
+    from cahp_engine.errors import UnsupportedModelError
+    from cahp_engine.recovery import unsupported_reason
+    from cahp_engine.run._reconstruct import check_reconstruction
+
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    for layer in pruned.bert.encoder.layer:  # a custom block whose FFN output is not one linear layer
+        layer.output.dense = torch.nn.Sequential(layer.output.dense)
+    reason = unsupported_reason(pruned, ReconstructionOptions(sublayers=("ffn",)))
+    assert reason == "the bert family's ffn output projection is not a linear layer"
+    kept = {k: v.clone() for k, v in pruned.state_dict().items()}
+    with pytest.raises(UnsupportedModelError, match="layer-wise reconstruction cannot run: the bert family's ffn"):
+        reconstruct(dense, pruned, _batches(), ReconstructionOptions(sublayers=("attention", "ffn")))
+    assert all(torch.equal(kept[k], v) for k, v in pruned.state_dict().items())
+    assert unsupported_reason(pruned, ReconstructionOptions()) is None  # the attention refit still can
+    check_reconstruction(pruned, PruningConfig(recovery="reconstruct"))
+
+
+def test_the_dense_targets_kept_from_one_pass_give_the_same_refit_as_a_pass_per_layer(monkeypatch) -> None:
+    from cahp_engine.recovery import _reconstruction
+
+    dense = _dense("bert")
+    cached, per_layer = _pruned(dense), _pruned(dense)
+    reconstruct(dense, cached, _batches())
+    monkeypatch.setattr(_reconstruction, "TARGET_CACHE_BYTES", 0)  # too small: the dense model runs per layer
+    reconstruct(dense, per_layer, _batches())
+    for a, b in zip(cached.state_dict().values(), per_layer.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -51,6 +51,9 @@ def test_reconstruct_alone_trains_nothing_and_reports_the_stage(inputs, tmp_path
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert written["reconstruction"]["fits"][0]["sublayer"] == "attention"
     assert written["config"]["recovery"] == "reconstruct"
+    card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
+    assert "layer-wise reconstruction: the attention output projection of each layer refit" in card
+    assert "recovery fine-tuning: none (the reconstructed weights are the model)" in card
     # What the run saved is the reconstructed model: it scores what the report says.
     saved = load_pruned(tmp_path / "out" / report.checkpoint.path)
     assert evaluate(saved, _encoded(45, seed=1)).accuracy == pytest.approx(report.metrics.pruned.accuracy)
@@ -82,3 +85,41 @@ def test_a_bad_mode_or_row_count_says_what_to_change() -> None:
         PruningConfig(recovery="retrain")
     with pytest.raises(ConfigError, match="`reconstruction_rows` must be an integer"):
         PruningConfig(reconstruction_rows=0)
+
+
+# --------------------------------------------------------------------------- the budget judged after reconstruction
+
+
+def _budget_run(inputs, out: Path, **changes):
+    lines: list[str] = []
+    config = PruningConfig(**{**FAST, "recovery_loss": "ce", "max_accuracy_drop": 100.0,
+                              "budget_strategies": ("cahp", "salience", "cahp-layer-salience"), **changes})
+    return run_pruning(str(inputs[0]), str(inputs[1]), out, config, log=lines.append), lines
+
+
+def test_a_budget_judged_after_reconstruction_scores_every_candidate_and_trains_none(inputs, tmp_path: Path) -> None:
+    report, lines = _budget_run(inputs, tmp_path / "out", recovery="reconstruct")
+    budget = report.budget
+    assert budget is not None and budget.candidates
+    assert all(c.reconstructed is not None and c.stopped == "judged" and c.epochs == 0 for c in budget.candidates)
+    # Every head count of the ladder, each strategy's distinct choice: all scored, none trained.
+    assert {c.heads_kept for c in budget.candidates} == set(budget.ladder)
+    assert budget.chosen == min(budget.ladder) and report.recovery.steps == 0 and budget.epochs_trained == 0
+    assert any("after reconstruction" in line for line in lines)
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["budget"]["candidates"][0]["reconstructed"]["score"] == budget.candidates[0].reconstructed.score
+
+
+def test_reconstruct_then_finetune_trains_only_the_chosen_candidate_and_records_both_scores(
+    inputs, tmp_path: Path,
+) -> None:
+    report, lines = _budget_run(inputs, tmp_path / "out", recovery="reconstruct+finetune")
+    budget = report.budget
+    assert budget is not None
+    trained = [c for c in budget.candidates if c.stopped != "judged"]
+    chosen = [c for c in budget.candidates if c.chosen]
+    assert len(chosen) == 1 and chosen[0] in trained and len(trained) <= 2  # the chosen one, a runner-up at most
+    assert chosen[0].reconstructed is not None and chosen[0].curve[0].score == chosen[0].reconstructed.score
+    assert report.recovery.steps > 0 and any(line.startswith("fine-tuning ") for line in lines)
+    assert all(c.reconstructed is not None for c in budget.candidates)
+

@@ -128,10 +128,12 @@ def main(argv: list[str] | None = None) -> None:
         "heads_only_one_per_layer": {**ceiling, "flops_fraction": heads_flops / flops.dense},
         "calibration_sentences": int(len(chosen)),
     }
-    path = save("ffn_speed.json", payload, command="nice -n 10 python -m bench ffn_speed " + " ".join(argv or []),
+    name = "ffn_speed_accuracy.json" if args.model else "ffn_speed.json"
+    path = save(name, payload, command="nice -n 10 python -m bench ffn_speed " + " ".join(argv or []),
                 protocol=f"{args.threads} torch thread(s); Fisher importance on {len(chosen)} SST-5 training "
-                f"sentences; latency table fitted on 8 uniform shapes (3 rounds x 3 passes, non-negative least squares); speed-ups = dense p50 / pruned p50 of "
-                f"{args.repeats} alternating passes, median of {args.runs} runs")
+                f"sentences; latency table fitted on 8 uniform shapes (3 rounds x 3 passes, non-negative least "
+                f"squares); speed-ups = dense p50 / pruned p50 of {args.repeats} alternating passes, median of "
+                f"{args.runs} runs")
     print(f"saved {path}")
 
 

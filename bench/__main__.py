@@ -21,6 +21,8 @@ BENCHMARKS = {
     "resume": "bench.resume",
     "hostile-content": "bench.hostile_content",
     "int8-batch": "bench.int8_batch",
+    "ffn_speed": "bench.ffn_speed",
+    "reconstruction": "bench.reconstruction",
 }
 
 

@@ -35,11 +35,15 @@ CalibrationAmount = float | Literal["auto"]
 ExportFormat = Literal["onnx", "none"]
 Quantize = Literal["none", "int8"]
 RecoveryLoss = Literal["ce", "distill"]
+#: ``recovery``: gradient fine-tuning (the paper's), layer-wise reconstruction alone (no training), or
+#: reconstruction and then fine-tuning from the reconstructed weights.
+RecoveryMode = Literal["finetune", "reconstruct", "reconstruct+finetune"]
 BudgetMetric = Literal["accuracy", "macro_f1"]
 ClassWeight = Literal["none", "balanced"]
 
 DENSE_FINETUNE_MODES: tuple[str, ...] = get_args(DenseFinetune)
 RECOVERY_LOSSES: tuple[str, ...] = get_args(RecoveryLoss)
+RECOVERY_MODES: tuple[str, ...] = get_args(RecoveryMode)
 BUDGET_METRICS: tuple[str, ...] = get_args(BudgetMetric)
 CLASS_WEIGHTS: tuple[str, ...] = get_args(ClassWeight)
 #: The strategies whose choices are an accuracy budget's candidates unless the user names others.
@@ -179,7 +183,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("strategy", "cahp", Options(STRATEGIES),
             "cahp is the paper's method; salience and random are baselines keeping as many heads; "
             "coassociation, stability-selection and mean-distance are consensus choices over CAHP's "
-            "leave-one-shard-out analyses (they need stability_shards)", group="selection"),
+            "leave-one-shard-out analyses (they need stability_shards); cahp-layer-salience keeps CAHP's head count in "
+            "each layer, filled with that layer's most salient heads", group="selection"),
     Setting("seed", 42, Interval("integer", 0, 2**32 - 1),
             "seeds every random choice: sample draws, t-SNE, FasterPAM, baselines and fine-tuning"),
     Setting("batch_size", 32, Interval("integer", 1, 4096),
@@ -191,6 +196,13 @@ SETTINGS: tuple[Setting, ...] = (
             "floor on the class variances before the Bhattacharyya distance", group="selection"),
     Setting("stability_shards", 5, OffOr(Interval("integer", 2, 20)),
             "leave-one-shard-out reruns for the stability measure; 0 turns it off", group="selection"),
+    Setting("recovery", "finetune", Options(RECOVERY_MODES),
+            "finetune: recovery epochs of gradient training; reconstruct: refit each layer's attention output "
+            "projection by least squares to match the dense layer (seconds, no training); reconstruct+finetune: "
+            "reconstruct, then fine-tune from the refit weights", group="fine-tuning"),
+    Setting("reconstruction_rows", 512, Interval("integer", 1, 1_000_000),
+            "training sentences whose tokens calibrate the layer-wise reconstruction", group="fine-tuning",
+            metavar="N"),
     Setting("epochs", 3, _EPOCHS, "recovery epochs", group="fine-tuning"),
     Setting("lr", 2e-5, _RATE, "recovery learning rate", group="fine-tuning"),
     Setting("warmup_ratio", 0.1, _UNIT, "share of the fine-tuning steps that warm the learning rate up",

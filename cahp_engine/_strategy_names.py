@@ -14,6 +14,7 @@ STRATEGY_MODULES: dict[str, str] = {
     "coassociation": "cahp_engine.selection._strategies.coassociation",
     "stability-selection": "cahp_engine.selection._strategies.stability_selection",
     "mean-distance": "cahp_engine.selection._strategies.mean_distance",
+    "cahp-layer-salience": "cahp_engine.selection._strategies.cahp_layer_salience",
 }
 #: The strategy names, in the table's order (``cahp`` first).
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_MODULES)

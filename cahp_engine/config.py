@@ -23,6 +23,7 @@ from cahp_engine._spec import (
     EXPORT_FORMATS,
     QUANTIZE_MODES,
     RECOVERY_LOSSES,
+    RECOVERY_MODES,
     REPORTED_DEGREES,
     SETTINGS,
     BudgetMetric,
@@ -32,6 +33,7 @@ from cahp_engine._spec import (
     ExportFormat,
     Quantize,
     RecoveryLoss,
+    RecoveryMode,
     SampleAmount,
     Setting,
     Strategy,
@@ -56,7 +58,7 @@ from cahp_engine.errors import ConfigError
 __all__ = [
     "BUDGET_METRICS", "BUDGET_STRATEGIES", "CLASS_WEIGHTS", "CONSENSUS_STRATEGIES", "ClassWeight", "STRATEGIES",
     "SubsetOf", "DEFAULTS",
-    "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES",
+    "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES", "RECOVERY_MODES", "RecoveryMode",
     "REPORTED_DEGREES", "SETTINGS", "Amount", "BudgetMetric", "CalibrationAmount", "Constraint", "DenseFinetune",
     "Device", "ExportFormat", "Interval", "OffOr", "Options", "PruningConfig", "Quantize", "RecoveryLoss",
     "SampleAmount", "Setting", "Strategy", "TupleOf", "did_you_mean", "parse_device", "settings_for",
@@ -88,7 +90,8 @@ class PruningConfig:
         stopped becoming more so (a plateau), with a floor per class and every row as the cap
         (:mod:`cahp_engine.selection._convergence`). A count, a fraction in (0, 1] (``1.0`` is every
         row) or ``"all"`` turns the rule off and is used exactly.
-    strategy : {"cahp", "salience", "random", "coassociation", "stability-selection", "mean-distance"}
+    strategy : {"cahp", "salience", "random", "coassociation", "stability-selection", "mean-distance",
+                "cahp-layer-salience"}
         ``cahp`` is the paper's method; ``salience`` and ``random`` are baselines that keep the same
         number of heads (``heads_to_keep`` if given, otherwise the count CAHP would keep); the
         consensus strategies combine CAHP's analysis with its ``stability_shards`` leave-one-shard-out
@@ -110,6 +113,12 @@ class PruningConfig:
         K: the signature and calibration samples are accumulated in K disjoint stratified shards,
         and the cheap stages are rerun leaving one shard out each time to measure how stable the
         selection is (``selection.stability`` of the report). 0 turns the measure off.
+    recovery : {"finetune", "reconstruct", "reconstruct+finetune"}, default "finetune"
+        ``finetune``: ``epochs`` of recovery fine-tuning. ``reconstruct``: layer-wise reconstruction
+        (:func:`cahp_engine.recovery.reconstruct`), no gradient training. ``reconstruct+finetune``:
+        reconstruction, then the fine-tuning from its weights.
+    reconstruction_rows : int >= 1, default 512
+        Training sentences (drawn with the seed) whose tokens calibrate the reconstruction.
     epochs, lr, warmup_ratio, weight_decay, max_grad_norm
         Recovery fine-tuning recipe (paper Section IV-B.5: 3, 2e-5, 0.1, 0.01, 1.0).
     dense_finetune : {"auto", "always", "never"}
@@ -184,6 +193,8 @@ class PruningConfig:
     perplexity: float | None = DEFAULTS["perplexity"]
     var_floor: float = DEFAULTS["var_floor"]
     stability_shards: int = DEFAULTS["stability_shards"]
+    recovery: RecoveryMode = DEFAULTS["recovery"]
+    reconstruction_rows: int = DEFAULTS["reconstruction_rows"]
     epochs: float = DEFAULTS["epochs"]
     lr: float = DEFAULTS["lr"]
     warmup_ratio: float = DEFAULTS["warmup_ratio"]

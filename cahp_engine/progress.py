@@ -33,6 +33,7 @@ STAGE_COST: dict[str, float] = {
     "teacher": 142.2,
     "surgery": 1.0,
     "pruned_evaluation": 25.0,
+    "reconstruction": 30.0,
     "budget": 975.0,
     "recovery": 974.6,
     "evaluation": 60.0,
@@ -64,8 +65,13 @@ def skipped_stages(config: Any) -> tuple[str, ...]:
     skip = []
     if config.dense_finetune == "never":
         skip.append("dense_finetune")
-    if config.recovery_loss != "distill":
+    recovery = getattr(config, "recovery", "finetune")
+    if config.recovery_loss != "distill" or recovery == "reconstruct":
         skip.append("teacher")
+    if recovery == "finetune":
+        skip.append("reconstruction")
+    if recovery == "reconstruct":
+        skip.append("recovery")
     if config.max_accuracy_drop is None:
         skip.append("budget")
     if config.export == "none":

@@ -1,10 +1,9 @@
 """Small frozen records of what a stage measured, JSON-ready both ways; importable without torch or numpy.
 
-:class:`ClassificationMetrics`, :class:`ParameterCounts` and :class:`Latency` /
-:class:`SpeedComparison` come from :mod:`cahp_engine.recovery._evaluation`, :class:`TrainingResult` from
-:mod:`cahp_engine.recovery._training`, and all of them go into the run report (:mod:`cahp_engine.run._report`).
-Each has ``to_dict()`` (plain JSON types: lists for tuples, string keys) and ``from_dict()``, its
-inverse, both derived from the field types by :class:`JsonRecord`.
+:class:`ClassificationMetrics`, :class:`ParameterCounts`, :class:`Latency` / :class:`SpeedComparison` come from
+:mod:`cahp_engine.recovery._evaluation`, :class:`TrainingResult` from :mod:`cahp_engine.recovery._training`; all go
+into the run report (:mod:`cahp_engine.run._report`).
+Each has ``to_dict()`` (JSON types: lists for tuples, string keys) and its inverse ``from_dict()`` (``JsonRecord``).
 """
 
 from __future__ import annotations
@@ -344,19 +343,21 @@ class BudgetCandidate(JsonRecord):
     drop : DropInterval
         At its best evaluation.
     within_budget : bool
-        An evaluation met the budget: score >= threshold, no class lost and, with
-        ``budget_confidence``, the drop's upper bound within P.
+        An evaluation met the budget: score >= threshold, no class lost and, with ``budget_confidence``, the drop's
+        upper bound within P.
     stopped : str
         Why it stopped: ``within_budget``, ``halved`` (successive halving gave its round's more
         promising half the next epochs), ``cannot_reach`` (its curve could no longer reach the
-        threshold), ``no_gain`` (early stopping), ``completed`` (every epoch, below the budget) or
-        ``round_decided`` (another candidate of its round met the budget first).
+        threshold), ``no_gain`` (early stopping), ``completed`` (every epoch, below the budget),
+        ``round_decided`` (another candidate of its round met the budget first) or ``judged``.
     reason : str
         The same in words, with the figures that decided it.
     seconds : float
         Its pruning, recovery and evaluations.
     chosen : bool
         The run's result; it then trained to the end of the protocol, ``epochs`` and ``curve`` included.
+    reconstructed : ValidationPoint or None
+        Its score right after reconstruction (``stopped`` ``judged``: never trained).
     """
 
     strategy: str
@@ -375,12 +376,12 @@ class BudgetCandidate(JsonRecord):
     reason: str
     seconds: float
     chosen: bool = False
+    reconstructed: ValidationPoint | None = None
 
 
 @dataclass(frozen=True)
 class BudgetRecord(JsonRecord):
-    """The accuracy-budget search (:mod:`cahp_engine.run._budget`; kept here, beside the other measured records, so that
-    :class:`~cahp_engine.errors.AccuracyBudgetError` can carry it).
+    """The accuracy-budget search (:mod:`cahp_engine.run._budget`), here so that ``AccuracyBudgetError`` can carry it.
 
     Attributes
     ----------

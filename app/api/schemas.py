@@ -33,6 +33,7 @@ from cahp_engine.config import (
     OffOr,
     Quantize,
     RecoveryLoss,
+    RecoveryMode,
     SampleAmount,
     Strategy,
     SubsetOf,
@@ -164,6 +165,8 @@ class JobParams(BaseModel):
     perplexity: float | None = param_field("perplexity")
     var_floor: float | None = param_field("var_floor")
     stability_shards: int | None = param_field("stability_shards")
+    recovery: RecoveryMode | None = param_field("recovery")
+    reconstruction_rows: int | None = param_field("reconstruction_rows")
     epochs: float | None = param_field("epochs")
     lr: float | None = param_field("lr")
     warmup_ratio: float | None = param_field("warmup_ratio")

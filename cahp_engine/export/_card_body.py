@@ -76,10 +76,17 @@ def _pruning(inputs: ModelCardInputs) -> list[str]:
     if inputs.k_star is not None:
         degree = f" (Kneedle polynomial degree {inputs.poly_degree})" if inputs.poly_degree is not None else ""
         lines.append(f"- k* = {inputs.k_star} clusters of heads{degree}")
-    lines += ["", "| layer | heads kept | original indices |", "|---:|---:|---|"]
+    if inputs.neurons_per_layer:
+        lines += ["", "| layer | heads kept | original indices | feed-forward neurons kept |", "|---:|---:|---|---:|"]
+    else:
+        lines += ["", "| layer | heads kept | original indices |", "|---:|---:|---|"]
     for layer, heads in enumerate(inputs.kept_heads):
         shown = ", ".join(str(h) for h in heads) if heads else "none (attention skipped)"
-        lines.append(f"| {layer} | {len(heads)} / {inputs.num_heads} | {shown} |")
+        row = f"| {layer} | {len(heads)} / {inputs.num_heads} | {shown} |"
+        if inputs.neurons_per_layer:
+            kept = inputs.neurons_per_layer[layer]
+            row += f" {kept} / {inputs.num_neurons}{' (feed-forward skipped)' if kept == 0 else ''} |"
+        lines.append(row)
     return [*lines, ""]
 
 

@@ -52,6 +52,8 @@ class ModelCardInputs:
         Layers and heads per layer of the unpruned architecture.
     kept_heads : tuple of num_layers tuples of int
         Original indices of the heads each layer keeps.
+    neurons_per_layer, num_neurons : feed-forward neurons each layer keeps, of ``num_neurons``; empty when
+        the neurons were not pruned
     base_model : the model that was pruned, by name (a hub id, or a directory's or archive's name)
     base_model_hub_id : its Hugging Face hub id, for the ``base_model`` metadata (default: ``base_model``
         when it has the form ``org/name``)
@@ -115,6 +117,8 @@ class ModelCardInputs:
     cahp_version: str | None = None
     recipe: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    neurons_per_layer: tuple[int, ...] = ()
+    num_neurons: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.kept_heads) != self.num_layers:
@@ -126,6 +130,12 @@ class ModelCardInputs:
                 raise InvalidInputError(
                     f"`kept_heads[{layer}]` must hold head indices in [0, {self.num_heads}), got {list(heads)}"
                 )
+        if self.neurons_per_layer and (len(self.neurons_per_layer) != self.num_layers or self.num_neurons is None
+                                       or any(not 0 <= n <= self.num_neurons for n in self.neurons_per_layer)):
+            raise InvalidInputError(
+                f"`neurons_per_layer` must give all {self.num_layers} layers a count in [0, `num_neurons`], got "
+                f"{list(self.neurons_per_layer)} of {self.num_neurons}"
+            )
         if self.variant not in VARIANTS:
             raise InvalidInputError(f"`variant` must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
 

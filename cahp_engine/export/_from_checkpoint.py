@@ -36,6 +36,8 @@ from cahp_engine.models import (
     get_adapter,
     heads_per_layer,
     load_classifier,
+    neuron_record,
+    neurons_per_layer,
 )
 from cahp_engine.recovery import count_parameters, evaluate
 from cahp_engine.results import ClassificationMetrics, JsonRecord
@@ -164,6 +166,8 @@ def export_checkpoint(
                 num_layers=adapter.num_layers(config),
                 num_heads=adapter.num_heads(config),
                 kept_heads=tuple(current_kept_heads(model)),
+                neurons_per_layer=tuple(neurons_per_layer(model)) if neuron_record(config) is not None else (),
+                num_neurons=adapter.num_neurons(config),
                 dataset=dataset,
                 eval_split=eval_split,
                 label_names=_label_names(config),

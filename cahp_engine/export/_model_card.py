@@ -72,6 +72,7 @@ def _metadata(inputs: ModelCardInputs) -> ModelCardData:
         "heads_total": inputs.heads_total,
         "heads_kept": inputs.heads_kept,
         "kept_heads": {str(layer): list(heads) for layer, heads in enumerate(inputs.kept_heads)},
+        "neurons_per_layer": list(inputs.neurons_per_layer) or None,
         "warnings": list(inputs.warnings) or None,
     }
     metrics = None

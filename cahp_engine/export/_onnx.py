@@ -50,7 +50,7 @@ from cahp_engine.errors import (
 )
 from cahp_engine.export._records import OnnxExport, Parity
 from cahp_engine.export._runtime import ONNX_FILE, _feed, file_size, onnx_session, runtime_versions, session_inputs
-from cahp_engine.models import export_attention, heads_per_layer
+from cahp_engine.models import export_attention, heads_per_layer, neurons_per_layer
 from cahp_engine.recovery import max_positions
 
 #: The opset of exported graphs: the lowest the torch.export-based exporter writes.
@@ -156,8 +156,9 @@ def export_onnx(
         parity = check_parity(reference, graph, data=data, samples=samples, threshold=threshold, seed=seed)
     try:
         heads: tuple[int, ...] | None = tuple(heads_per_layer(model))
+        neurons: tuple[int, ...] | None = tuple(neurons_per_layer(model))
     except UnsupportedModelError:
-        heads = None
+        heads = neurons = None
     return OnnxExport(
         path=str(out),
         model_file=ONNX_FILE,
@@ -173,6 +174,7 @@ def export_onnx(
         exporter=f"torch.onnx.export(dynamo=True), torch {torch.__version__}",
         versions=runtime_versions(),
         parity=parity,
+        neurons_per_layer=neurons,
     )
 
 

@@ -46,7 +46,8 @@ class Parity(JsonRecord):
 class OnnxExport(JsonRecord):
     """An exported directory and what was checked about it.
 
-    ``heads_per_layer`` is None for a model family without a head adapter. ``exporter`` names the
+    ``heads_per_layer`` is None for a model family without a head adapter; ``neurons_per_layer`` is
+    each layer's feed-forward size (None likewise; 0 where the block is skipped). ``exporter`` names the
     torch exporter; ``versions`` the ONNX stack's package versions. ``accuracy`` scores the graph in
     onnxruntime on the evaluation split, when a run gave one.
     """
@@ -66,6 +67,7 @@ class OnnxExport(JsonRecord):
     versions: dict[str, str | None]
     parity: Parity | None
     accuracy: ClassificationMetrics | None = None
+    neurons_per_layer: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Saving and loading pruned classifiers as ordinary Hugging Face directories.
 
-A pruned model cannot be rebuilt by ``from_pretrained`` alone: its attention projections are
-narrower than ``config.json`` implies. The directory therefore carries the ``cahp`` record written
-by :func:`cahp_engine.models.prune_heads`; :func:`load_pruned` builds the full architecture from the
+A pruned model cannot be rebuilt by ``from_pretrained`` alone: its attention and feed-forward
+projections are narrower than ``config.json`` implies, and may differ from layer to layer. The
+directory therefore carries the ``cahp`` record written by :func:`cahp_engine.models.prune_heads` and
+:func:`cahp_engine.models.prune_neurons`; :func:`load_pruned` builds the full architecture from the
 config on the ``meta`` device, repeats the recorded surgery there, checks the result against the
 weights' headers (:mod:`cahp_engine.models._preflight`), and only then allocates it and loads the weights,
 strictly. Weights are read from safetensors only: no pickle, no remote code.
@@ -30,6 +31,7 @@ from cahp_engine.models._model_files import (
     read_config,
     refuse_pickled_weights,
 )
+from cahp_engine.models._neurons import neuron_record, prune_neurons
 from cahp_engine.models._preflight import (
     build_on_meta,
     check_fit,
@@ -114,6 +116,7 @@ def load_pruned(
     get_adapter(config)
     check_heads(config, adapter, ref=ref)
     kept = pruning_record(config)
+    neurons = neuron_record(config)
     # The record describes surgery still to be done on a freshly built, full-size model.
     if hasattr(config, RECORD_ATTR):
         delattr(config, RECORD_ATTR)
@@ -124,6 +127,8 @@ def load_pruned(
         check_size(model, max_params=max_params, ref=ref)
         if kept is not None:
             prune_heads(model, kept)
+        if neurons is not None:
+            prune_neurons(model, neurons)
     except CahpError:
         raise
     except Exception as exc:

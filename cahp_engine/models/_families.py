@@ -40,6 +40,24 @@ class AttentionParts:
 
 
 @dataclass(frozen=True)
+class FeedForwardParts:
+    """The two projections of one layer's feed-forward block.
+
+    Attributes
+    ----------
+    input : the projection into the intermediate neurons, whose output rows are per-neuron
+    output : the projection back to the hidden size, whose input columns are per-neuron, shape (B, T, I)
+    blocks : int
+        Row groups of ``I`` stacked in ``input``: 2 for ModernBERT's gated ``Wi`` (input, gate), 1
+        otherwise. Neuron ``j`` owns row ``b*I + j`` of group ``b`` and column ``j`` of ``output``.
+    """
+
+    input: nn.Linear
+    output: nn.Linear
+    blocks: int = 1
+
+
+@dataclass(frozen=True)
 class ModelAdapter:
     """Module paths of one family of ``*ForSequenceClassification`` models.
 
@@ -49,7 +67,9 @@ class ModelAdapter:
     that infers its head count from its weights (ModernBERT). ``probs_flag`` names a forward
     argument the attention module needs set to return its probabilities even under eager
     attention (DeBERTa's ``output_attentions``). ``pad_offset_positions`` marks RoBERTa-style
-    position ids, which start after the padding index.
+    position ids, which start after the padding index. ``ffn_input_path`` and ``ffn_output_path``
+    name the feed-forward projections relative to a layer (None for a family whose feed-forward
+    block cannot be cut neuron by neuron); ``ffn_blocks`` counts the row groups of the input one.
     """
 
     family: str
@@ -69,6 +89,29 @@ class ModelAdapter:
     config_head_dim_attr: str | None = None
     probs_flag: str | None = None
     pad_offset_positions: bool = False
+    ffn_input_path: str | None = "intermediate.dense"
+    ffn_output_path: str | None = "output.dense"
+    ffn_blocks: int = 1
+    config_ffn_attr: str = "intermediate_size"
+
+    def feed_forward(self, layer: nn.Module) -> FeedForwardParts:
+        """The feed-forward projections of ``layer``.
+
+        Raises
+        ------
+        UnsupportedModelError
+            If the family's feed-forward block cannot be pruned neuron by neuron.
+        """
+        if self.ffn_input_path is None or self.ffn_output_path is None:
+            raise UnsupportedModelError(
+                f"the feed-forward neurons of {self.family} models cannot be pruned; prune its attention heads only"
+            )
+        return FeedForwardParts(input=_get(layer, self.ffn_input_path), output=_get(layer, self.ffn_output_path),
+                                blocks=self.ffn_blocks)
+
+    def num_neurons(self, config: Any) -> int:
+        """Intermediate neurons per layer of the unpruned architecture."""
+        return int(getattr(config, self.config_ffn_attr))
 
     def layers(self, model: nn.Module) -> list[nn.Module]:
         """The encoder layers, in order."""
@@ -171,6 +214,9 @@ _ADAPTERS: dict[str, ModelAdapter] = {
             config_heads_attr="n_heads",
             config_layers_attr="n_layers",
             config_hidden_attr="dim",
+            ffn_input_path="ffn.lin1",
+            ffn_output_path="ffn.lin2",
+            config_ffn_attr="hidden_dim",
         ),
         ModelAdapter(
             family="deberta-v2",
@@ -200,6 +246,9 @@ _ADAPTERS: dict[str, ModelAdapter] = {
             fused_qkv=True,
             output_path="attn.Wo",
             heads_attr=None,  # the module reads its head count off Wqkv's shape
+            ffn_input_path="mlp.Wi",  # the gated linear unit: rows [0, I) the input, [I, 2I) the gate
+            ffn_output_path="mlp.Wo",
+            ffn_blocks=2,
             config_heads_attr="num_attention_heads",
             config_layers_attr="num_hidden_layers",
             config_hidden_attr="hidden_size",

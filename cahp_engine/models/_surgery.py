@@ -29,6 +29,9 @@ from cahp_engine.models._adapters import AttentionParts, ModelAdapter, get_adapt
 
 RECORD_ATTR = "cahp"
 RECORD_FORMAT_VERSION = 1
+#: The record's version once it also keeps feed-forward neurons: a cahp that reads only version 1 says to
+#: upgrade instead of failing on the narrower projections. A heads-only record stays version 1.
+NEURONS_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def prune_heads(model: nn.Module, kept: Mapping[int, Sequence[int]]) -> SurgeryR
             continue
         positions = [current[index].index(head) for head in new]
         _slice_layer(adapter, adapter.attention(layer), positions, head_dim)
-    setattr(config, RECORD_ATTR, _record(adapter.num_heads(config), plan))
+    setattr(config, RECORD_ATTR, _record(adapter.num_heads(config), plan, previous=getattr(config, RECORD_ATTR, None)))
     return SurgeryResult(
         kept=tuple(plan),
         heads_before=heads_before,
@@ -156,10 +159,10 @@ def pruning_record(config: Any) -> dict[int, tuple[int, ...]] | None:
     if not isinstance(record, Mapping):
         raise ModelLoadError(f"{where} must be a mapping, got {type(record).__name__}")
     version = record.get("format_version")
-    if version != RECORD_FORMAT_VERSION:
+    if version not in (RECORD_FORMAT_VERSION, NEURONS_FORMAT_VERSION):
         raise ModelLoadError(
-            f"{where} has format_version {version!r}; this cahp reads version {RECORD_FORMAT_VERSION}, "
-            "upgrade cahp to load it"
+            f"{where} has format_version {version!r}; this cahp reads versions {RECORD_FORMAT_VERSION} and "
+            f"{NEURONS_FORMAT_VERSION}, upgrade cahp to load it"
         )
     adapter = get_adapter(config)
     heads = adapter.num_heads(config)
@@ -228,14 +231,26 @@ def _as_index(value: Any, what: str) -> int:
         raise InvalidInputError(f"{what} must be an int, got {value!r}") from None
 
 
-def _record(num_heads: int, plan: list[tuple[int, ...]]) -> dict[str, Any]:
+def _record(
+    num_heads: int, plan: Sequence[tuple[int, ...]], *, neurons: tuple[int, Sequence[tuple[int, ...]]] | None = None,
+    previous: Any = None,
+) -> dict[str, Any]:
+    """The ``cahp`` record of ``plan`` (kept heads), with the neurons given or those of the ``previous`` record."""
     # JSON object keys are strings; the layer index is written as one so the record survives
     # config.json unchanged.
-    return {
+    record: dict[str, Any] = {
         "format_version": RECORD_FORMAT_VERSION,
         "num_heads": num_heads,
         "kept_heads": {str(layer): list(heads) for layer, heads in enumerate(plan)},
     }
+    if neurons is not None:
+        total, kept = neurons
+        record.update(format_version=NEURONS_FORMAT_VERSION, num_neurons=total,
+                      kept_neurons={str(layer): list(n) for layer, n in enumerate(kept)})
+    elif isinstance(previous, Mapping) and previous.get("kept_neurons") is not None:
+        record.update(format_version=NEURONS_FORMAT_VERSION, num_neurons=previous.get("num_neurons"),
+                      kept_neurons=previous["kept_neurons"])
+    return record
 
 
 def _slice_layer(adapter: ModelAdapter, parts: AttentionParts, positions: list[int], head_dim: int) -> None:

@@ -3,7 +3,8 @@
 Reading order: ``_distillation`` (the teacher's logits and loss) -> ``_recipe`` (checks, parameter groups,
 loss) -> ``_best`` (the best weights and early stopping) -> ``_training`` (``FineTuning``, ``finetune``)
 -> ``_resume`` (a fine-tuning's state on disk) -> ``_evaluation`` (accuracy, size, speed)
--> ``_bootstrap`` (the noise of a drop in score)."""
+-> ``_bootstrap`` (the noise of a drop in score) -> ``_least_squares`` and ``_reconstruction`` (layer-wise
+reconstruction: recovery without gradient training)."""
 
 from ._best import BestWeights, Rank, Validator, default_rank
 from ._bootstrap import BOOTSTRAP_RESAMPLES, drop_interval, metric_of_predictions
@@ -22,6 +23,16 @@ from ._evaluation import (
     speedup_interval,
 )
 from ._recipe import AuxiliaryLoss, balanced_class_weights
+from ._reconstruction import (
+    METHODS,
+    SUBLAYERS,
+    TARGETS,
+    LayerFit,
+    Reconstruction,
+    ReconstructionOptions,
+    reconstruct,
+    unsupported_reason,
+)
 from ._resume import TRAINING_FILES, load_training_state, save_training_state
 from ._training import FineTuning, finetune
 
@@ -30,7 +41,9 @@ __all__ = [
     "classification_metrics", "compare_speed", "count_parameters", "default_rank", "distillation_loss",
     "drop_interval", "evaluate", "FineTuning", "finetune", "latency_of", "load_training_state", "max_positions",
     "measure_latency",
-    "metric_of_predictions", "predict", "random_inputs", "Rank", "save_training_state", "speedup_interval",
+    "metric_of_predictions", "METHODS", "predict", "random_inputs", "Rank", "reconstruct", "Reconstruction",
+    "ReconstructionOptions", "LayerFit", "SUBLAYERS", "TARGETS", "unsupported_reason", "save_training_state",
+    "speedup_interval",
     "teacher_logits", "TRAINING_FILES",
     "TeacherLogits", "Validator",
 ]

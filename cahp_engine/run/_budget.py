@@ -61,7 +61,7 @@ from cahp_engine.run._executors import CandidateExecutor, InTurn
 from cahp_engine.run._holdout import ValidationData
 from cahp_engine.selection import HeadAnalysis, Selection, choose
 
-__all__ = ["BudgetOutcome", "LadderStep", "budget_warnings", "ladder", "probes", "search"]
+__all__ = ["BudgetOutcome", "LadderStep", "budget_warnings", "failure_message", "ladder", "probes", "search"]
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: Validat
     search_s = time.perf_counter() - started
     if winner is None:
         record = _record(inputs, validation, steps, tried, search_s, 0.0)
-        raise AccuracyBudgetError(_failure_message(record), budget=record)
+        raise AccuracyBudgetError(failure_message(record), budget=record)
     winner.chosen = True
     say(f"chosen: {winner.selection.num_kept} heads ({winner.strategy}, k={winner.k}); its recovery goes on to "
         "the end of the protocol")
@@ -342,7 +342,7 @@ def _margin(chosen: _Tried, rivals: list[_Tried]) -> float | None:
     return 100.0 * min(gaps)
 
 
-def _failure_message(record: BudgetRecord) -> str:
+def failure_message(record: BudgetRecord) -> str:
     metric, p = record.metric, record.max_accuracy_drop
     best = max(record.candidates, key=lambda c: (c.accuracy_best if metric == "accuracy" else c.macro_f1_best),
                default=None)

@@ -40,6 +40,7 @@ from cahp_engine.models import prune_heads
 from cahp_engine.recovery import FineTuning, TeacherLogits, drop_interval
 from cahp_engine.results import ClassificationMetrics, DropInterval, JsonRecord, TrainingResult, ValidationPoint
 from cahp_engine.run._holdout import ValidationScorer
+from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned, reconstructs
 
 __all__ = ["CandidateResult", "CandidateRun", "CandidateSpec", "SearchInputs", "recover_candidate"]
 
@@ -211,6 +212,9 @@ def start_run(spec: CandidateSpec, inputs: SearchInputs) -> CandidateRun:
     model = copy.deepcopy(inputs.dense)
     prune_heads(model, {layer: list(heads) for layer, heads in spec.kept.items()})
     model.eval()
+    if reconstructs(config):  # recovery reconstruct+finetune: the fine-tuning starts from the refit weights
+        reconstruct_pruned(inputs.dense, model, calibration_batches(inputs.train, config, inputs.device), config,
+                           should_cancel=inputs.should_cancel)
     scorer = ValidationScorer(inputs.validation, config.budget_metric, inputs.dense_validation, config.batch_size,
                               inputs.device)
     tuning = FineTuning(

@@ -177,6 +177,9 @@ class Recipe(JsonRecord):
     train_rows, eval_rows : int
     eval_split : str or None
     export, quantize : str
+    reconstruction : str or None
+        The layer-wise reconstruction in words, when the run reconstructed (``recovery`` reconstruct or
+        reconstruct+finetune).
     """
 
     classifier_head: str
@@ -195,6 +198,7 @@ class Recipe(JsonRecord):
     eval_split: str | None
     export: str
     quantize: str
+    reconstruction: str | None = None
 
     def lines(self) -> tuple[str, ...]:
         """The recipe in words, one step a line (the model cards' "How it was made")."""
@@ -206,8 +210,13 @@ class Recipe(JsonRecord):
                   if self.max_accuracy_drop is not None else "")
         out.append(f"selection: `{self.strategy}`, Kneedle polynomial degree {self.poly_degree}, k* = {self.k_star}, "
                    f"{self.heads_kept} of {self.heads_total} heads kept{budget}")
-        out.append("recovery fine-tuning: " + (_training_text(self.recovery) if self.recovery is not None
-                                               else "none kept: no candidate met the accuracy budget"))
+        if self.reconstruction is not None:
+            out.append("layer-wise reconstruction: " + self.reconstruction)
+        if self.recovery is not None and self.recovery.epochs == 0 and self.reconstruction is not None:
+            out.append("recovery fine-tuning: none (the reconstructed weights are the model)")
+        else:
+            out.append("recovery fine-tuning: " + (_training_text(self.recovery) if self.recovery is not None
+                                                   else "none kept: no candidate met the accuracy budget"))
         split = f" (split `{self.eval_split}`)" if self.eval_split else ""
         out.append(f"seed {self.seed}; {self.train_rows} training rows, {self.eval_rows} evaluation rows{split}; "
                    f"inputs up to {self.max_length} tokens")
@@ -247,6 +256,8 @@ def recipe_of(report: Any) -> Recipe:
     :class:`~cahp_engine.run.FailedRunReport` (which has no ``recovery``: its recipe's is None)."""
     config, selection, dense = report.config, report.selection, report.dense_finetune
     recovery = getattr(report, "recovery", None)
+    rebuilt = getattr(report, "reconstruction", None)
+    epochs = 0.0 if getattr(config, "recovery", "finetune") == "reconstruct" else config.epochs
     return Recipe(
         classifier_head="checkpoint" if report.model.classifier_trained else "new",
         dense_finetune=(_training_recipe(config, dense.training, epochs=config.dense_epochs, lr=config.dense_lr)
@@ -254,9 +265,12 @@ def recipe_of(report: Any) -> Recipe:
         strategy=selection.strategy, poly_degree=selection.poly_degree, k_star=selection.k_star,
         heads_kept=selection.heads_kept, heads_total=selection.heads_total,
         max_accuracy_drop=config.max_accuracy_drop,
-        recovery=(_training_recipe(config, recovery, epochs=config.epochs, lr=config.lr)
+        recovery=(_training_recipe(config, recovery, epochs=epochs, lr=config.lr)
                   if recovery is not None else None),
         seed=config.seed, max_length=config.max_length, train_rows=report.dataset.train_rows,
         eval_rows=report.dataset.eval_rows, eval_split=report.dataset.eval_split, export=config.export,
         quantize=config.quantize,
+        reconstruction=None if rebuilt is None else (
+            f"the attention output projection of each layer refit by {rebuilt.method} least squares "
+            f"({rebuilt.target} target) on {rebuilt.rows} calibration tokens, in {rebuilt.seconds:.1f} s"),
     )

@@ -14,6 +14,7 @@ from typing import Literal
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.export import ExportRecord
+from cahp_engine.recovery import Reconstruction
 from cahp_engine.results import (
     BudgetRecord,
     ClassificationMetrics,
@@ -357,6 +358,8 @@ class RunReport(JsonRecord):
         How it was made, in one place: head, dense fine-tuning, selection, recovery, seed, rows.
     quality : QualityRecord or None
         The quality checks of the dense, pruned and int8 models; their flags are also in ``warnings``.
+    reconstruction : Reconstruction or None
+        The layer-wise reconstruction (``config.recovery`` reconstruct or reconstruct+finetune).
     """
 
     format_version: int
@@ -384,6 +387,7 @@ class RunReport(JsonRecord):
     identity: Identity | None = None
     recipe: Recipe | None = None
     quality: QualityRecord | None = None
+    reconstruction: Reconstruction | None = None
 
 
 @dataclass(frozen=True)

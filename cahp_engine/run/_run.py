@@ -31,7 +31,7 @@ from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.progress import Monitor, RunProgress, skipped_stages, stage_spans
-from cahp_engine.recovery import TeacherLogits, count_parameters
+from cahp_engine.recovery import Reconstruction, TeacherLogits, count_parameters
 from cahp_engine.results import BudgetRecord, ClassificationMetrics, TrainingResult
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._artifacts import (
@@ -56,6 +56,7 @@ from cahp_engine.run._deploy import (
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._identity import RunIdentity
 from cahp_engine.run._live import LOG_INTERVAL_S, LiveLog
+from cahp_engine.run._reconstruct import reconstructs
 from cahp_engine.run._report import (
     REPORT_FORMAT_VERSION,
     DatasetInfo,
@@ -202,6 +203,7 @@ class _Recovered:
     recovery: TrainingResult
     parameters: RunParameters
     budget: BudgetRecord | None = None
+    reconstruction: Reconstruction | None = None
 
 
 def _run(
@@ -241,11 +243,14 @@ def _run(
     if config.max_accuracy_drop is None:
         pruned, parameters = steps.prune(run, model=model, selection=result.selection)
         before = resumed.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
+        reconstruction = steps.reconstruct_layers(run, dense=model, pruned=pruned, rows=inputs.rows) \
+            if reconstructs(config) else None
         validate = None if held is None or inputs.validation is None else steps.validation_scorer(
             run, validation=inputs.validation, dense=held[0].dense)
         with resumed.training("recovery"):
             recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher, validate=validate)
-        done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters)
+        done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters,
+                          reconstruction=reconstruction)
     else:
         assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
         try:
@@ -298,6 +303,7 @@ def _run(
         wall_time_s=0.0,
         budget=done.budget,
         validation=None if held is None else held[0],
+        reconstruction=done.reconstruction,
     )
 
 

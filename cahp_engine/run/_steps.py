@@ -32,6 +32,7 @@ from cahp_engine.data import (
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS, LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
 from cahp_engine.recovery import (
+    Reconstruction,
     TeacherLogits,
     Validator,
     balanced_class_weights,
@@ -46,7 +47,15 @@ from cahp_engine.run._candidates import SearchInputs
 from cahp_engine.run._dense_probe import untrained_in_effect
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._holdout import ValidationData, ValidationScorer, score_of, validation_data
+from cahp_engine.run._judged import judged_search
 from cahp_engine.run._live import TrainingHooks
+from cahp_engine.run._reconstruct import (
+    calibration_batches,
+    check_reconstruction,
+    finetunes,
+    reconstruct_pruned,
+    reconstructs,
+)
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
@@ -154,6 +163,7 @@ def load(
         rows = LazyEncodedDataset(loaded.tokenizer, train, max_length=config.max_length)
         evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
         validate_inputs(loaded.model, rows, config)
+        check_reconstruction(loaded.model, config)
         run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
     return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,
@@ -249,9 +259,22 @@ def evaluate_pruned(run: RunContext, *, model: nn.Module, evaluation: EncodedDat
     return metrics
 
 
+def reconstruct_layers(run: RunContext, *, dense: nn.Module, pruned: nn.Module, rows: TrainRows) -> Reconstruction:
+    """Layer-wise reconstruction of ``pruned`` against ``dense`` (in place), in its own stage."""
+    with run.monitor.stage("reconstruction"):
+        batches = calibration_batches(rows, run.config, run.device)
+        result = reconstruct_pruned(dense, pruned, batches, run.config,
+                                    progress=lambda done, total: run.overall("reconstruction", done / total),
+                                    should_cancel=run.should_cancel)
+    run.say(result.describe())
+    for note in result.notes:
+        run.say(note)
+    return result
+
+
 def teacher(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> TeacherLogits | None:
-    """The dense model's logits over the training split, once, when recovery distils (else None)."""
-    if run.config.recovery_loss != "distill":
+    """The dense model's logits over the training split, once, when recovery fine-tunes and distils (else None)."""
+    if run.config.recovery_loss != "distill" or not finetunes(run.config):
         return None
     with run.monitor.stage("teacher"):
         logits = teacher_logits(model, train, batch_size=run.config.batch_size, device=run.device)
@@ -261,7 +284,7 @@ def teacher(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> Teac
 
 def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher: TeacherLogits | None = None,
             validate: Validator | None = None, stage: str = "recovery") -> TrainingResult:
-    """Recovery fine-tuning of the pruned model, in place, for ``config.epochs``.
+    """Recovery fine-tuning of the pruned model, in place, for ``config.epochs`` (none under ``recovery`` reconstruct).
 
     With ``teacher`` the loss is the distillation loss (``distill_alpha``, ``distill_temperature``);
     with ``class_weight`` balanced each class weighs ``n / (C n_c)``. With ``validate`` (a scorer of
@@ -276,8 +299,10 @@ def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher
             how += ", class-balanced"
         watch = "" if validate is None else (
             f"; keeping the best validation {config.budget_metric}, patience {config.early_stopping_patience}")
-        run.say(f"recovery fine-tuning: {config.epochs:g} epochs at lr {config.lr}, {how}{watch}")
-        training = train_model(run, model=model, train=train, epochs=config.epochs, lr=config.lr, stage=stage,
+        epochs = config.epochs if finetunes(config) else 0.0
+        run.say(f"recovery fine-tuning: {config.epochs:g} epochs at lr {config.lr}, {how}{watch}" if epochs else
+                "recovery fine-tuning: none (recovery reconstruct: the reconstructed weights are the result)")
+        training = train_model(run, model=model, train=train, epochs=epochs, lr=config.lr, stage=stage,
                                teacher=teacher, class_weights=class_weights(config, train), validate=validate)
     best = next((p for p in training.validation if p.step == training.best_step), None)
     if best is not None:
@@ -376,7 +401,8 @@ def budget_search(
                       dense_predictions=dense_predictions),
         progress=lambda _step, _total: taken(1), steps_done=taken)
     with run.monitor.stage("budget"):
-        return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
+        how = judged_search if reconstructs(config) else search
+        return how(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
 
 
 def search_inputs(run: RunContext, *, inputs: Inputs, model: nn.Module, teacher: TeacherLogits | None,

@@ -361,3 +361,21 @@ def test_the_hidden_state_term_is_zero_against_itself_and_masks_padding():
 
 def batch_inputs(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k != "labels"}
+
+
+def test_reconstruction_bench_reports_the_gap_closed_per_variant(tmp_path):
+    from bench import reconstruction
+    from tests.support.helpers import write_split
+    from tests.support.tiny_models import make_classifier, make_tokenizer
+
+    dense = tmp_path / "dense"
+    make_classifier("bert", layers=2, heads=4, num_labels=3, seed=2).save_pretrained(dense)
+    make_tokenizer().save_pretrained(dense)
+    for split, n in (("train", 60), ("test", 30)):
+        write_split(tmp_path / "data" / f"{split}.csv", n, seed=len(split))
+    reconstruction.main(["--data", str(tmp_path / "data"), "--dense", str(dense), "--degrees", "2",
+                         "--calibration-rows", "40", "--results", str(tmp_path), "--out", "r.json"])
+    cells = json.loads((tmp_path / "r.json").read_text())["cells"]
+    assert [(c["seed"], c["degree"], c["strategy"]) for c in cells] == [(42, 2, "cahp")]
+    assert set(cells[0]["variants"]) == set(reconstruction.VARIANTS)
+    assert all(v["seconds"] > 0 and v["rows"] > 0 for v in cells[0]["variants"].values())

@@ -39,12 +39,12 @@ def setup():
 
 def test_the_table_names_the_strategies_the_config_accepts():
     assert STRATEGIES == ("cahp", "salience", "random", "coassociation", "stability-selection",
-                          "mean-distance") == tuple(STRATEGY_MODULES)
-    assert CONSENSUS_STRATEGIES == STRATEGIES[3:]
+                          "mean-distance", "cahp-layer-salience") == tuple(STRATEGY_MODULES)
+    assert CONSENSUS_STRATEGIES == STRATEGIES[3:6]
     for name in STRATEGIES:
         assert PruningConfig(strategy=name).strategy == name
     with pytest.raises(ConfigError, match="`strategy` must be one of cahp, salience, random, coassociation, "
-                                          "stability-selection, mean-distance, got 'magnitude'"):
+                                          "stability-selection, mean-distance, cahp-layer-salience, got 'magnitude'"):
         get_strategy("magnitude")
 
 
@@ -114,3 +114,18 @@ def test_the_importance_is_any_head_importance(setup):
     np.testing.assert_array_equal(default.salience_raw, analysis.salience_raw)
     with pytest.raises(PipelineError, match="one score per head"):
         analyze_heads(model, data, CONFIG, importance=lambda model, batches: torch.zeros(2, 2))
+
+
+def test_cahp_layer_salience_keeps_cahps_layer_counts_filled_by_salience(setup):
+    _, _, analysis = setup
+    k = analysis.knees[2].k
+    cahp = choose(analysis, k, "cahp", seed=5)
+    chosen = choose(analysis, k, "cahp-layer-salience", seed=5)
+    assert chosen.strategy == "cahp-layer-salience" and chosen.layer_safety_added == ()
+    np.testing.assert_array_equal(chosen.kept_mask.sum(axis=1), cahp.kept_mask.sum(axis=1))
+    salience = np.asarray(analysis.salience)
+    for layer, row in enumerate(chosen.kept_mask):
+        if row.any() and not row.all():  # every kept head outranks every dropped one in its layer
+            assert salience[layer][row].min() >= salience[layer][~row].max()
+    assert PruningConfig(budget_strategies=("cahp", "cahp-layer-salience")).budget_strategies[1] == \
+        "cahp-layer-salience"

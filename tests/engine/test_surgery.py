@@ -169,7 +169,7 @@ def test_record_survives_config_dict_and_json_round_trips(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("record", "message"),
     [
-        ({"format_version": 2, "num_heads": HEADS, "kept_heads": {}}, "format_version 2"),
+        ({"format_version": 3, "num_heads": HEADS, "kept_heads": {}}, "format_version 3"),
         ({"format_version": 1, "num_heads": 12, "kept_heads": {}}, "num_heads=12"),
         ({"format_version": 1, "num_heads": HEADS, "kept_heads": {"0": [0]}}, "must list all 3 layers"),
         ({"format_version": 1, "num_heads": HEADS, "kept_heads": {"0": [9], "1": [], "2": []}}, r"\[0, 4\)"),

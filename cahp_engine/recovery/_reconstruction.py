@@ -1,0 +1,445 @@
+"""Layer-wise reconstruction: recovery without gradient training.
+
+After pruning, :func:`reconstruct` goes through the layers in order and refits the projection that reads
+each pruned sub-layer's kept units, so that the layer's output, computed from the *pruned* model's own
+previous layer, matches the dense model's. Each refit is a linear least-squares problem over the
+calibration tokens (:mod:`cahp_engine.recovery._least_squares`), so the whole pass costs about
+``L + 1`` forward passes over the calibration batches and a few small solves: seconds on a CPU.
+
+Sub-layers
+----------
+``options.sublayers`` names the sub-layer outputs to refit, generically: each name maps to the
+projection whose *input columns are the units* a pruning keeps.
+
+``"attention"``
+    The attention output projection (BERT's ``attention.output.dense``, ModernBERT's ``attn.Wo``); its
+    input is the kept heads' context vectors, ``head_dim`` columns per head.
+``"ffn"``
+    The feed-forward output projection (BERT's ``output.dense``, DistilBERT's ``ffn.lin2``,
+    ModernBERT's ``mlp.Wo``); its input is the kept intermediate neurons, one column each. A pruning of
+    FFN neurons calls :func:`reconstruct` with ``sublayers=("ffn",)`` (or both).
+
+The dense and the pruned model only need the same family and layer count: any unit count per layer,
+including the full one, is refit the same way.
+
+Targets
+-------
+With ``target="residual"`` (attention only) the refit projection ``A`` of the pruned layer must make
+``h_p + A(x_p)`` equal the dense ``h_d + A_d(x_d)``: ``h`` is the layer's input, which every supported
+family adds back after its attention (before or after a LayerNorm), so the refit also absorbs the
+drift of the layers below. With ``target="block"`` it matches the dense block's output ``A_d(x_d)``
+alone. The FFN sub-layer always uses ``"block"`` (its residual input differs between post- and
+pre-LayerNorm families).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+from torch import nn
+
+from cahp_engine._torch import model_inputs
+from cahp_engine.errors import InvalidInputError, UnsupportedModelError
+from cahp_engine.models import get_adapter
+from cahp_engine.recovery._least_squares import NormalEquations, Solution, solve_ridge, solve_scales
+from cahp_engine.results import JsonRecord
+
+Sublayer = Literal["attention", "ffn"]
+Method = Literal["ridge", "scales"]
+Target = Literal["residual", "block"]
+SUBLAYERS: tuple[str, ...] = get_args(Sublayer)
+METHODS: tuple[str, ...] = get_args(Method)
+TARGETS: tuple[str, ...] = get_args(Target)
+
+#: The feed-forward output projection of each family whose name differs from BERT's ``output.dense``.
+_FFN_OUTPUT: Mapping[str, str] = {"distilbert": "ffn.lin2", "modernbert": "mlp.Wo"}
+
+
+@dataclass(frozen=True)
+class ReconstructionOptions:
+    """How :func:`reconstruct` refits.
+
+    Attributes
+    ----------
+    sublayers : tuple of {"attention", "ffn"}
+        The sub-layer outputs refit in each layer, in this order.
+    method : {"ridge", "scales"}
+        ``ridge`` refits the whole projection; ``scales`` one scale per kept unit (Kwon et al.'s mask
+        tuning), a much smaller system.
+    target : {"residual", "block"}
+        What the attention refit matches (see the module's notes).
+    alpha : float
+        The ridge term relative to the system's mean diagonal (> 0).
+    max_rows : int or None
+        Calibration tokens used per system, drawn at random with the seed when the batches hold more.
+    """
+
+    sublayers: tuple[str, ...] = ("attention",)
+    method: str = "ridge"
+    target: str = "residual"
+    alpha: float = 1e-2
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.sublayers or any(s not in SUBLAYERS for s in self.sublayers):
+            raise InvalidInputError(f"`sublayers` must be a non-empty tuple of {SUBLAYERS}, got {self.sublayers!r}")
+        for name, allowed in (("method", METHODS), ("target", TARGETS)):
+            if getattr(self, name) not in allowed:
+                raise InvalidInputError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}")
+        if not self.alpha > 0:
+            raise InvalidInputError(f"`alpha` must be a number > 0, got {self.alpha!r}")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise InvalidInputError(f"`max_rows` must be an integer >= 1 or None, got {self.max_rows!r}")
+
+
+@dataclass(frozen=True)
+class LayerFit(JsonRecord):
+    """One refit projection.
+
+    ``error_before`` and ``error_after`` are ``||output - target||^2 / ||target||^2`` over the
+    calibration tokens, before and after the refit; ``ridge`` is the absolute ridge term used and
+    ``condition`` the Gram matrix's condition number before it (``ill_conditioned`` above 1e8: the
+    ridge term, not the rows, decided the unseen directions).
+    """
+
+    layer: int
+    sublayer: str
+    units: int
+    unknowns: int
+    rows: int
+    error_before: float
+    error_after: float
+    ridge: float
+    condition: float
+    ill_conditioned: bool
+
+
+@dataclass(frozen=True)
+class Reconstruction(JsonRecord):
+    """What :func:`reconstruct` did: one :class:`LayerFit` per refit projection, in order."""
+
+    fits: tuple[LayerFit, ...]
+    method: str
+    target: str
+    alpha: float
+    rows: int
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ill_conditioned(self) -> tuple[LayerFit, ...]:
+        return tuple(f for f in self.fits if f.ill_conditioned)
+
+    def describe(self) -> str:
+        """One line for the run's log: the layers' mean error before and after, and the time."""
+        if not self.fits:
+            return "layer-wise reconstruction: nothing to refit"
+        before = sum(f.error_before for f in self.fits) / len(self.fits)
+        after = sum(f.error_after for f in self.fits) / len(self.fits)
+        return (f"layer-wise reconstruction ({self.method}, {self.target} target) of {len(self.fits)} projections "
+                f"on {self.rows} tokens in {self.seconds:.1f} s: relative error {before:.3f} -> {after:.3f}"
+                + (f"; {len(self.ill_conditioned)} ill-conditioned, held by the ridge term" if self.ill_conditioned
+                   else ""))
+
+
+class _Stop(Exception):
+    """Raised by a hook once the pass has computed what it was run for."""
+
+
+def unsupported_reason(model: nn.Module, options: ReconstructionOptions) -> str | None:
+    """Why ``model``'s family cannot be reconstructed with ``options``, or None when it can."""
+    adapter = get_adapter(model)
+    layers = adapter.layers(model)
+    for name in options.sublayers:
+        try:
+            projection = _projection(adapter, layers[0], name)
+        except AttributeError:
+            return f"the {adapter.family} family has no {name} output projection where cahp looks for it"
+        if not isinstance(projection, nn.Linear):
+            return f"the {adapter.family} family's {name} output projection is not a linear layer"
+    return None
+
+
+def reconstruct(
+    dense: nn.Module,
+    pruned: nn.Module,
+    batches: Sequence[Mapping[str, torch.Tensor]],
+    options: ReconstructionOptions | None = None,
+    *,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> Reconstruction:
+    """Refit ``pruned``'s kept units, layer by layer, to reproduce ``dense``'s layer outputs (in place).
+
+    Parameters
+    ----------
+    dense : a supported ``*ForSequenceClassification`` model, unchanged
+    pruned : the same model with units removed; its refit projections are overwritten
+    batches : sequence of dicts of tensors
+        Calibration batches as :func:`~cahp_engine.data.collate` makes them: ``input_ids`` (B, T),
+        ``attention_mask`` (B, T), optionally ``token_type_ids``; every real token is one row.
+    options : ReconstructionOptions, optional
+    seed : int
+        Draws the tokens kept when ``options.max_rows`` is below the tokens given; otherwise the
+        result does not depend on it (the sums are accumulated in a fixed order, in float64).
+    progress : callable(done, total), optional
+        Called after each refit projection.
+    should_cancel : callable() -> bool, optional
+        Checked between projections; True raises :class:`~cahp_engine.errors.JobCancelledError`.
+
+    Returns
+    -------
+    Reconstruction
+
+    Raises
+    ------
+    UnsupportedModelError
+        Before any work, when the family cannot be reconstructed (:func:`unsupported_reason`).
+    InvalidInputError
+        When a layer's system has more unknowns than calibration tokens (the message names the rows
+        needed), or when the two models do not match.
+
+    References
+    ----------
+    Kwon et al. (2022), "A Fast Post-Training Pruning Framework for Transformers", Section 4.3 (mask
+    tuning by layer-wise linear least squares).
+    """
+    from cahp_engine.errors import JobCancelledError
+
+    options = options or ReconstructionOptions()
+    started = time.perf_counter()
+    adapter = get_adapter(pruned)
+    reason = unsupported_reason(pruned, options)
+    if reason is not None:
+        raise UnsupportedModelError(f"layer-wise reconstruction cannot run: {reason}")
+    if get_adapter(dense).family != adapter.family or len(adapter.layers(dense)) != len(adapter.layers(pruned)):
+        raise InvalidInputError("the dense and the pruned model must be the same family with the same layers")
+    batches = list(batches)
+    keep = _row_masks(batches, options.max_rows, seed)
+    rows = int(sum(int(k.sum()) for k in keep))
+    head_dim = adapter.head_dim(pruned.config)
+    plan = [(i, name) for i in range(len(adapter.layers(pruned))) for name in options.sublayers]
+    _check_rows(adapter, pruned, plan, rows, options, head_dim)
+    fits: list[LayerFit] = []
+    notes: list[str] = []
+    dense_training, pruned_training = dense.training, pruned.training
+    dense.eval()
+    pruned.eval()
+    try:
+        with torch.no_grad():
+            targets = _dense_targets(dense, adapter, plan, batches, keep, options)
+            for done, (index, name) in enumerate(plan, start=1):
+                if should_cancel is not None and should_cancel():
+                    raise JobCancelledError("cancelled during layer-wise reconstruction")
+                projection = _projection(adapter, adapter.layers(pruned)[index], name)
+                if projection.in_features == 0:
+                    notes.append(f"layer {index} keeps no {name} units: nothing to refit")
+                    continue
+                system = _accumulate(dense, pruned, adapter, index, name, batches, keep, options,
+                                     None if targets is None else targets[(index, name)])
+                unit = head_dim if name == "attention" else 1
+                solution = _solve(system, projection, options, unit)
+                _write(projection, solution)
+                fits.append(LayerFit(
+                    layer=index, sublayer=name, units=projection.in_features // unit, unknowns=_unknowns(
+                        projection, options, unit), rows=system.rows, error_before=solution.error_before,
+                    error_after=solution.error_after, ridge=solution.ridge, condition=solution.condition,
+                    ill_conditioned=solution.ill_conditioned))
+                if progress is not None:
+                    progress(done, len(plan))
+    finally:
+        dense.train(dense_training)
+        pruned.train(pruned_training)
+    for fit in fits:
+        if fit.ill_conditioned:
+            notes.append(f"layer {fit.layer} {fit.sublayer}: ill-conditioned system (condition {fit.condition:.2g}); "
+                         f"the ridge term {fit.ridge:.3g} kept the unseen directions at their trained weights")
+    return Reconstruction(fits=tuple(fits), method=options.method, target=options.target, alpha=options.alpha,
+                          rows=rows, seconds=time.perf_counter() - started, notes=tuple(notes))
+
+
+def _projection(adapter: Any, layer: nn.Module, name: str) -> nn.Linear:
+    if name == "attention":
+        return adapter.attention(layer).output
+    module: Any = layer
+    for part in _FFN_OUTPUT.get(adapter.family, "output.dense").split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _unknowns(projection: nn.Linear, options: ReconstructionOptions, unit: int) -> int:
+    if options.method == "scales":
+        return projection.in_features // unit
+    return projection.in_features + (1 if projection.bias is not None else 0)
+
+
+def _check_rows(adapter: Any, pruned: nn.Module, plan: list[tuple[int, str]], rows: int,
+                options: ReconstructionOptions, head_dim: int) -> None:
+    """Refuse calibration rows fewer than the largest system's unknowns, naming that system."""
+    needs = []
+    for index, name in plan:
+        projection = _projection(adapter, adapter.layers(pruned)[index], name)
+        if projection.in_features:
+            needs.append((_unknowns(projection, options, head_dim if name == "attention" else 1), index, name))
+    if not needs:
+        return
+    needed, index, name = max(needs)
+    if rows < needed:
+        raise InvalidInputError(
+            f"layer-wise reconstruction needs at least {needed} calibration tokens (layer {index}'s {name} refit "
+            f"has {needed} unknowns per output), got {rows}; give more calibration rows"
+            + (f" or raise `max_rows` above {options.max_rows}" if options.max_rows is not None else ""))
+
+
+def _row_masks(batches: list[Mapping[str, torch.Tensor]], max_rows: int | None, seed: int) -> list[torch.Tensor]:
+    """Which tokens of each batch are calibration rows: the real ones, thinned at random to ``max_rows``."""
+    masks = [b["attention_mask"].to("cpu").bool() for b in batches]
+    total = int(sum(int(m.sum()) for m in masks))
+    if max_rows is None or total <= max_rows:
+        return masks
+    generator = torch.Generator().manual_seed(seed)
+    scores = [torch.rand(m.shape, generator=generator) for m in masks]
+    flat = torch.cat([s[m] for s, m in zip(scores, masks, strict=True)])
+    cut = torch.kthvalue(flat, max_rows).values
+    return [m & (s <= cut) for s, m in zip(scores, masks, strict=True)]
+
+
+@dataclass
+class _Seen:
+    input: torch.Tensor | None = None
+    output: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
+
+
+def _capture(model: nn.Module, adapter: Any, index: int, name: str, batch: Mapping[str, torch.Tensor]) -> _Seen:
+    """One forward pass of ``model``, stopped after layer ``index``'s ``name`` projection."""
+    layer = adapter.layers(model)[index]
+    projection = _projection(adapter, layer, name)
+    seen = _Seen()
+
+    def on_layer(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen.residual = args[0] if args else kwargs["hidden_states"]
+
+    def on_input(_m: nn.Module, args: tuple[Any, ...]) -> None:
+        seen.input = args[0]
+
+    def on_output(_m: nn.Module, _args: tuple[Any, ...], output: torch.Tensor) -> None:
+        seen.output = output
+        raise _Stop
+
+    handles = [layer.register_forward_pre_hook(on_layer, with_kwargs=True),
+               projection.register_forward_pre_hook(on_input), projection.register_forward_hook(on_output)]
+    try:
+        model(**model_inputs(model, batch))
+    except _Stop:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _rows(tensor: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
+    """The rows of ``tensor`` (B, T, D) at ``keep`` (B, T), as (n, D)."""
+    assert tensor is not None, "the forward pass did not reach the hooked projection"
+    if tensor.shape[:-1] == keep.shape:
+        return tensor[keep.to(tensor.device)]
+    raise InvalidInputError(f"cannot align a sub-layer's rows of shape {tuple(tensor.shape)} with the batch's "
+                            f"tokens {tuple(keep.shape)}")
+
+
+#: The dense model's targets are kept in memory, from one dense pass, up to this many bytes (float32); above
+#: it each layer's system runs the dense model again up to that layer (about (L + 1) / 2 passes in all).
+TARGET_CACHE_BYTES = 1 << 30
+
+
+def _dense_targets(dense: nn.Module, adapter: Any, plan: list[tuple[int, str]],
+                   batches: list[Mapping[str, torch.Tensor]], keep: list[torch.Tensor],
+                   options: ReconstructionOptions) -> dict[tuple[int, str], list[torch.Tensor | None]] | None:
+    """Every system's dense side (``A_d(x_d)``, plus ``h_d`` for the residual target) from one pass, or None
+    when they would take more than :data:`TARGET_CACHE_BYTES`."""
+    layers = adapter.layers(dense)
+    rows = int(sum(int(k.sum()) for k in keep))
+    if rows * sum(_projection(adapter, layers[i], n).out_features for i, n in plan) * 4 > TARGET_CACHE_BYTES:
+        return None
+    out: dict[tuple[int, str], list[torch.Tensor | None]] = {key: [] for key in plan}
+    for batch, kept in zip(batches, keep, strict=True):
+        if not bool(kept.any()):
+            for key in plan:
+                out[key].append(None)
+            continue
+        residual, output = _capture_all(dense, adapter, plan, batch)
+        for key in plan:
+            target = _rows(output.get(key), kept)
+            if key[1] == "attention" and options.target == "residual":
+                target = target + _rows(residual.get(key[0]), kept)
+            out[key].append(target.detach().to("cpu", torch.float32))
+    return out
+
+
+def _capture_all(model: nn.Module, adapter: Any, plan: list[tuple[int, str]], batch: Mapping[str, torch.Tensor]
+                 ) -> tuple[dict[int, torch.Tensor], dict[tuple[int, str], torch.Tensor]]:
+    """One whole forward pass of ``model``: every planned layer's input and projection output."""
+    layers = adapter.layers(model)
+    residual: dict[int, torch.Tensor] = {}
+    output: dict[tuple[int, str], torch.Tensor] = {}
+
+    def on_layer(index: int, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        residual[index] = args[0] if args else kwargs["hidden_states"]
+
+    def on_output(key: tuple[int, str], _m: nn.Module, _a: tuple[Any, ...], result: torch.Tensor) -> None:
+        output[key] = result
+
+    handles = [layers[i].register_forward_pre_hook(functools.partial(on_layer, i), with_kwargs=True)
+               for i in sorted({i for i, _ in plan})]
+    handles += [_projection(adapter, layers[key[0]], key[1]).register_forward_hook(functools.partial(on_output, key))
+                for key in plan]
+    try:
+        model(**model_inputs(model, batch))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return residual, output
+
+
+def _accumulate(dense: nn.Module, pruned: nn.Module, adapter: Any, index: int, name: str,
+                batches: list[Mapping[str, torch.Tensor]], keep: list[torch.Tensor],
+                options: ReconstructionOptions, cached: list[torch.Tensor | None] | None) -> NormalEquations:
+    projection = _projection(adapter, adapter.layers(pruned)[index], name)
+    system = NormalEquations(projection.in_features, projection.out_features)
+    residual = name == "attention" and options.target == "residual"
+    for b, (batch, rows) in enumerate(zip(batches, keep, strict=True)):
+        if not bool(rows.any()):
+            continue
+        have = _capture(pruned, adapter, index, name, batch)
+        known = None if cached is None else cached[b]
+        if known is not None:
+            target = known.to(torch.float64)
+        else:
+            want = _capture(dense, adapter, index, name, batch)
+            target = _rows(want.output, rows).to("cpu", torch.float64)
+            if residual:
+                target = target + _rows(want.residual, rows).to("cpu", torch.float64)
+        if residual:
+            target = target - _rows(have.residual, rows).to("cpu", torch.float64)
+        system.add(_rows(have.input, rows), target)
+    return system
+
+
+def _solve(system: NormalEquations, projection: nn.Linear, options: ReconstructionOptions, unit: int) -> Solution:
+    weight, bias = projection.weight.detach(), None if projection.bias is None else projection.bias.detach()
+    if options.method == "scales":
+        return solve_scales(system, weight, bias, unit=unit, alpha=options.alpha)
+    return solve_ridge(system, weight, bias, alpha=options.alpha)
+
+
+def _write(projection: nn.Linear, solution: Solution) -> None:
+    projection.weight.copy_(solution.weight.to(projection.weight.dtype))
+    if projection.bias is not None:
+        projection.bias.copy_(solution.bias.to(projection.bias.dtype))

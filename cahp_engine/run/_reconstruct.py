@@ -1,0 +1,63 @@
+"""The reconstruction step of a run: calibration batches from the training rows, then
+:func:`cahp_engine.recovery.reconstruct` on the pruned model, in its own stage.
+
+A run reconstructs when ``config.recovery`` is ``reconstruct`` or ``reconstruct+finetune``; so does every
+candidate of an accuracy budget, whatever the mode (its score right after reconstruction is what the
+search judges first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.data import TrainRows, draw_subset, iterate_batches, length_grouped_batches, take_rows
+from cahp_engine.errors import UnsupportedModelError
+from cahp_engine.progress import CancelFn
+from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct, unsupported_reason
+
+#: Sentences per calibration batch: the batches only bound memory, the sums do not depend on them.
+CALIBRATION_BATCH = 32
+
+
+def reconstructs(config: PruningConfig) -> bool:
+    """Whether a run with ``config`` reconstructs its pruned model."""
+    return config.recovery in ("reconstruct", "reconstruct+finetune")
+
+
+def finetunes(config: PruningConfig) -> bool:
+    """Whether a run with ``config`` fine-tunes its pruned model (for ``config.epochs``)."""
+    return config.recovery in ("finetune", "reconstruct+finetune")
+
+
+def check_reconstruction(model: nn.Module, config: PruningConfig) -> None:
+    """Refuse, before any work, a reconstructing mode that ``model``'s family cannot run (the reason said)."""
+    if not reconstructs(config):
+        return
+    reason = unsupported_reason(model, ReconstructionOptions())
+    if reason is not None:
+        raise UnsupportedModelError(f"`recovery` {config.recovery!r} cannot run on this model: {reason}; "
+                                    "use `recovery` 'finetune'")
+
+
+def calibration_batches(rows: TrainRows, config: PruningConfig,
+                        device: torch.device | str = "cpu") -> list[dict[str, torch.Tensor]]:
+    """``config.reconstruction_rows`` training rows drawn with the seed (stratified), in batches by length."""
+    count = min(config.reconstruction_rows, len(rows))
+    picked = draw_subset(len(rows), count, seed=config.seed, labels=np.asarray(rows.labels))
+    data = take_rows(rows, picked)
+    batches = length_grouped_batches(data.lengths, np.arange(len(data)), CALIBRATION_BATCH)
+    return list(iterate_batches(data, batches, device))
+
+
+def reconstruct_pruned(
+    dense: nn.Module, pruned: nn.Module, batches: Sequence[dict[str, torch.Tensor]], config: PruningConfig, *,
+    progress: Callable[[int, int], None] | None = None, should_cancel: CancelFn | None = None,
+) -> Reconstruction:
+    """The run's reconstruction of ``pruned`` (in place) against ``dense``: the engine's default options."""
+    return reconstruct(dense, pruned, batches, ReconstructionOptions(), seed=config.seed, progress=progress,
+                       should_cancel=should_cancel)

@@ -1,0 +1,228 @@
+"""Layer-wise reconstruction on tiny real models: it lowers each layer's error against dense, is
+deterministic, refuses what it cannot solve, and survives save, load, ONNX and int8."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cahp_engine._torch import model_inputs
+from cahp_engine.data import LabelledTexts, collate, encode
+from cahp_engine.errors import InvalidInputError
+from cahp_engine.export import export_onnx, quantize_int8
+from cahp_engine.models import load_pruned, prune_heads, save_pruned
+from cahp_engine.recovery import ReconstructionOptions, reconstruct
+from tests.support.tiny_models import FAMILIES, make_classifier, make_texts, make_tokenizer
+
+KEPT = {0: [1, 3], 1: [2], 2: [0, 1, 2]}
+
+
+def _dense(family: str = "bert") -> torch.nn.Module:
+    # Wider weights than the default init, as in the export tests: with std 0.02 removing heads barely
+    # moves a layer's output, and there would be nothing to reconstruct.
+    model = make_classifier(family, layers=3, heads=4)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 or name.endswith(".bias"):
+                parameter.normal_(0.0, 0.2, generator=generator)
+    return model.eval()
+
+
+def _rows(n: int, seed: int):
+    texts, labels = make_texts(n, seed=seed)
+    return encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
+
+
+def _batches(n: int = 128, seed: int = 1, size: int = 32) -> list[dict]:
+    rows = _rows(n, seed)
+    return [collate(rows, np.arange(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+def _layer_errors(dense: torch.nn.Module, pruned: torch.nn.Module, batches: list[dict]) -> np.ndarray:
+    """Each layer's output error against dense, ``||h_p - h_d||^2 / ||h_d||^2`` over real tokens."""
+    num = den = None
+    with torch.no_grad():
+        for batch in batches:
+            mask = batch["attention_mask"].bool()
+            hd = dense(**model_inputs(dense, batch), output_hidden_states=True).hidden_states[1:]
+            hp = pruned(**model_inputs(pruned, batch), output_hidden_states=True).hidden_states[1:]
+            n = np.array([float(((a - b)[mask] ** 2).sum()) for a, b in zip(hd, hp, strict=True)])
+            d = np.array([float((a[mask] ** 2).sum()) for a in hd])
+            num, den = (n, d) if num is None else (num + n, den + d)
+    assert num is not None and den is not None
+    return num / den
+
+
+def _pruned(dense: torch.nn.Module) -> torch.nn.Module:
+    pruned = copy.deepcopy(dense)
+    prune_heads(pruned, KEPT)
+    return pruned.eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_layer_comes_closer_to_dense_on_rows_it_was_not_fitted_on(family: str) -> None:
+    dense = _dense(family)
+    pruned = _pruned(dense)
+    held_out = _batches(64, seed=7)
+    before = _layer_errors(dense, pruned, held_out)
+
+    result = reconstruct(dense, pruned, _batches(), seed=0)
+
+    after = _layer_errors(dense, pruned, held_out)
+    assert (after < before).all(), (before, after)
+    assert [(f.layer, f.sublayer) for f in result.fits] == [(0, "attention"), (1, "attention"), (2, "attention")]
+    assert [f.units for f in result.fits] == [2, 1, 3]
+    assert all(f.error_after < f.error_before for f in result.fits)
+    assert result.rows == sum(int(b["attention_mask"].sum()) for b in _batches())
+    assert result.method == "ridge" and result.target == "residual" and result.seconds > 0
+
+
+def test_per_head_scales_fit_their_systems_but_the_full_refit_comes_closer() -> None:
+    dense = _dense("bert")
+    scaled, refit = _pruned(dense), _pruned(dense)
+    result = reconstruct(dense, scaled, _batches(), ReconstructionOptions(method="scales"))
+    assert all(f.error_after < f.error_before for f in result.fits)
+    assert [f.unknowns for f in result.fits] == [2, 1, 3]  # one scale per kept head
+    reconstruct(dense, refit, _batches())
+    held_out = _batches(64, seed=7)
+    assert (_layer_errors(dense, refit, held_out) < _layer_errors(dense, scaled, held_out)).all()
+
+
+def test_the_block_target_matches_each_dense_block_but_not_the_drift_below() -> None:
+    # Matching each attention block alone fits its own system, but leaves the drift of the layers below
+    # in the residual stream: why the residual target is the default.
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    result = reconstruct(dense, pruned, _batches(), ReconstructionOptions(target="block"))
+    assert all(f.error_after < f.error_before for f in result.fits)
+    residual = _pruned(dense)
+    reconstruct(dense, residual, _batches())
+    held_out = _batches(64, seed=7)
+    assert _layer_errors(dense, residual, held_out)[-1] < _layer_errors(dense, pruned, held_out)[-1]
+
+
+def test_the_same_inputs_give_the_same_weights_and_a_seed_only_draws_rows() -> None:
+    dense = _dense("bert")
+    one, two = _pruned(dense), _pruned(dense)
+    first = reconstruct(dense, one, _batches(), ReconstructionOptions(max_rows=200), seed=3)
+    second = reconstruct(dense, two, _batches(), ReconstructionOptions(max_rows=200), seed=3)
+    for a, b in zip(one.state_dict().values(), two.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert [f.error_after for f in first.fits] == [f.error_after for f in second.fits]
+    assert first.rows == 200
+    three = _pruned(dense)
+    reconstruct(dense, three, _batches(), ReconstructionOptions(max_rows=200), seed=4)
+    assert not torch.equal(three.bert.encoder.layer[0].attention.output.dense.weight,
+                           one.bert.encoder.layer[0].attention.output.dense.weight)
+
+
+def test_too_few_calibration_rows_names_the_rows_needed() -> None:
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    # Layer 2 keeps 3 heads of 8 dimensions: 24 weights and a bias per output.
+    batches = [collate(_rows(4, 2), np.arange(2))]
+    kept = {k: v.clone() for k, v in pruned.state_dict().items()}
+    with pytest.raises(InvalidInputError, match=r"needs at least 25 calibration tokens \(layer 2's attention refit"):
+        reconstruct(dense, pruned, batches)
+    assert all(torch.equal(kept[k], v) for k, v in pruned.state_dict().items())  # nothing was changed
+
+
+def test_an_ill_conditioned_system_is_held_by_the_ridge_term_and_said() -> None:
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    # One sentence many times: many rows, but only as many distinct ones as its tokens.
+    rows = _rows(8, 5)
+    batch = collate(rows, np.zeros(40, dtype=np.int64))
+    result = reconstruct(dense, pruned, [batch])
+    assert result.ill_conditioned and any("ill-conditioned" in note for note in result.notes)
+    assert all(np.isfinite(p.detach().numpy()).all() for p in pruned.parameters())
+    # Directions the rows never showed keep their trained weights: other sentences are not thrown off.
+    held_out = _batches(64, seed=7)
+    assert _layer_errors(dense, pruned, held_out)[-1] < 1.0
+
+
+def test_ffn_output_projection_is_refit_over_a_subset_of_neurons() -> None:
+    dense = _dense("bert")
+    pruned = copy.deepcopy(dense)
+    with torch.no_grad():  # keep half of each layer's intermediate neurons, as an FFN pruning would
+        for layer in pruned.bert.encoder.layer:
+            up, down = layer.intermediate.dense, layer.output.dense
+            keep = torch.arange(0, up.out_features, 2)
+            new_up = torch.nn.Linear(up.in_features, len(keep))
+            new_up.weight.copy_(up.weight[keep])
+            new_up.bias.copy_(up.bias[keep])
+            new_down = torch.nn.Linear(len(keep), down.out_features)
+            new_down.weight.copy_(down.weight[:, keep])
+            new_down.bias.copy_(down.bias)
+            layer.intermediate.dense, layer.output.dense = new_up, new_down
+    held_out = _batches(64, seed=7)
+    before = _layer_errors(dense, pruned, held_out)
+    result = reconstruct(dense, pruned, _batches(), ReconstructionOptions(sublayers=("ffn",)))
+    assert [f.sublayer for f in result.fits] == ["ffn"] * 3 and result.fits[0].units == 32
+    assert (_layer_errors(dense, pruned, held_out) < before).all()
+
+
+def test_bad_options_and_mismatched_models_are_refused_before_any_work() -> None:
+    with pytest.raises(InvalidInputError, match="`sublayers` must be a non-empty tuple"):
+        ReconstructionOptions(sublayers=("conv",))
+    with pytest.raises(InvalidInputError, match="`alpha` must be a number > 0, got 0"):
+        ReconstructionOptions(alpha=0)
+    with pytest.raises(InvalidInputError, match="`method` must be one of"):
+        ReconstructionOptions(method="lasso")
+    with pytest.raises(InvalidInputError, match="same family"):
+        reconstruct(_dense("bert"), _pruned(_dense("distilbert")), _batches())
+
+
+@pytest.mark.slow  # an ONNX export and an int8 quantization
+def test_reconstructed_weights_round_trip_through_save_load_onnx_and_int8(tmp_path: Path) -> None:
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    reconstruct(dense, pruned, _batches())
+    rows = _rows(24, 3)
+    batch = collate(rows, np.arange(len(rows)))
+    with torch.no_grad():
+        expected = pruned(**model_inputs(pruned, batch)).logits
+        save_pruned(pruned, make_tokenizer(), tmp_path / "model")
+        loaded = load_pruned(tmp_path / "model").eval()
+        assert torch.equal(loaded(**model_inputs(loaded, batch)).logits, expected)
+    exported = export_onnx(pruned, make_tokenizer(), tmp_path / "onnx", data=rows)
+    assert exported.parity is not None and exported.parity.passed
+    int8 = quantize_int8(tmp_path / "onnx", tmp_path / "onnx-int8", model=pruned, parity_data=rows, eval_data=rows)
+    assert int8.deviation is not None and int8.deviation.prediction_agreement >= 0.5
+
+
+def test_a_model_whose_projection_is_not_linear_is_refused_with_the_reason_before_any_work() -> None:
+    from cahp_engine.config import PruningConfig
+    from cahp_engine.errors import UnsupportedModelError
+    from cahp_engine.recovery import unsupported_reason
+    from cahp_engine.run._reconstruct import check_reconstruction
+
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    for layer in pruned.bert.encoder.layer:  # a custom block whose FFN output is not one linear layer
+        layer.output.dense = torch.nn.Sequential(layer.output.dense)
+    reason = unsupported_reason(pruned, ReconstructionOptions(sublayers=("ffn",)))
+    assert reason == "the bert family's ffn output projection is not a linear layer"
+    kept = {k: v.clone() for k, v in pruned.state_dict().items()}
+    with pytest.raises(UnsupportedModelError, match="layer-wise reconstruction cannot run: the bert family's ffn"):
+        reconstruct(dense, pruned, _batches(), ReconstructionOptions(sublayers=("attention", "ffn")))
+    assert all(torch.equal(kept[k], v) for k, v in pruned.state_dict().items())
+    assert unsupported_reason(pruned, ReconstructionOptions()) is None  # the attention refit still can
+    check_reconstruction(pruned, PruningConfig(recovery="reconstruct"))
+
+
+def test_the_dense_targets_kept_from_one_pass_give_the_same_refit_as_a_pass_per_layer(monkeypatch) -> None:
+    from cahp_engine.recovery import _reconstruction
+
+    dense = _dense("bert")
+    cached, per_layer = _pruned(dense), _pruned(dense)
+    reconstruct(dense, cached, _batches())
+    monkeypatch.setattr(_reconstruction, "TARGET_CACHE_BYTES", 0)  # too small: the dense model runs per layer
+    reconstruct(dense, per_layer, _batches())
+    for a, b in zip(cached.state_dict().values(), per_layer.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

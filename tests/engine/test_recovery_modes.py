@@ -1,0 +1,125 @@
+"""Recovery modes through a whole run: fine-tuning, layer-wise reconstruction alone, and both.
+
+Real tiny models, real runs (``run_pruning``): the reconstruction is a stage with its timing, its log
+lines, its record in report.json, and the checkpoint the run writes holds the reconstructed weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cahp_engine.config import PruningConfig
+from cahp_engine.errors import ConfigError
+from cahp_engine.models import load_pruned
+from cahp_engine.progress import skipped_stages
+from cahp_engine.recovery import Reconstruction, evaluate
+from cahp_engine.run import run_pruning
+from tests.engine.test_recovery import FAST, _encoded, _write_dataset
+from tests.support.tiny_models import make_classifier, make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("modes")
+    make_classifier("bert", layers=2, heads=4, num_labels=3, seed=2).save_pretrained(root / "base")
+    make_tokenizer().save_pretrained(root / "base")
+    return root / "base", _write_dataset(root / "data", {"train": (90, 0), "test": (45, 1)})
+
+
+def _run(inputs: tuple[Path, Path], out: Path, **changes):
+    lines: list[str] = []
+    stages: list[str] = []
+    config = PruningConfig(**{**FAST, "heads_to_keep": 3, "recovery_loss": "distill", **changes})
+    report = run_pruning(str(inputs[0]), str(inputs[1]), out, config, log=lines.append,
+                         progress=lambda stage, _fraction: stages.append(stage))
+    return report, lines, stages
+
+
+def test_reconstruct_alone_trains_nothing_and_reports_the_stage(inputs, tmp_path: Path) -> None:
+    report, lines, stages = _run(inputs, tmp_path / "out", recovery="reconstruct")
+
+    assert isinstance(report.reconstruction, Reconstruction)
+    assert report.reconstruction.fits and all(f.error_after < f.error_before for f in report.reconstruction.fits)
+    assert report.recovery.steps == 0
+    assert "reconstruction" in report.timings_s and "teacher" not in report.timings_s
+    assert "reconstruction" in stages
+    assert any(line.startswith("layer-wise reconstruction (ridge, residual target)") for line in lines)
+    assert any("recovery fine-tuning: none" in line for line in lines)
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["reconstruction"]["fits"][0]["sublayer"] == "attention"
+    assert written["config"]["recovery"] == "reconstruct"
+    card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
+    assert "layer-wise reconstruction: the attention output projection of each layer refit" in card
+    assert "recovery fine-tuning: none (the reconstructed weights are the model)" in card
+    # What the run saved is the reconstructed model: it scores what the report says.
+    saved = load_pruned(tmp_path / "out" / report.checkpoint.path)
+    assert evaluate(saved, _encoded(45, seed=1)).accuracy == pytest.approx(report.metrics.pruned.accuracy)
+
+
+def test_reconstruct_then_finetune_trains_from_the_reconstructed_weights(inputs, tmp_path: Path) -> None:
+    report, _, _ = _run(inputs, tmp_path / "out", recovery="reconstruct+finetune")
+    assert report.reconstruction is not None and report.recovery.steps > 0
+    assert "teacher" in report.timings_s and "reconstruction" in report.timings_s
+
+
+def test_finetune_alone_is_the_default_and_has_no_reconstruction(inputs, tmp_path: Path) -> None:
+    report, _, _ = _run(inputs, tmp_path / "out")
+    assert report.config.recovery == "finetune" and report.reconstruction is None
+    assert "reconstruction" not in report.timings_s
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["reconstruction"] is None
+
+
+def test_the_modes_skip_the_stages_they_do_not_run() -> None:
+    assert "reconstruction" in skipped_stages(PruningConfig())
+    only = skipped_stages(PruningConfig(recovery="reconstruct"))
+    assert "recovery" in only and "teacher" in only and "reconstruction" not in only
+    both = skipped_stages(PruningConfig(recovery="reconstruct+finetune"))
+    assert "recovery" not in both and "reconstruction" not in both
+
+
+def test_a_bad_mode_or_row_count_says_what_to_change() -> None:
+    with pytest.raises(ConfigError, match="`recovery` must be one of finetune, reconstruct, reconstruct\\+finetune"):
+        PruningConfig(recovery="retrain")
+    with pytest.raises(ConfigError, match="`reconstruction_rows` must be an integer"):
+        PruningConfig(reconstruction_rows=0)
+
+
+# --------------------------------------------------------------------------- the budget judged after reconstruction
+
+
+def _budget_run(inputs, out: Path, **changes):
+    lines: list[str] = []
+    config = PruningConfig(**{**FAST, "recovery_loss": "ce", "max_accuracy_drop": 100.0,
+                              "budget_strategies": ("cahp", "salience", "cahp-layer-salience"), **changes})
+    return run_pruning(str(inputs[0]), str(inputs[1]), out, config, log=lines.append), lines
+
+
+def test_a_budget_judged_after_reconstruction_scores_every_candidate_and_trains_none(inputs, tmp_path: Path) -> None:
+    report, lines = _budget_run(inputs, tmp_path / "out", recovery="reconstruct")
+    budget = report.budget
+    assert budget is not None and budget.candidates
+    assert all(c.reconstructed is not None and c.stopped == "judged" and c.epochs == 0 for c in budget.candidates)
+    # Every head count of the ladder, each strategy's distinct choice: all scored, none trained.
+    assert {c.heads_kept for c in budget.candidates} == set(budget.ladder)
+    assert budget.chosen == min(budget.ladder) and report.recovery.steps == 0 and budget.epochs_trained == 0
+    assert any("after reconstruction" in line for line in lines)
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["budget"]["candidates"][0]["reconstructed"]["score"] == budget.candidates[0].reconstructed.score
+
+
+def test_reconstruct_then_finetune_trains_only_the_chosen_candidate_and_records_both_scores(
+    inputs, tmp_path: Path,
+) -> None:
+    report, lines = _budget_run(inputs, tmp_path / "out", recovery="reconstruct+finetune")
+    budget = report.budget
+    assert budget is not None
+    trained = [c for c in budget.candidates if c.stopped != "judged"]
+    chosen = [c for c in budget.candidates if c.chosen]
+    assert len(chosen) == 1 and chosen[0] in trained and len(trained) <= 2  # the chosen one, a runner-up at most
+    assert chosen[0].reconstructed is not None and chosen[0].curve[0].score == chosen[0].reconstructed.score
+    assert report.recovery.steps > 0 and any(line.startswith("fine-tuning ") for line in lines)
+    assert all(c.reconstructed is not None for c in budget.candidates)
+

@@ -57,11 +57,12 @@ def signed_links(settings: Settings, store: ArtifactStore, *, job_id: str,
     return out
 
 
-def register(settings: Settings, *, output: Path, job_id: str, spec: Mapping[str, Any], labels: Mapping[str, str],
-             name: str | None) -> tuple[Registration, Exception | None]:
-    """Register the job's model as ``spec`` asks; the outcome, and the error when it failed."""
+def register(settings: Settings, *, output: Path, job_id: str, owner_id: str, spec: Mapping[str, Any],
+             labels: Mapping[str, str], name: str | None) -> tuple[Registration, Exception | None]:
+    """Register the job's model as ``spec`` asks, for its key ``owner_id``; the outcome, and the error if it failed."""
     request = RegisterRequest.from_dict(spec)
     try:
-        return register_model(settings, files=output, job_id=job_id, request=request, labels=labels, name=name), None
+        return register_model(settings, files=output, job_id=job_id, owner_id=owner_id, request=request,
+                              labels=labels, name=name), None
     except Exception as exc:  # every failure is recorded on the job; the caller decides its code
         return failed_registration(settings, request, exc), exc

@@ -262,8 +262,10 @@ def _run(
     registration = None
     if claimed.register is not None:
         reporter.log(f"registering the model as {claimed.register.get('model_name')!r} in the MLflow registry")
-        outcome, error = register(settings, output=output, job_id=claimed.job_id, spec=claimed.register,
-                                  labels=claimed.labels, name=claimed.name)
+        with transaction(context.sessions) as session:  # the job's own registration counts towards its limit
+            repository.reserve_registration(session, job_id=claimed.job_id, limit=settings.max_registrations_per_job)
+        outcome, error = register(settings, output=output, job_id=claimed.job_id, owner_id=claimed.owner_id,
+                                  spec=claimed.register, labels=claimed.labels, name=claimed.name)
         registration = outcome.to_dict()
         if error is not None:
             # One code for every way registration fails (the registry, the outbound guard, its settings).

@@ -28,6 +28,7 @@ from app.core.errors import (
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
+    QuotaExceededError,
     RangeNotSatisfiableError,
     RegistryError,
     ServiceError,
@@ -55,6 +56,7 @@ STATUS_OF: dict[type[ServiceError], int] = {
     PayloadTooLargeError: 413,
     RangeNotSatisfiableError: 416,
     InvalidRequestError: 422,
+    QuotaExceededError: 429,
     RegistryError: 502,
     UnavailableError: 503,
     InsufficientStorageError: 507,
@@ -84,6 +86,9 @@ def _service_error(_request: Request, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": "5"}
     elif isinstance(exc, RangeNotSatisfiableError):
         headers = {"Content-Range": f"bytes */{exc.size}", "Accept-Ranges": "bytes"}
+    elif isinstance(exc, QuotaExceededError):
+        return problem(status=429, code=exc.code, title=exc.title, detail=str(exc),
+                       headers={"Retry-After": str(exc.retry_after_s)}, limit=exc.limit, setting=exc.setting)
     return problem(status=status_of(exc), code=exc.code, title=exc.title, detail=str(exc), headers=headers)
 
 

@@ -162,6 +162,16 @@ class Settings(BaseSettings):
         names a model, never a server or a credential.
     mlflow_experiment : str
         The experiment that registration runs are logged under (default ``cahp``).
+    max_active_jobs_per_key, max_event_streams_per_key, max_upload_bytes_per_key : int
+        Per-key quotas: queued plus running jobs, open event streams (per API process), and bytes of
+        stored uploads. A request past one is answered 429 with ``Retry-After``.
+    max_budget_parallel : int
+        Largest ``budget_parallel`` a job may ask for: how many pieces one search puts in the queue at once.
+    max_registrations_per_job : int
+        How many times one job may be registered (its own registration and ``POST .../register`` calls).
+    registry_groups : tuple of str
+        ``group=keyid+keyid`` entries (comma-separated): the keys of a group share the registered models
+        any of them created. A key in no group owns the names it created, alone.
     """
 
     model_config = SettingsConfigDict(env_prefix="CAHP_", extra="ignore", frozen=True)
@@ -217,6 +227,12 @@ class Settings(BaseSettings):
     mlflow_tracking_password: SecretStr | None = None
     mlflow_tracking_token: SecretStr | None = None
     mlflow_experiment: str = Field(default="cahp", min_length=1, max_length=200)
+    max_active_jobs_per_key: int = Field(default=100, ge=1)
+    max_event_streams_per_key: int = Field(default=8, ge=1)
+    max_upload_bytes_per_key: int = Field(default=50 * 1024**3, ge=1)
+    max_budget_parallel: int = Field(default=8, ge=1, le=64)
+    max_registrations_per_job: int = Field(default=10, ge=1)
+    registry_groups: Annotated[tuple[str, ...], NoDecode] = ()
 
     @field_validator("allowed_local_roots", mode="before")
     @classmethod
@@ -231,6 +247,25 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("registry_groups", mode="before")
+    @classmethod
+    def _split_groups(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        for entry in value:
+            name, sep, members = str(entry).partition("=")
+            if not sep or not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", name.strip()) or not members.strip("+ "):
+                raise ValueError(f"CAHP_REGISTRY_GROUPS entries must read group=keyid+keyid, got {entry!r}")
+        return value
+
+    def registry_owner(self, key_id: str) -> str:
+        """Owner of the models ``key_id`` creates: ``group:<name>`` for a key in a group, else ``key:<id>``."""
+        for entry in self.registry_groups:
+            name, _, members = entry.partition("=")
+            if key_id in {m.strip() for m in members.split("+")}:
+                return f"group:{name.strip()}"
+        return f"key:{key_id}"
 
     @field_validator("allowed_s3_prefixes", mode="before")
     @classmethod
@@ -362,6 +397,9 @@ class Settings(BaseSettings):
             "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
             "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
             "CAHP_ALLOWED_S3_PREFIXES": ",".join(self.allowed_s3_prefixes),
+            "CAHP_MAX_BUDGET_PARALLEL": str(self.max_budget_parallel),
+            "CAHP_MAX_REGISTRATIONS_PER_JOB": str(self.max_registrations_per_job),
+            "CAHP_REGISTRY_GROUPS": ",".join(self.registry_groups),
         }
         if self.broker_url is not None:
             env["CAHP_BROKER_URL"] = self.broker_url

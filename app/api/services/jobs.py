@@ -55,7 +55,7 @@ from app.core.naming import reference_name
 from app.core.outbound import check_webhook_url
 from app.core.params import dataset_options, stored_params
 from app.core.preflight import PreflightReport, preflight
-from app.core.registry import check_registry
+from app.core.registry import check_registry, public_registration, stored_register
 from app.core.security import generate_webhook_secret
 from app.core.settings import Settings
 from app.core.signing import ArtifactRef, artifact_link
@@ -389,8 +389,9 @@ def to_public(job: Job | Row[Any]) -> JobPublic:
         name=job.name,
         model_name=(job.result or {}).get("base_model") or job.model_name,
         dataset_name=(job.result or {}).get("dataset") or job.dataset_name,
-        register=RegisterSpec.model_validate(job.register) if job.register else None,
-        registration=RegistrationPublic.model_validate(job.registration) if job.registration else None,
+        register=RegisterSpec.model_validate(stored_register(job.register)) if job.register else None,
+        registration=(RegistrationPublic.model_validate(public_registration(job.registration))
+                      if job.registration else None),
         links=JobLinks(self=base, logs=f"{base}/logs", artifacts=f"{base}/artifacts", cancel=f"{base}/cancel",
                        events=f"{base}/events", deliveries=f"{base}/deliveries"),
     )

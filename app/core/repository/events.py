@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from app.core.db import utcnow
 from app.core.models import Job, JobEvent, JobStatus, WebhookAttempt, WebhookDelivery
+from app.core.registry import public_registration
 from app.core.repository._rows import rowcount
 from app.core.repository.webhooks import webhooks_for
 
@@ -60,7 +61,7 @@ def job_summary(job: Job, *, details: Mapping[str, Any] | None = None) -> dict[s
         "error": {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None,
         "result": job.result,
         "warnings": list(result.get("warnings") or []),
-        "registration": job.registration,
+        "registration": public_registration(job.registration) if job.registration else None,
         "artifacts": [],
         "identity": None,
         "recipe": None,

@@ -146,3 +146,13 @@ def mark_not_enqueued(session: Session, *, job_id: str) -> None:
 def set_registration(session: Session, *, job_id: str, registration: dict[str, Any]) -> None:
     """Record how the job's last MLflow registration went (a finished job: its row is not raced)."""
     session.execute(update(Job).where(Job.id == job_id).values(registration=registration, updated_at=utcnow()))
+
+
+def reserve_registration(session: Session, *, job_id: str, limit: int) -> bool:
+    """Count one more registration of the job, unless it had ``limit`` already; whether it was counted.
+
+    One conditional ``UPDATE``: of concurrent registrations at the limit, only those it leaves room for count.
+    """
+    counted = session.execute(update(Job).where(Job.id == job_id, Job.registrations < limit)
+                              .values(registrations=Job.registrations + 1))
+    return rowcount(counted) == 1

@@ -127,11 +127,13 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
     """
     settings = context.settings
     with transaction(context.sessions) as session:
-        job = repository.claim_job(session, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
-                                   max_attempts=settings.max_attempts)
+        # The message is a prompt: the job started is the one whose key is owed a turn (often this one).
+        job = repository.claim_next_job(session, job_id=job_id, worker_id=context.worker_id,
+                                        lease_s=settings.lease_s, max_attempts=settings.max_attempts)
         if job is None:
             _log_skip(session, job_id)
             return Outcome.skipped
+        job_id = job.id
         claimed = _Claimed(job_id=job.id, owner_id=job.owner_id, attempt=job.attempts,
                            model={"uri": job.model_uri, "revision": job.model_revision},
                            dataset=dict(job.dataset), params=dict(job.params), name=job.name,

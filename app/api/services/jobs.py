@@ -36,6 +36,7 @@ from app.api.schemas import (
     RegistrationPublic,
     given_params,
 )
+from app.api.services import quotas
 from app.core import repository
 from app.core.db import utcnow
 from app.core.errors import (
@@ -109,6 +110,7 @@ def submit_job(
             return Submitted(_same_request(earlier, digest), created=False)
 
     params = stored_params(given_params(body.params))
+    quotas.check_active_jobs(session, settings, owner_id=owner_id)
     check_job(session=session, settings=settings, owner_id=owner_id, body=body)
 
     if body.register_ is not None:
@@ -160,7 +162,7 @@ def check_job(*, session: Session, settings: Settings, owner_id: str, body: JobC
     ConfigError, DatasetError, ModelLoadError, UnsupportedModelError, InvalidReferenceError
         What to change, in the words the worker would use.
     """
-    stored_params(given_params(body.params))
+    quotas.check_budget_parallel(settings, stored_params(given_params(body.params)))
     context = SourceContext(settings=settings, owner_id=owner_id,
                             find_upload=lambda upload_id: find_upload(session, upload_id=upload_id, owner_id=owner_id))
     options = dataset_options(body.dataset.model_dump())

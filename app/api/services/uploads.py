@@ -23,6 +23,7 @@ from typing import BinaryIO
 from sqlalchemy.orm import Session
 
 from app.api.schemas import UploadPublic
+from app.api.services import quotas
 from app.core import repository
 from app.core.archives import ARCHIVE_SUFFIXES, archive_suffix, check_archive, storage_error
 from app.core.errors import (
@@ -78,6 +79,8 @@ def store_upload(
     ------
     PayloadTooLargeError
         When ``source`` holds more than ``CAHP_MAX_UPLOAD_BYTES``.
+    QuotaExceededError
+        When the key's stored uploads would pass ``CAHP_MAX_UPLOAD_BYTES_PER_KEY``.
     InvalidUploadError
         For an empty file, an unknown suffix, or an unsafe or corrupt archive.
     """
@@ -111,6 +114,7 @@ def store_upload(
         same = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=digest.hexdigest(), suffix=suffix)
         if same is not None:
             return StoredUpload(same, created=False)
+        quotas.check_upload_bytes(session, settings, owner_id=owner_id, incoming=size)
         if kind == "archive":
             check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members,
                           shown=display[:100])

@@ -340,8 +340,8 @@ def _finish(
     reporter.end_stage()
     # The event's receivers fetch the model through these links, without the submitter's key, and
     # read what the model is and how it was made.
-    details = event_details(context.settings, context.store, job_id=claimed.job_id, artifacts=artifacts or (),
-                            report=report)
+    details = event_details(context.settings, context.store, job_id=claimed.job_id, owner_id=claimed.owner_id,
+                            artifacts=artifacts or (), report=report)
     with transaction(context.sessions) as session:
         recorded = repository.finish_job(
             session, job_id=claimed.job_id, worker_id=context.worker_id, status=status, error_code=code,

@@ -337,7 +337,8 @@ def list_artifacts(*, session: Session, owner_id: str, job_id: str, settings: Se
     rows = repository.list_artifacts(session, job_id=job_id)
     data = []
     for a in rows:
-        link = artifact_link(settings, store, job_id=job_id, base_url=settings.public_url or base_url,
+        link = artifact_link(settings, store, job_id=job_id, owner_id=owner_id,
+                             base_url=settings.public_url or base_url,
                              artifact=ArtifactRef(name=a.name, sha256=a.sha256, storage_key=a.storage_key))
         data.append(ArtifactPublic(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
                                    url=f"/v1/jobs/{job_id}/artifacts/{a.name}",

@@ -15,7 +15,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import BinaryIO
@@ -109,37 +112,65 @@ def store_upload(
             raise full from exc
         if size == 0:
             raise InvalidUploadError(f"{display} is empty")
-        # The same bytes again (a re-run CI step): the upload this key already has (checked and indexed
-        # when it came), nothing stored twice.
-        same = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=digest.hexdigest(), suffix=suffix)
-        if same is not None:
-            return StoredUpload(same, created=False)
-        quotas.check_upload_bytes(session, settings, owner_id=owner_id, incoming=size)
-        if kind == "archive":
-            check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members,
-                          shown=display[:100])
-        key = f"uploads/{upload_id}{suffix}"
-        upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
-                        media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key,
-                        contents=index_upload(local, kind=kind, suffix=suffix, max_rows=settings.max_dataset_rows))
-        repository.add_upload(session, upload)
-        session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
-        try:
-            store.put_file(key, local, media_type=MEDIA_TYPES[suffix])
-        except Exception as exc:
-            repository.delete_upload(session, upload_id=upload_id)
+        # One request at a time per key and content: of identical uploads sent at once, the first stores
+        # the bytes and the others, waiting here, find its upload (the check and the store are one step).
+        with _same_content(owner_id, digest.hexdigest(), suffix):
+            # The same bytes again (a re-run CI step): the upload this key already has (checked and indexed
+            # when it came), nothing stored twice. A fresh transaction sees an upload completed meanwhile.
             session.commit()
-            _remove_quietly(store, key)
-            logger.warning("storing upload %s failed: %s", upload_id, exc)
-            full = storage_error(exc, "storing the upload") if isinstance(exc, OSError) else None
-            if full is not None:
-                raise full from exc
-            raise UnavailableError("the upload could not be stored; try again shortly") from exc
-        repository.complete_upload(session, upload_id=upload_id)
-        session.commit()
+            same = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=digest.hexdigest(),
+                                                    suffix=suffix)
+            if same is not None:
+                return StoredUpload(same, created=False)
+            quotas.check_upload_bytes(session, settings, owner_id=owner_id, incoming=size)
+            if kind == "archive":
+                check_archive(local, max_bytes=settings.max_unpacked_bytes, max_members=settings.max_archive_members,
+                              shown=display[:100])
+            key = f"uploads/{upload_id}{suffix}"
+            upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
+                            media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key,
+                            contents=index_upload(local, kind=kind, suffix=suffix, max_rows=settings.max_dataset_rows))
+            repository.add_upload(session, upload)
+            session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
+            try:
+                store.put_file(key, local, media_type=MEDIA_TYPES[suffix])
+            except Exception as exc:
+                repository.delete_upload(session, upload_id=upload_id)
+                session.commit()
+                _remove_quietly(store, key)
+                logger.warning("storing upload %s failed: %s", upload_id, exc)
+                full = storage_error(exc, "storing the upload") if isinstance(exc, OSError) else None
+                if full is not None:
+                    raise full from exc
+                raise UnavailableError("the upload could not be stored; try again shortly") from exc
+            repository.complete_upload(session, upload_id=upload_id)
+            session.commit()
     finally:
         local.unlink(missing_ok=True)
     return StoredUpload(upload, created=True)
+
+
+_CONTENT_LOCKS: dict[tuple[str, str, str], tuple[threading.Lock, int]] = {}
+_CONTENT_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def _same_content(owner_id: str, sha256: str, suffix: str) -> Iterator[None]:
+    """Hold the lock of one key's upload of these bytes (in this API process), made and dropped on demand."""
+    name = (owner_id, sha256, suffix)
+    with _CONTENT_LOCKS_GUARD:
+        lock, users = _CONTENT_LOCKS.get(name, (threading.Lock(), 0))
+        _CONTENT_LOCKS[name] = (lock, users + 1)
+    try:
+        with lock:
+            yield
+    finally:
+        with _CONTENT_LOCKS_GUARD:
+            lock, users = _CONTENT_LOCKS[name]
+            if users <= 1:
+                del _CONTENT_LOCKS[name]
+            else:
+                _CONTENT_LOCKS[name] = (lock, users - 1)
 
 
 @dataclass(frozen=True)

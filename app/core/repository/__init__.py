@@ -38,6 +38,7 @@ from app.core.repository.events import (
 from app.core.repository.fairness import fair_pick, job_owed_before_piece
 from app.core.repository.jobs import (
     add_job,
+    cancel_key_jobs,
     delete_finished_job,
     delete_job,
     find_job_by_idempotency_key,
@@ -111,7 +112,7 @@ __all__ = [
     "add_api_key", "add_job", "add_pieces", "cancel_pieces", "claim_piece", "finish_piece", "get_pieces",
     "job_pieces", "NewPiece", "piece_wanted", "release_piece", "renew_piece", "requeue_lost_pieces",
     "add_upload", "add_webhook", "api_key_hash", "append_logs", "ArtifactRecord",
-    "claim_next_job", "fair_pick", "job_owed_before_piece",
+    "claim_next_job", "fair_pick", "cancel_key_jobs", "job_owed_before_piece",
     "cancel_requested", "claim_delivery", "claim_job", "complete_upload", "delete_finished_job", "delete_job",
     "delete_upload", "delete_webhook", "due_deliveries", "DueDelivery", "ensure_local_principal", "EVENT_TYPES",
     "expire_artifacts", "find_job_by_idempotency_key", "find_upload_by_digest", "finish_job", "get_api_key",

@@ -45,8 +45,9 @@ def test_a_signed_link_downloads_without_a_key_and_fails_once_changed(
     job_id = _succeeded_job(client, auth, settings, engine, tmp_path / "files")
     manifest = _manifest(client, auth, job_id)
     link = manifest["model.tar.gz"]["signed_url"]
-    # Absolute, on the address the caller used; the key is nowhere in it.
-    assert link.startswith(f"http://testserver/v1/artifacts/{job_id}/model.tar.gz?expires=")
+    # Absolute, on the address the caller used; it names the key's id (the link dies with the key), never the key.
+    owner = key_id_of(auth["Authorization"].removeprefix("Bearer "))
+    assert link.startswith(f"http://testserver/v1/artifacts/{job_id}/model.tar.gz?key={owner}&expires=")
     assert auth["Authorization"].split()[-1] not in link
 
     anonymous = client.get(link)  # no Authorization header

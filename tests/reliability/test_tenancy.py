@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
+from app.core.models import BudgetPiece
 from tests.support.helpers import new_key
 from tests.support.processes import stop, wait_for
 from tests.support.stack import TERMINAL, Server, Stack, start_server
@@ -167,3 +169,39 @@ def test_a_backlog_of_one_key_holds_another_keys_job_back_by_one_job_at_most(sta
     assert len(started_before) <= 1, (len(started_before), RUNNING_BACKLOG)
     for job_id in backlog:
         stack.client.post(f"/v1/jobs/{job_id}/cancel", **b)  # type: ignore[arg-type]
+
+
+def test_a_budgets_pieces_hold_another_keys_job_back_by_one_piece_at_most(stack: Stack) -> None:
+    from tests.reliability.test_budget_pool import PARAMS, _inputs, _pieces
+    from tests.support.helpers import TINY_PARAMS
+
+    key_b = new_key(stack.engine, "budget-b")
+    model, data = _inputs(stack)
+    body = {"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"},
+            "params": {**TINY_PARAMS, **PARAMS, "budget_parallel": 8}}
+    workers = [stack.start_worker(name) for name in ("search", "pool")]
+    stack.wait_ready(*workers)
+    response = stack.client.post("/v1/jobs", json=body, headers=_bearer(key_b))
+    assert response.status_code == 202, response.text
+    budget = response.json()["id"]
+    # A round's pieces wait in the queue, and one already runs outside the search's own worker.
+    stack.wait_row(budget, lambda r: r["status"] == "running" and any(
+        p["status"] == "running" and p["worker_id"] != r["worker_id"] for p in _pieces(stack, budget))
+        and sum(p["status"] == "queued" for p in _pieces(stack, budget)) >= 2,
+        timeout=300, what="pieces queued and one running elsewhere")
+    mine = stack.submit(**TINY)
+    queued_then = {p["id"] for p in _pieces(stack, budget) if p["status"] == "queued"}
+    done = stack.wait_row(mine, lambda r: r["status"] in TERMINAL, timeout=600, what="A's job to end")
+    assert done["status"] == "succeeded", done
+    search_worker = stack.row(budget)["worker_id"]
+    # Pieces the pool ran from start to end between A's submit and A's start: the one a worker had
+    # already taken when A came is the most that may stand before it.
+    with stack.sessions() as session:
+        rows = session.scalars(select(BudgetPiece).where(BudgetPiece.job_id == budget)).all()
+        before = [p.id for p in rows if p.id in queued_then and p.status == "done" and p.worker_id != search_worker
+                  and p.updated_at < done["started_at"]]
+    assert len(before) <= 1, before
+    assert stack.client.post(f"/v1/jobs/{budget}/cancel", headers=_bearer(key_b)).status_code == 202
+    for worker in workers:
+        stop(worker.process, grace_s=10)
+        stack.workers.remove(worker)

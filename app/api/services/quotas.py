@@ -5,8 +5,8 @@ Each quota is a setting, and a request past it is answered 429 with ``Retry-Afte
 ``setting``):
 
 - ``too_many_active_jobs``: queued plus running jobs (``CAHP_MAX_ACTIVE_JOBS_PER_KEY``), counted at submit
-  while the key's row is locked (PostgreSQL; SQLite runs one writer at a time), so concurrent submits of
-  one key cannot pass it together;
+  while the key's row is locked on PostgreSQL, so concurrent submits of one key cannot pass it together
+  (on SQLite, which has no row locks, they may pass it by the number sent at the same moment);
 - ``too_many_event_streams``: open ``GET /v1/jobs/{id}/events`` streams (``CAHP_MAX_EVENT_STREAMS_PER_KEY``),
   counted in the API process that serves them;
 - ``upload_quota_exceeded``: bytes of stored uploads (``CAHP_MAX_UPLOAD_BYTES_PER_KEY``), counted once the
@@ -51,7 +51,7 @@ def check_budget_parallel(settings: Settings, params: dict[str, Any]) -> None:
 
 def check_active_jobs(session: Session, settings: Settings, *, owner_id: str) -> None:
     """Refuse a new job when ``owner_id`` already has ``CAHP_MAX_ACTIVE_JOBS_PER_KEY`` queued or running."""
-    # Locks the key's row until the submit's commit (a no-op on SQLite, which has one writer at a time).
+    # Locks the key's row until the submit's commit (PostgreSQL; SQLite ignores it: see the module docstring).
     session.execute(select(ApiKey.id).where(ApiKey.id == owner_id).with_for_update())
     active = session.scalar(select(func.count()).select_from(Job).where(
         Job.owner_id == owner_id, Job.status.in_((JobStatus.queued.value, JobStatus.running.value)))) or 0

@@ -279,7 +279,9 @@ def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, 
             key = create_api_key(session=session, name="load")
         engine.dispose()
         env = {**os.environ, "CAHP_DATA_DIR": str(data_dir), "CAHP_DATABASE_URL": database_url,
-               "CAHP_ALLOWED_LOCAL_ROOTS": str(inputs), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+               "CAHP_ALLOWED_LOCAL_ROOTS": str(inputs), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               # One key sends every submission: the per-key quota must not be what is measured.
+               "CAHP_MAX_ACTIVE_JOBS_PER_KEY": "1000000"}
         body = {"model": {"uri": model_uri}, "dataset": {"uri": data_uri},
                 "params": {"epochs": 0, "dense_finetune": "never", "max_length": 32, "batch_size": 16}}
         with _server(env, root / "serve.log") as (url, pid):

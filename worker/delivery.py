@@ -30,17 +30,18 @@ def run_identity(*, job_id: str, name: str | None, labels: Mapping[str, str], mo
                        base_model_hub_id=model_hub, dataset=dataset_name, dataset_hub_id=data_hub)
 
 
-def event_details(settings: Settings, store: ArtifactStore, *, job_id: str, artifacts: Sequence[ArtifactRecord],
-                  report: RunReport | None) -> dict[str, Any]:
+def event_details(settings: Settings, store: ArtifactStore, *, job_id: str, owner_id: str,
+                  artifacts: Sequence[ArtifactRecord], report: RunReport | None) -> dict[str, Any]:
     """What the job's final event adds to its row: the artifacts' signed links, the run's identity and recipe."""
-    details: dict[str, Any] = {"artifacts": signed_links(settings, store, job_id=job_id, artifacts=artifacts)}
+    details: dict[str, Any] = {"artifacts": signed_links(settings, store, job_id=job_id, owner_id=owner_id,
+                                                         artifacts=artifacts)}
     if report is not None:
         details["identity"] = report.identity.to_dict() if report.identity is not None else None
         details["recipe"] = report.recipe.to_dict() if report.recipe is not None else None
     return details
 
 
-def signed_links(settings: Settings, store: ArtifactStore, *, job_id: str,
+def signed_links(settings: Settings, store: ArtifactStore, *, job_id: str, owner_id: str,
                  artifacts: Sequence[ArtifactRecord]) -> list[dict[str, Any]]:
     """Each stored artifact with its time-limited link, as the webhook payload lists them.
 
@@ -49,7 +50,7 @@ def signed_links(settings: Settings, store: ArtifactStore, *, job_id: str,
     """
     out: list[dict[str, Any]] = []
     for a in artifacts:
-        link = artifact_link(settings, store, job_id=job_id, base_url=settings.public_url,
+        link = artifact_link(settings, store, job_id=job_id, owner_id=owner_id, base_url=settings.public_url,
                              artifact=ArtifactRef(name=a.name, sha256=a.sha256, storage_key=a.storage_key))
         out.append({"name": a.name, "size": a.size, "sha256": a.sha256, "media_type": a.media_type,
                     "signed_url": link.url if link else None,
@@ -57,11 +58,12 @@ def signed_links(settings: Settings, store: ArtifactStore, *, job_id: str,
     return out
 
 
-def register(settings: Settings, *, output: Path, job_id: str, spec: Mapping[str, Any], labels: Mapping[str, str],
-             name: str | None) -> tuple[Registration, Exception | None]:
-    """Register the job's model as ``spec`` asks; the outcome, and the error when it failed."""
+def register(settings: Settings, *, output: Path, job_id: str, owner_id: str, spec: Mapping[str, Any],
+             labels: Mapping[str, str], name: str | None) -> tuple[Registration, Exception | None]:
+    """Register the job's model as ``spec`` asks, for its key ``owner_id``; the outcome, and the error if it failed."""
     request = RegisterRequest.from_dict(spec)
     try:
-        return register_model(settings, files=output, job_id=job_id, request=request, labels=labels, name=name), None
+        return register_model(settings, files=output, job_id=job_id, owner_id=owner_id, request=request,
+                              labels=labels, name=name), None
     except Exception as exc:  # every failure is recorded on the job; the caller decides its code
         return failed_registration(settings, request, exc), exc

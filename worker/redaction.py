@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.core.security import hide_credentials
 from app.core.settings import Settings
 
 #: A character that continues a file name: a directory is replaced only where none is next to it,
@@ -51,6 +52,7 @@ class Redactor:
             object.__setattr__(self, "_labels", labels)
 
     def __call__(self, text: str) -> str:
+        text = hide_credentials(text)  # an operator's URL with user:password@ in it (the MLflow server's)
         if self._pattern is None:
             return text
         return self._pattern.sub(lambda match: self._labels[match.group(0)], text)

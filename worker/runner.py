@@ -125,11 +125,13 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
     """
     settings = context.settings
     with transaction(context.sessions) as session:
-        job = repository.claim_job(session, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
-                                   max_attempts=settings.max_attempts)
+        # The message is a prompt: the job started is the one whose key is owed a turn (often this one).
+        job = repository.claim_next_job(session, job_id=job_id, worker_id=context.worker_id,
+                                        lease_s=settings.lease_s, max_attempts=settings.max_attempts)
         if job is None:
             _log_skip(session, job_id)
             return Outcome.skipped
+        job_id = job.id
         claimed = _Claimed(job_id=job.id, owner_id=job.owner_id, attempt=job.attempts,
                            model={"uri": job.model_uri, "revision": job.model_revision},
                            dataset=dict(job.dataset), params=dict(job.params), name=job.name,
@@ -265,8 +267,10 @@ def _run(
     registration = None
     if claimed.register is not None:
         reporter.log(f"registering the model as {claimed.register.get('model_name')!r} in the MLflow registry")
-        outcome, error = register(settings, output=output, job_id=claimed.job_id, spec=claimed.register,
-                                  labels=claimed.labels, name=claimed.name)
+        with transaction(context.sessions) as session:  # the job's own registration counts towards its limit
+            repository.reserve_registration(session, job_id=claimed.job_id, limit=settings.max_registrations_per_job)
+        outcome, error = register(settings, output=output, job_id=claimed.job_id, owner_id=claimed.owner_id,
+                                  spec=claimed.register, labels=claimed.labels, name=claimed.name)
         registration = outcome.to_dict()
         if error is not None:
             # One code for every way registration fails (the registry, the outbound guard, its settings).
@@ -339,8 +343,8 @@ def _finish(
     reporter.end_stage()
     # The event's receivers fetch the model through these links, without the submitter's key, and
     # read what the model is and how it was made.
-    details = event_details(context.settings, context.store, job_id=claimed.job_id, artifacts=artifacts or (),
-                            report=report)
+    details = event_details(context.settings, context.store, job_id=claimed.job_id, owner_id=claimed.owner_id,
+                            artifacts=artifacts or (), report=report)
     with transaction(context.sessions) as session:
         recorded = repository.finish_job(
             session, job_id=claimed.job_id, worker_id=context.worker_id, status=status, error_code=code,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from functools import lru_cache
 
 from celery import Celery
@@ -81,14 +82,25 @@ def register_tasks(app: Celery, settings: Settings) -> None:
             requeue(app, context, job_id)
         return outcome.value
 
-    _register_piece_task(app, settings)
+    _register_piece_task(app, settings, pool)
 
 
-def _register_piece_task(app: Celery, settings: Settings) -> None:
+def _register_piece_task(app: Celery, settings: Settings, pool: Callable[[str], None] | None) -> None:
     @app.task(name=PIECE_TASK_NAME, acks_late=True, ignore_result=True)
     def run_budget_piece(piece_id: str) -> str:
+        context = worker_context(settings)
+        # Another key's job owed a turn goes first; the piece stays queued and its search's worker runs it.
+        with transaction(context.sessions) as session:
+            owed = repository.job_owed_before_piece(session, piece_id=piece_id, max_attempts=settings.max_attempts)
+        if owed is not None:
+            forget_inputs()
+            job_context = dataclasses.replace(context, send_piece=pool)
+            outcome = execute_job(job_id=owed, context=job_context)
+            if outcome is Outcome.handed_back:
+                requeue(app, job_context, owed)
+            return outcome.value
         # Claimed from the database like a job: a duplicated or stale message does nothing.
-        return run_piece(piece_id, worker_context(settings))
+        return run_piece(piece_id, context)
 
 
 def requeue(app: Celery, context: WorkerContext, job_id: str) -> None:

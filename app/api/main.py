@@ -17,6 +17,7 @@ from app.api.metrics import MetricsMiddleware, database_registry
 from app.api.metrics import router as metrics_router
 from app.api.problems import install_problem_handlers
 from app.api.routes import artifacts, health, jobs, uploads, webhooks
+from app.api.services.quotas import StreamSlots
 from app.core.db import make_engine, make_session_factory, transaction
 from app.core.db.repository import ensure_local_principal
 from app.core.security import KeyCache
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.key_cache = KeyCache(settings.key_cache_s)
     # Set when the server begins to shut down: open event streams end, and their clients reconnect.
     app.state.draining = threading.Event()
+    app.state.stream_slots = StreamSlots(settings.max_event_streams_per_key)
     app.state.store = open_store(settings)
     app.state.queue = JobQueue(settings)
     app.state.metrics_registry = database_registry(sessions)

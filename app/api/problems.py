@@ -28,6 +28,7 @@ from app.core.errors import (
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
+    QuotaExceededError,
     RangeNotSatisfiableError,
     RegistryError,
     ServiceError,
@@ -55,6 +56,7 @@ STATUS_OF: dict[type[ServiceError], int] = {
     PayloadTooLargeError: 413,
     RangeNotSatisfiableError: 416,
     InvalidRequestError: 422,
+    QuotaExceededError: 429,
     RegistryError: 502,
     UnavailableError: 503,
     InsufficientStorageError: 507,
@@ -84,6 +86,9 @@ def _service_error(_request: Request, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": "5"}
     elif isinstance(exc, RangeNotSatisfiableError):
         headers = {"Content-Range": f"bytes */{exc.size}", "Accept-Ranges": "bytes"}
+    elif isinstance(exc, QuotaExceededError):
+        return problem(status=429, code=exc.code, title=exc.title, detail=str(exc),
+                       headers={"Retry-After": str(exc.retry_after_s)}, limit=exc.limit, setting=exc.setting)
     return problem(status=status_of(exc), code=exc.code, title=exc.title, detail=str(exc), headers=headers)
 
 
@@ -151,12 +156,22 @@ def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     title = code.replace("_", " ").capitalize()
     detail = str(exc.detail)
+    if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+        return _too_deep(_request, exc.__cause__)
     if exc.status_code == 400 and "parsing the body" in detail:
         # FastAPI's words for a body it cannot decode at all (e.g. bytes that are not UTF-8).
         detail = ("the request body cannot be read; send UTF-8 JSON with Content-Type: application/json "
                   "(uploads: multipart/form-data with the field `file`)")
     return problem(status=exc.status_code, code=code, title=title, detail=detail,
                    headers=dict(exc.headers) if exc.headers else None)
+
+
+def _too_deep(_request: Request, _exc: Exception) -> JSONResponse:
+    # Python's JSON reader (and any walk over what it read) recurses once per level: a body nested
+    # thousands deep is refused whole, as input to change, never a 500.
+    return problem(status=400, code="nesting_too_deep", title="Nesting too deep",
+                   detail="the request nests JSON arrays or objects too deeply to be read (a few hundred levels at "
+                          "most); send a flatter body")
 
 
 def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
@@ -171,4 +186,5 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_error)
+    app.add_exception_handler(RecursionError, _too_deep)
     app.add_exception_handler(Exception, _unexpected)

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.core.labels import MAX_LABELS, check_labels
+from app.core.mlflow_registry import reserved_tags
 
 
 class RegisterSpec(BaseModel):
@@ -23,13 +24,18 @@ class RegisterSpec(BaseModel):
     tags: dict[str, str] = Field(
         default_factory=dict, max_length=MAX_LABELS,
         description="Tags of the new model version, beside the ones cahp sets (`cahp.job_id`, `cahp.base_model`, "
-        "the job's labels as `label.<key>`)",
+        "the job's labels as `label.<key>`); tags under `cahp.` and `mlflow.` are the service's and refused",
     )
     description: str | None = Field(default=None, max_length=5000, description="The new version's description")
 
     @field_validator("tags")
     @classmethod
     def _check_tags(cls, value: dict[str, str]) -> dict[str, str]:
+        reserved = reserved_tags(value)
+        if reserved:
+            raise ValueError(
+                f"tags under `cahp.` and `mlflow.` are set by the service (its provenance), not by a job; remove or "
+                f"rename {', '.join(repr(k[:60]) for k in reserved[:5])}")
         return check_labels(value)
 
 

@@ -308,7 +308,9 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     except (InvalidRequestError, NotFoundError) as exc:
         return fail(str(exc))
     print(f"cahp: key {key.id} ({key.name}) revoked at {_when(key.revoked_at)}; requests with it get 401 "
-          "within CAHP_KEY_CACHE_S (1 s by default)", file=sys.stderr)
+          "within CAHP_KEY_CACHE_S (1 s by default) and its signed links stop working; "
+          f"{key.jobs_cancelled} queued job(s) cancelled, {key.jobs_stopping} running job(s) asked to stop",
+          file=sys.stderr)
     return 0
 
 

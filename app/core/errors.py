@@ -10,11 +10,13 @@ records the ``code`` on a failed job.
     ├── AuthenticationError       401 a missing, malformed or unknown API key
     ├── ForbiddenError            403 a request this server refuses whoever sends it
     │   ├── LinkInvalidError      403 a signed artifact link that was changed or not made here
-    │   └── LinkExpiredError      403 a signed artifact link past its expiry time
+    │   ├── LinkExpiredError      403 a signed artifact link past its expiry time
+    │   └── RegisteredModelOwnedError 403 a registered model name that another key (or group) owns
     ├── NotFoundError             404 no such job, upload or artifact *for this key*
     ├── ConflictError             409 the request contradicts the resource's state
     │   ├── JobFinishedError      409 cancelling a job that already succeeded or failed
-    │   └── JobNotFinishedError   409 deleting a job that is still queued or running
+    │   ├── JobNotFinishedError   409 deleting a job that is still queued or running
+    │   └── RegistrationLimitError 409 a job registered ``CAHP_MAX_REGISTRATIONS_PER_JOB`` times already
     ├── GoneError                 410 the resource existed and was removed on purpose
     │   └── ArtifactsExpiredError 410 the retention sweep removed the job's artifacts
     ├── PayloadTooLargeError      413 an upload over ``CAHP_MAX_UPLOAD_BYTES``
@@ -30,6 +32,7 @@ records the ``code`` on a failed job.
     │   ├── ModelTooLargeError    422 a model larger than a worker's memory holds (``CAHP_MAX_MODEL_PARAMS``)
     │   └── OutboundUrlRefusedError   422 an S3 or hub URL leading to a loopback, link-local or
     │                                     metadata address that ``CAHP_ALLOWED_OUTBOUND_HOSTS`` does not allow
+    ├── QuotaExceededError        429 a key at one of its quotas (active jobs, event streams, stored uploads)
     ├── RangeNotSatisfiableError  416 a ``Range`` that starts past the end of the artifact
     ├── RegistryError             502 the MLflow tracking server refused or failed a registration
     ├── UnavailableError          503 the database or the broker cannot be reached
@@ -71,6 +74,13 @@ class LinkExpiredError(ForbiddenError):
     title = "Signed link expired"
 
 
+class RegisteredModelOwnedError(ForbiddenError):
+    """A registered model name created by another key (or a group the key is not in)."""
+
+    code = "registered_model_owned"
+    title = "Registered model owned by another key"
+
+
 class RegistryError(ServiceError):
     """The model registry (MLflow) failed a registration; a job ends with this code when its own did."""
 
@@ -96,6 +106,29 @@ class JobFinishedError(ConflictError):
 class JobNotFinishedError(ConflictError):
     code = "job_not_finished"
     title = "Job not finished"
+
+
+class RegistrationLimitError(ConflictError):
+    code = "registration_limit_reached"
+    title = "Registration limit reached"
+
+
+class QuotaExceededError(ServiceError):
+    """A key at one of its quotas; ``code`` names the quota, ``setting`` the variable that sets it.
+
+    Answered 429 with ``Retry-After: retry_after_s``: the quota frees up as the key's jobs end, its
+    streams close or its uploads are deleted.
+    """
+
+    code = "quota_exceeded"
+    title = "Quota exceeded"
+
+    def __init__(self, message: str, *, code: str, setting: str, limit: int, retry_after_s: int = 30) -> None:
+        super().__init__(message)
+        self.code = code
+        self.setting = setting
+        self.limit = limit
+        self.retry_after_s = retry_after_s
 
 
 class GoneError(ServiceError):

@@ -11,7 +11,15 @@ the model card and, with ``quantize: int8``, ``onnx-int8/``.
 
 The tracking server and its credentials are the operator's settings (``CAHP_MLFLOW_*``), never a
 job's: a job names a model and tags only. The server's address passes the outbound guard
-(:mod:`app.core.security._outbound`) like any other address the service connects to.
+(:mod:`app.core.security._outbound`) like any other address the service connects to, and reaches what a caller
+reads without its credentials (``https://***@host``).
+
+A registered model belongs to whoever created it through cahp: the key, or the operator's group of
+keys (``CAHP_REGISTRY_GROUPS``) it is in, recorded as the model's ``cahp.owner`` tag when cahp creates
+it. Another key adding a version gets :class:`~app.core.errors.RegisteredModelOwnedError` (403) before
+anything is logged; so does any key for a name cahp did not create (no ``cahp.owner`` tag), until an
+operator sets that tag. Tags under ``cahp.`` and ``mlflow.`` are the service's: a job's own tags are
+applied first and may not use them, and the provenance tags (job, base model, dataset, warnings) last.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from app.core.errors import RegistryError, RegistryNotConfiguredError
-from app.core.security import check_outbound_url
+from app.core.errors import RegisteredModelOwnedError, RegistryError, RegistryNotConfiguredError
+from app.core.security import check_outbound_url, hide_credentials
 from app.core.settings import Settings
 from cahp_engine.run import RunReport
 
@@ -38,6 +47,15 @@ RUN_FILES = ("report.json", "mss_curve.json", "mss_curve.png", "head_map.json", 
              "layer_retention.png", "budget.png")
 #: MLflow's limits: a tag or param value, and a param key.
 _VALUE_LIMIT, _KEY_LIMIT = 5000, 250
+#: Tag prefixes only the service sets: its provenance, and MLflow's own (``mlflow.user``...).
+RESERVED_TAG_PREFIXES = ("cahp.", "mlflow.")
+#: The registered model's tag naming its owner (``key:<id>`` or ``group:<name>``).
+OWNER_TAG = "cahp.owner"
+
+
+def reserved_tags(tags: Mapping[str, str]) -> list[str]:
+    """The keys of ``tags`` a job may not set (under ``cahp.`` or ``mlflow.``, in any case)."""
+    return sorted(k for k in tags if k.strip().lower().startswith(RESERVED_TAG_PREFIXES))
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,18 @@ class Registration:
         return asdict(self)
 
 
+def stored_register(register: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's stored ``register`` without the reserved tags a job submitted before they were refused may hold."""
+    tags = dict(register.get("tags") or {})
+    return {**register, "tags": {k: v for k, v in tags.items() if k not in reserved_tags(tags)}}
+
+
+def public_registration(registration: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored registration as a caller may read it: no credentials in its address or its error."""
+    return {k: hide_credentials(v) if isinstance(v, str) and k in ("tracking_uri", "error") else v
+            for k, v in registration.items()}
+
+
 def check_registry(settings: Settings) -> str:
     """The tracking server's URI, once it passed the outbound guard.
 
@@ -91,12 +121,27 @@ def check_registry(settings: Settings) -> str:
     return uri
 
 
-def _use_credentials(settings: Settings) -> None:
-    """Hand the operator's credentials to MLflow, which reads them from the environment on every request."""
+def _without_userinfo(uri: str) -> tuple[str, str | None, str | None]:
+    """``uri`` without its ``user:password@`` part, and that user and password (unquoted)."""
+    parts = urlsplit(uri)
+    if parts.username is None and parts.password is None:
+        return uri, None, None
+    host = parts.netloc.rpartition("@")[2]
+    return (urlunsplit(parts._replace(netloc=host)), unquote(parts.username or "") or None,
+            unquote(parts.password or "") or None)
+
+
+def _use_credentials(settings: Settings, uri: str) -> str:
+    """Hand the operator's credentials to MLflow, which reads them from the environment on every request.
+
+    Credentials written into ``CAHP_MLFLOW_TRACKING_URI`` are moved there too (unless the username and
+    password settings are set), so the address MLflow is given, and may print or quote, has none.
+    """
+    bare, user, password = _without_userinfo(uri)
     values = {
-        "MLFLOW_TRACKING_USERNAME": settings.mlflow_tracking_username,
+        "MLFLOW_TRACKING_USERNAME": settings.mlflow_tracking_username or user,
         "MLFLOW_TRACKING_PASSWORD": (settings.mlflow_tracking_password.get_secret_value()
-                                     if settings.mlflow_tracking_password else None),
+                                     if settings.mlflow_tracking_password else password),
         "MLFLOW_TRACKING_TOKEN": (settings.mlflow_tracking_token.get_secret_value()
                                   if settings.mlflow_tracking_token else None),
     }
@@ -108,6 +153,8 @@ def _use_credentials(settings: Settings) -> None:
     # A registry that does not answer must not hold a worker for MLflow's default minutes of retries.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    return bare
 
 
 def stage_model(files: Path, dest: Path) -> Path:
@@ -167,40 +214,73 @@ def _tags(report: RunReport, *, job_id: str, labels: Mapping[str, str], extra: M
             tags["cahp.version"] = identity.cahp_version
     if report.summary.warnings:
         tags["cahp.quality_warnings"] = _clip(" | ".join(report.summary.warnings))
-    tags |= {f"label.{k}": v for k, v in labels.items()}
-    tags |= dict(extra)
-    return {k[:_KEY_LIMIT]: _clip(v) for k, v in tags.items()}
+    # The job's own tags first, its labels next, the provenance last: nothing a job sets overrides it.
+    reserved = set(reserved_tags(extra))
+    ordered = {k: v for k, v in extra.items() if k not in reserved}
+    ordered |= {f"label.{k}": v for k, v in labels.items()}
+    ordered |= tags
+    return {k[:_KEY_LIMIT]: _clip(v) for k, v in ordered.items()}
+
+
+def _claim_name(client: Any, name: str, owner: str, settings: Settings) -> None:
+    """Create the registered model ``name`` owned by ``owner``, or check that ``owner`` may add to it.
+
+    Creating first and reading only when the name exists is race-safe: of two keys creating one new
+    name at once, MLflow lets one create it, and the other reads its owner.
+    """
+    try:
+        client.create_registered_model(name, tags={OWNER_TAG: owner})
+        return
+    except Exception as exc:  # MLflow raises RESOURCE_ALREADY_EXISTS for a name in use
+        if "RESOURCE_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+            raise
+    current = client.get_registered_model(name).tags.get(OWNER_TAG)
+    if current is not None and _same_owner(current, owner, settings):
+        return
+    whose = ("was not created through this service (it has no `cahp.owner` tag; an operator may set one)"
+             if current is None else "belongs to another API key")
+    raise RegisteredModelOwnedError(f"the registered model {name!r} {whose}; register under a name of your own")
+
+
+def _same_owner(current: str, owner: str, settings: Settings) -> bool:
+    if current == owner:
+        return True
+    # A model a key created before it joined a group stays its group's.
+    return current.startswith("key:") and settings.registry_owner(current[len("key:"):]) == owner
 
 
 def register_model(
-    settings: Settings, *, files: Path, job_id: str, request: RegisterRequest, labels: Mapping[str, str],
-    name: str | None = None, work: Path | None = None,
+    settings: Settings, *, files: Path, job_id: str, owner_id: str, request: RegisterRequest,
+    labels: Mapping[str, str], name: str | None = None, work: Path | None = None,
 ) -> Registration:
     """Log the job's run and register its model as a new version of ``request.model_name``.
 
     Parameters
     ----------
     files : a run's output directory (``report.json``, ``model/``, ``onnx/``..., the plots and curves)
-    job_id, labels, name : the job's
+    job_id, owner_id, labels, name : the job's (``owner_id``: its key's id)
     work : scratch space for the registered directory (a temporary one under ``files`` by default)
 
     Raises
     ------
     RegistryNotConfiguredError, OutboundUrlRefusedError
         See :func:`check_registry`.
+    RegisteredModelOwnedError
+        When the name belongs to another key or group (checked before anything is logged).
     RegistryError
         When the tracking server refuses or fails a step; the message names the step and MLflow's words.
     """
-    uri = check_registry(settings)
-    _use_credentials(settings)
+    uri = _use_credentials(settings, check_registry(settings))
     report = RunReport.from_dict(json.loads((files / "report.json").read_text()))
     staged = stage_model(files, (work or files.parent / f".{files.name}-registry") / MODEL_PATH)
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    step = "finding the experiment"
+    step = "checking the registered model's owner"
     try:
+        _claim_name(client, request.model_name, settings.registry_owner(owner_id), settings)
+        step = "finding the experiment"
         experiment = client.get_experiment_by_name(settings.mlflow_experiment)
         experiment_id = (experiment.experiment_id if experiment is not None
                          else client.create_experiment(settings.mlflow_experiment))
@@ -223,30 +303,29 @@ def register_model(
         client.log_artifacts(run_id, str(staged), artifact_path=MODEL_PATH)
         client.set_terminated(run_id)
         step = "registering the model version"
-        try:
-            client.create_registered_model(request.model_name, description=None)
-        except Exception as exc:  # MLflow raises RESOURCE_ALREADY_EXISTS for a name in use: add a version to it
-            if "RESOURCE_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
-                raise
         version = client.create_model_version(
             request.model_name, f"{run.info.artifact_uri}/{MODEL_PATH}", run_id=run_id, tags=tags,
             description=request.description or _description(report, job_id),
         )
-    except RegistryError:
+    except (RegistryError, RegisteredModelOwnedError):
         raise
     except Exception as exc:  # MLflow's own exceptions and the HTTP library's, all meaning "it did not work"
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RegistryError(f"the MLflow registry at {uri} failed while {step}: {message}") from exc
+        raise RegistryError(hide_credentials(f"the MLflow registry at {uri} failed while {step}: {message}")) from exc
     finally:
         shutil.rmtree(staged.parent, ignore_errors=True)
     return Registration(status="registered", model_name=request.model_name, version=str(version.version),
-                        run_id=run_id, model_uri=f"models:/{request.model_name}/{version.version}", tracking_uri=uri,
+                        run_id=run_id, model_uri=f"models:/{request.model_name}/{version.version}",
+                        tracking_uri=uri,
                         registered_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
 
 def failed_registration(settings: Settings, request: RegisterRequest, error: Exception) -> Registration:
-    return Registration(status="failed", model_name=request.model_name, tracking_uri=settings.mlflow_tracking_uri,
-                        error=str(error), registered_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    uri = settings.mlflow_tracking_uri
+    return Registration(status="failed", model_name=request.model_name,
+                        tracking_uri=_without_userinfo(uri)[0] if uri else None,
+                        error=hide_credentials(str(error)),
+                        registered_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
 
 def _mss_curve(files: Path) -> list[tuple[int, float]]:

@@ -38,6 +38,16 @@ DEFAULT_MAX_ATTEMPTS = 3
 _S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
+#: The settings an embedded worker inherits as they are (:meth:`Settings.child_environment`).
+_CHILD_FIELDS = ("queue", "device", "job_time_limit_s", "progress_interval_s", "cancel_check_interval_s",
+                 "max_unpacked_bytes", "max_archive_members", "max_dataset_rows", "lease_s", "heartbeat_interval_s",
+                 "checkpoint_interval_s", "max_attempts", "inspection_workers", "inspection_memory_bytes",
+                 "inspection_cpu_s", "inspection_wall_s", "inspection_output_bytes", "max_budget_parallel",
+                 "max_registrations_per_job", "signed_url_ttl_s", "mlflow_experiment")
+#: ... and those it inherits as comma-separated lists.
+_CHILD_LISTS = ("allowed_outbound_hosts", "allowed_s3_prefixes", "registry_groups")
+
+
 class Settings(BaseSettings):
     """Service settings; each field ``name`` is read from the variable ``CAHP_NAME``.
 
@@ -175,6 +185,16 @@ class Settings(BaseSettings):
         names a model, never a server or a credential.
     mlflow_experiment : str
         The experiment that registration runs are logged under (default ``cahp``).
+    max_active_jobs_per_key, max_event_streams_per_key, max_upload_bytes_per_key : int
+        Per-key quotas: queued plus running jobs, open event streams (per API process), and bytes of
+        stored uploads. A request past one is answered 429 with ``Retry-After``.
+    max_budget_parallel : int
+        Largest ``budget_parallel`` a job may ask for: how many pieces one search puts in the queue at once.
+    max_registrations_per_job : int
+        How many times one job may be registered (its own registration and ``POST .../register`` calls).
+    registry_groups : tuple of str
+        ``group=keyid+keyid`` entries (comma-separated): the keys of a group share the registered models
+        any of them created. A key in no group owns the names it created, alone.
     """
 
     model_config = SettingsConfigDict(env_prefix="CAHP_", extra="ignore", frozen=True)
@@ -236,6 +256,12 @@ class Settings(BaseSettings):
     mlflow_tracking_password: SecretStr | None = None
     mlflow_tracking_token: SecretStr | None = None
     mlflow_experiment: str = Field(default="cahp", min_length=1, max_length=200)
+    max_active_jobs_per_key: int = Field(default=100, ge=1)
+    max_event_streams_per_key: int = Field(default=8, ge=1)
+    max_upload_bytes_per_key: int = Field(default=50 * 1024**3, ge=1)
+    max_budget_parallel: int = Field(default=8, ge=1, le=64)
+    max_registrations_per_job: int = Field(default=10, ge=1)
+    registry_groups: Annotated[tuple[str, ...], NoDecode] = ()
 
     @field_validator("allowed_local_roots", mode="before")
     @classmethod
@@ -244,19 +270,29 @@ class Settings(BaseSettings):
             return [part for part in value.split(os.pathsep) if part.strip()]
         return value
 
-    @field_validator("allowed_outbound_hosts", mode="before")
+    @field_validator("allowed_outbound_hosts", "allowed_s3_prefixes", "registry_groups", mode="before")
     @classmethod
-    def _split_hosts(cls, value: Any) -> Any:
+    def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("allowed_s3_prefixes", mode="before")
+    @field_validator("registry_groups")
     @classmethod
-    def _split_s3_prefixes(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
+    def _check_groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            name, sep, members = str(entry).partition("=")
+            if not sep or not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", name.strip()) or not members.strip("+ "):
+                raise ValueError(f"CAHP_REGISTRY_GROUPS entries must read group=keyid+keyid, got {entry!r}")
         return value
+
+    def registry_owner(self, key_id: str) -> str:
+        """Owner of the models ``key_id`` creates: ``group:<name>`` for a key in a group, else ``key:<id>``."""
+        for entry in self.registry_groups:
+            name, _, members = entry.partition("=")
+            if key_id in {m.strip() for m in members.split("+")}:
+                return f"group:{name.strip()}"
+        return f"key:{key_id}"
 
     @field_validator("allowed_s3_prefixes")
     @classmethod
@@ -373,37 +409,14 @@ class Settings(BaseSettings):
 
     def child_environment(self) -> dict[str, str]:
         """``CAHP_*`` variables that make another process (an embedded worker) see these settings."""
-        env = {
-            "CAHP_DATA_DIR": str(self.data_dir),
-            "CAHP_DATABASE_URL": self.resolved_database_url,
-            "CAHP_ARTIFACT_STORE": self.resolved_artifact_store,
-            "CAHP_QUEUE": self.queue,
-            "CAHP_DEVICE": self.device,
-            "CAHP_JOB_TIME_LIMIT_S": str(self.job_time_limit_s),
-            "CAHP_BROKER_VISIBILITY_TIMEOUT_S": str(self.visibility_timeout_s),
-            "CAHP_PROGRESS_INTERVAL_S": str(self.progress_interval_s),
-            "CAHP_CANCEL_CHECK_INTERVAL_S": str(self.cancel_check_interval_s),
-            "CAHP_MAX_UNPACKED_BYTES": str(self.max_unpacked_bytes),
-            "CAHP_MAX_ARCHIVE_MEMBERS": str(self.max_archive_members),
-            "CAHP_MAX_DATASET_ROWS": str(self.max_dataset_rows),
-            "CAHP_WORK_DIR": str(self.resolved_work_dir),
-            "CAHP_ALLOWED_LOCAL_ROOTS": os.pathsep.join(str(p) for p in self.allowed_local_roots),
-            "CAHP_LEASE_S": str(self.lease_s),
-            "CAHP_HEARTBEAT_INTERVAL_S": str(self.heartbeat_interval_s),
-            "CAHP_CHECKPOINT_INTERVAL_S": str(self.checkpoint_interval_s),
-            "CAHP_MAX_ATTEMPTS": str(self.max_attempts),
-            "CAHP_ALLOWED_OUTBOUND_HOSTS": ",".join(self.allowed_outbound_hosts),
-            "CAHP_ALLOWED_S3_PREFIXES": ",".join(self.allowed_s3_prefixes),
-            "CAHP_INSPECTION_WORKERS": str(self.inspection_workers),
-            "CAHP_INSPECTION_MEMORY_BYTES": str(self.inspection_memory_bytes),
-            "CAHP_INSPECTION_CPU_S": str(self.inspection_cpu_s),
-            "CAHP_INSPECTION_WALL_S": str(self.inspection_wall_s),
-            "CAHP_INSPECTION_OUTPUT_BYTES": str(self.inspection_output_bytes),
-        }
+        env = {"CAHP_DATA_DIR": str(self.data_dir), "CAHP_DATABASE_URL": self.resolved_database_url,
+               "CAHP_ARTIFACT_STORE": self.resolved_artifact_store, "CAHP_WORK_DIR": str(self.resolved_work_dir),
+               "CAHP_BROKER_VISIBILITY_TIMEOUT_S": str(self.visibility_timeout_s),
+               "CAHP_ALLOWED_LOCAL_ROOTS": os.pathsep.join(str(p) for p in self.allowed_local_roots)}
+        env.update({f"CAHP_{name.upper()}": str(getattr(self, name)) for name in _CHILD_FIELDS})
+        env.update({f"CAHP_{name.upper()}": ",".join(getattr(self, name)) for name in _CHILD_LISTS})
         if self.broker_url is not None:
             env["CAHP_BROKER_URL"] = self.broker_url
-        env["CAHP_SIGNED_URL_TTL_S"] = str(self.signed_url_ttl_s)
-        env["CAHP_MLFLOW_EXPERIMENT"] = self.mlflow_experiment
         for name in ("max_model_params", "worker_memory_bytes",
                      "s3_endpoint_url", "s3_region", "hub_cache_dir", "public_url", "s3_public_endpoint_url",
                      "mlflow_tracking_uri", "mlflow_tracking_username"):

@@ -4,9 +4,19 @@ A quality warning comes first, right under the title, so a person deploying the 
 it. Speed-ups whose 95 % interval holds 1 read "no measurable change". The parity quoted is the one
 of the directory the card describes: the ONNX graph's for ``onnx/``, the int8 graph's (measured, with
 no threshold) for ``onnx-int8/``, the reloaded checkpoint's for ``model/``.
+
+Names come from whoever submitted the job (its name, labels, class names, the inputs' names) and are
+written so that they stay text: on one line, with ``<``, ``>`` and ``&`` as character references and
+Markdown's own marks escaped (:func:`_text`), or in a code span only when they hold nothing a code span
+could not contain (:func:`_code`). No name can open a heading, an HTML comment that hides the quality
+warnings, a link or a tag.
 """
 
 from __future__ import annotations
+
+import html
+import re
+from urllib.parse import quote
 
 from cahp_engine.export._card_facts import ModelCardInputs, SpeedFigure
 from cahp_engine.export._records import describe_speedup
@@ -22,12 +32,12 @@ _VARIANT_TEXT = {
 
 def card_body(inputs: ModelCardInputs, model_dir: str, onnx_dir: str) -> str:
     """The card's Markdown body (everything after the YAML metadata)."""
-    lines = [f"# {inputs.title}", ""]
+    lines = [f"# {_text(inputs.title)}", ""]
     if inputs.warnings:
         lines += ["> **Quality warnings** - read these before deploying this model:", ">"]
-        lines += [f"> - {warning}" for warning in inputs.warnings]
+        lines += [f"> - {_line(warning)}" for warning in inputs.warnings]
         lines.append("")
-    base = f"`{inputs.base_model}`" if inputs.base_model else f"a {inputs.family} sequence classifier"
+    base = _code(inputs.base_model) if inputs.base_model else f"a {inputs.family} sequence classifier"
     lines += [
         f"{base} with its attention heads pruned by CAHP (Complementary Attention Head Pruning): it keeps "
         f"**{inputs.heads_kept} of {inputs.heads_total} heads** ({_pct(inputs.heads_kept / inputs.heads_total)}); "
@@ -36,13 +46,35 @@ def card_body(inputs: ModelCardInputs, model_dir: str, onnx_dir: str) -> str:
     ]
     lines += _identity(inputs)
     if inputs.recipe:
-        lines += ["## How it was made", ""] + [f"- {line}" for line in inputs.recipe] + [""]
+        lines += ["## How it was made", ""] + [f"- {_line(line)}" for line in inputs.recipe] + [""]
     lines += _pruning(inputs)
     lines += _results(inputs)
     lines += _speed(inputs)
     lines += _parity(inputs)
     lines += _usage(model_dir, onnx_dir)
     return "\n".join(lines)
+
+
+#: Markdown's inline marks, escaped with a backslash in a name written as text.
+_MARKS = re.compile(r"([\\`*_\[\]#|~])")
+#: What a code span cannot hold safely: its own delimiter, a table's cell border, markup, a line break.
+_NOT_IN_CODE = re.compile(r"[`|<>&\r\n\x00-\x1f\x7f\u2028\u2029]")
+
+
+def _line(value: object) -> str:
+    """``value`` on one line with ``<``, ``>`` and ``&`` as references: no tag, comment or block can start."""
+    return html.escape(" ".join(str(value).split()), quote=False)
+
+
+def _text(value: object) -> str:
+    """A name as Markdown text that reads as itself: one line, no markup, no HTML."""
+    return _MARKS.sub(r"\\\1", _line(value))
+
+
+def _code(value: object) -> str:
+    """A name in a code span, or as escaped text when it holds what a code span cannot."""
+    text = str(value)
+    return f"`{text}`" if text.strip() and not _NOT_IN_CODE.search(text) else _text(text)
 
 
 def _pct(value: float) -> str:
@@ -53,17 +85,17 @@ def _identity(inputs: ModelCardInputs) -> list[str]:
     facts: list[str] = []
     if inputs.base_model:
         hub = inputs.base_hub_id
-        link = f" ([hub](https://huggingface.co/{hub}))" if hub else ""
-        facts.append(f"- base model: `{inputs.base_model}`{link}")
+        link = f" ([hub](https://huggingface.co/{quote(hub, safe='/')}))" if hub else ""
+        facts.append(f"- base model: {_code(inputs.base_model)}{link}")
     if inputs.dataset:
-        split = f", evaluated on its `{inputs.eval_split}` split" if inputs.eval_split else ""
-        facts.append(f"- dataset: `{inputs.dataset}`{split}")
+        split = f", evaluated on its {_code(inputs.eval_split)} split" if inputs.eval_split else ""
+        facts.append(f"- dataset: {_code(inputs.dataset)}{split}")
     if inputs.label_names:
-        facts.append("- classes: " + ", ".join(f"{i} = `{n}`" for i, n in enumerate(inputs.label_names)))
+        facts.append("- classes: " + ", ".join(f"{i} = {_code(n)}" for i, n in enumerate(inputs.label_names)))
     if inputs.job_id:
-        facts.append(f"- job: `{inputs.job_id}`")
+        facts.append(f"- job: {_code(inputs.job_id)}")
     if inputs.labels:
-        facts.append("- labels: " + ", ".join(f"`{k}={v}`" for k, v in sorted(inputs.labels.items())))
+        facts.append("- labels: " + ", ".join(_code(f"{k}={v}") for k, v in sorted(inputs.labels.items())))
     if inputs.cahp_version:
         facts.append(f"- made by cahp {inputs.cahp_version}")
     return ["## What this model is", "", *facts, ""] if facts else []
@@ -101,8 +133,8 @@ def _results(inputs: ModelCardInputs) -> list[str]:
         return []
     lines = ["## Results", ""]
     if shown:
-        where = f" on `{inputs.dataset}`" if inputs.dataset else ""
-        where += f" ({inputs.eval_split} split)" if inputs.eval_split else ""
+        where = f" on {_code(inputs.dataset)}" if inputs.dataset else ""
+        where += f" ({_text(inputs.eval_split)} split)" if inputs.eval_split else ""
         lines += [f"Scores{where}:", "", "| model | accuracy | macro-F1 |", "|---|---:|---:|"]
         lines += [f"| {label} | {_pct(acc)} | {_pct(f1) if f1 is not None else ''} |" for label, acc, f1 in shown]
         lines.append("")
@@ -112,7 +144,7 @@ def _results(inputs: ModelCardInputs) -> list[str]:
                   "| class | " + " | ".join(models) + " |", "|---|" + "---:|" * len(models)]
         for i, name in enumerate(inputs.label_names):
             cells = [inputs.recall[m][i] if i < len(inputs.recall[m]) else None for m in models]
-            lines.append(f"| {i} `{name}` | " + " | ".join(_pct(c) if c is not None else "" for c in cells) + " |")
+            lines.append(f"| {i} {_code(name)} | " + " | ".join(_pct(c) if c is not None else "" for c in cells) + " |")
         lines.append("")
     if inputs.dense_parameters is not None and inputs.pruned_parameters is not None:
         saved = 1 - inputs.pruned_parameters / inputs.dense_parameters

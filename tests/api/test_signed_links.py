@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.api.main import create_app
-from app.core.security import KEY_FILE, ArtifactRef, local_link
+from app.core.security import KEY_FILE, ArtifactRef, key_id_of, local_link
 from app.core.settings import Settings
 from tests.support.helpers import migrated_engine, moto_s3_server, new_key, service_settings
 from tests.support.jobs import finish, start, store, submit
@@ -44,8 +44,9 @@ def test_a_signed_link_downloads_without_a_key_and_fails_once_changed(
     job_id = _succeeded_job(client, auth, settings, engine, tmp_path / "files")
     manifest = _manifest(client, auth, job_id)
     link = manifest["model.tar.gz"]["signed_url"]
-    # Absolute, on the address the caller used; the key is nowhere in it.
-    assert link.startswith(f"http://testserver/v1/artifacts/{job_id}/model.tar.gz?expires=")
+    # Absolute, on the address the caller used; it names the key's id (the link dies with the key), never the key.
+    owner = key_id_of(auth["Authorization"].removeprefix("Bearer "))
+    assert link.startswith(f"http://testserver/v1/artifacts/{job_id}/model.tar.gz?key={owner}&expires=")
     assert auth["Authorization"].split()[-1] not in link
 
     anonymous = client.get(link)  # no Authorization header
@@ -81,13 +82,14 @@ def test_a_signed_link_fails_after_its_expiry(
     sha = _manifest(client, auth, job_id)["report.json"]["sha256"]
     artifact = ArtifactRef(name="report.json", sha256=sha, storage_key="unused")
     # A link made by this server two TTLs ago: genuine, and expired one TTL ago.
-    old = local_link(settings, job_id=job_id, artifact=artifact, base_url=None,
+    owner = key_id_of(auth["Authorization"].removeprefix("Bearer "))
+    old = local_link(settings, job_id=job_id, owner_id=owner, artifact=artifact, base_url=None,
                      now=time.time() - 2 * settings.signed_url_ttl_s)
     expired = client.get(old.url)
     assert expired.status_code == 403
     assert expired.json()["code"] == "link_expired"
     assert "expired at" in expired.json()["detail"] and f"/v1/jobs/{job_id}/artifacts" in expired.json()["detail"]
-    fresh = local_link(settings, job_id=job_id, artifact=artifact, base_url=None)
+    fresh = local_link(settings, job_id=job_id, owner_id=owner, artifact=artifact, base_url=None)
     assert client.get(fresh.url).content == FILES["report.json"]
 
 
@@ -114,8 +116,8 @@ def test_links_are_off_with_a_zero_ttl_and_need_the_servers_key(tmp_path: Path) 
         # A link signed with another key (another server's, or a guessed one) is refused.
         (tmp_path / "other").mkdir()
         other = service_settings(tmp_path / "other", signing_key="not-this-servers-key", signed_url_ttl_s=60)
-        forged = local_link(other, job_id=job_id, artifact=ArtifactRef("report.json", entry["sha256"], "x"),
-                            base_url=None)
+        forged = local_link(other, job_id=job_id, owner_id=key_id_of(key),
+                            artifact=ArtifactRef("report.json", entry["sha256"], "x"), base_url=None)
         assert client.get(forged.url).json()["code"] == "link_invalid"
     engine.dispose()
 

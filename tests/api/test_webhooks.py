@@ -121,13 +121,15 @@ def test_a_receiver_that_is_down_gets_the_event_once_it_is_back_with_the_same_we
 ) -> None:
     secret = _register(client, auth, receiver.url, events=["job.failed"])["secret"]
     receiver.stop()
+    # A retry waits the longest an attempt may take plus the back-off, however the attempt failed.
+    settings = settings.model_copy(update={"webhook_timeout_s": 0.2})
     job_id = submit(client, auth, settings)
     start(engine, job_id)
     finish(engine, job_id, status=JobStatus.failed)
     assert _dispatch(engine, settings) == ["retry"]
     receiver.status = 503
     receiver.start()
-    time.sleep(0.5)  # past the back-off (0.05 s, then 0.1 s)
+    time.sleep(0.5)  # past the timeout and the back-off (0.2 + 0.05 s, then 0.2 + 0.1 s)
     assert _dispatch(engine, settings) == ["retry"]
     receiver.status = 200
     time.sleep(0.5)

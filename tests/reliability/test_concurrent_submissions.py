@@ -23,11 +23,12 @@ from tests.support.stack import start_server
 
 @contextmanager
 def _database(kind: str, tmp_path: Path) -> Iterator[Settings]:
+    # The submits here are one key's, more than its default quota of active jobs allows.
     if kind == "sqlite":
-        yield service_settings(tmp_path)
+        yield service_settings(tmp_path, max_active_jobs_per_key=10_000)
         return
     with postgres_schema_url() as url:
-        yield service_settings(tmp_path, database_url=url)
+        yield service_settings(tmp_path, database_url=url, max_active_jobs_per_key=10_000)
 
 
 def _at_once(count: int, send: Callable[[httpx.Client, int], httpx.Response], url: str, key: str

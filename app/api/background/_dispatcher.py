@@ -14,7 +14,9 @@ Each delivery POSTs the event's stored body, signed as Standard Webhooks says (`
 (:mod:`app.api.background._webhook_http`). A 2xx answer delivers it. Anything else, any exception included, is an
 attempt recorded and tried again after an exponential back-off (``CAHP_WEBHOOK_RETRY_INITIAL_S``,
 doubling, at most ``CAHP_WEBHOOK_RETRY_MAX_S``, or the receiver's ``Retry-After`` when longer) until
-``CAHP_WEBHOOK_RETRY_PERIOD_S`` after the event, when it ends ``failed``.
+``CAHP_WEBHOOK_RETRY_PERIOD_S`` after the event, when it ends ``failed``. The back-off counts from the
+attempt's start plus ``CAHP_WEBHOOK_TIMEOUT_S``, so how a delivery failed (a refused connection, a hung
+receiver) never shows in when it is tried again.
 
 At least once: a delivery is recorded as delivered only after the receiver answered, so a crash
 between the answer and the record sends it again, with the same ``webhook-id`` for the receiver to
@@ -136,7 +138,11 @@ def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings
         error = f"{type(exc).__name__}: {exc}"[:500]
     next_at = None
     if outcome == "retry":
-        next_at = utcnow() + dt.timedelta(seconds=backoff_s(delivery.attempts + 1, settings, retry_after=retry_after))
+        # Counted from the attempt's start plus the longest an attempt may take, never from when it ended:
+        # a refused connection and a receiver that hangs to the deadline are retried at the same times, so
+        # the schedule a key holder reads says nothing about what answers (or not) at an address.
+        wait = settings.webhook_timeout_s + backoff_s(delivery.attempts + 1, settings, retry_after=retry_after)
+        next_at = started + dt.timedelta(seconds=wait)
         if next_at > delivery.created_at + dt.timedelta(seconds=settings.webhook_retry_period_s):
             outcome, next_at = "failed", None
     return Attempt(delivery_id=delivery.id, webhook_id=delivery.webhook_id, outcome=outcome, attempted_at=started,

@@ -28,6 +28,8 @@ def download_signed(
     session: SessionDep,
     store: StoreDep,
     settings: SettingsDep,
+    key: Annotated[str, Query(min_length=1, max_length=32, pattern="^[A-Za-z0-9_-]+$",
+                              description="The id of the API key that owns the job")],
     expires: Annotated[int, Query(ge=0, le=2**40, description="The link's expiry, in seconds since 1970 (UTC)")],
     signature: Annotated[str, Query(min_length=64, max_length=64, pattern="^[0-9a-fA-F]{64}$")],
     range_: Annotated[str | None, Header(alias="Range", max_length=200,
@@ -36,11 +38,11 @@ def download_signed(
 ) -> StreamingResponse:
     """Stream one artifact through a link from ``signed_url`` in ``GET /v1/jobs/{id}/artifacts``: no key needed.
 
-    403 ``link_invalid`` for a changed link or one whose job was deleted, 403 ``link_expired`` past
-    its time.
+    403 ``link_invalid`` for a changed link, or one whose job was deleted or whose key was revoked;
+    403 ``link_expired`` past its time.
     """
     artifact, span, stream = artifacts.open_signed_artifact(
-        session=session, store=store, settings=settings, job_id=job_id, name=name, expires=expires,
+        session=session, store=store, settings=settings, owner_id=key, job_id=job_id, name=name, expires=expires,
         signature=signature, range_header=range_, if_range=if_range)
     headers = {
         "Content-Length": str(artifact.size if span is None else span.length),

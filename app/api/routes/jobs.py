@@ -32,7 +32,7 @@ _ARTIFACT_CONTENT: dict[str, dict[str, object]] = {
 }
 
 
-@router.post("", status_code=202, responses=problem_responses(400, 401, 422, 503))
+@router.post("", status_code=202, responses=problem_responses(400, 401, 422, 429, 503))
 def submit_job(
     body: JobCreate,
     response: Response,
@@ -159,7 +159,7 @@ def download_artifact(
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                      "description": "Server-Sent Events: `status`, `stage`, `progress` (the job) and `log` (a line)"},
-               **problem_responses(401, 404, 422)},
+               **problem_responses(401, 404, 422, 429)},
 )
 def job_events(
     job_id: str,
@@ -173,16 +173,17 @@ def job_events(
 ) -> StreamingResponse:
     """The job's state and log as they change, until it has finished; resumable with ``Last-Event-ID``."""
     events.check_job(session, owner_id=key.id, job_id=job_id)
+    slot = request.app.state.stream_slots.open(key.id)
     stream = events.job_events(sessions=request.app.state.sessions, owner_id=key.id, job_id=job_id,
                                last_event_id=events.parse_last_event_id(last_event_id),
                                poll_s=settings.events_poll_s, draining=request.app.state.draining,
                                key_valid=key_check)
     # no-transform and X-Accel-Buffering: proxies must pass each event on as it comes, not buffer them.
     headers = {"Cache-Control": "no-cache, no-transform", "X-Accel-Buffering": "no"}
-    return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+    return StreamingResponse(slot.hold(stream), media_type="text/event-stream", headers=headers)
 
 
-@router.post("/{job_id}/register", responses=problem_responses(400, 401, 404, 409, 410, 422, 502, 503))
+@router.post("/{job_id}/register", responses=problem_responses(400, 401, 403, 404, 409, 410, 422, 502, 503))
 def register_job(job_id: str, session: SessionDep, store: StoreDep, settings: SettingsDep, key: ApiKeyDep,
                  body: RegisterSpec | None = None) -> RegistrationPublic:
     """Register the job's pruned model in the server's MLflow registry as a new version of a named model.

@@ -47,7 +47,7 @@ def _limited(receive: Receive, limit: int) -> Receive:
 
 @router.post("", status_code=201, openapi_extra={"requestBody": _BODY},
              responses={200: {"description": "This key already had these bytes: that upload, nothing stored",
-                              "model": UploadPublic}, **problem_responses(400, 401, 413, 422, 507)})
+                              "model": UploadPublic}, **problem_responses(400, 401, 413, 422, 429, 507)})
 async def create_upload(
     request: Request, response: Response, session: SessionDep, store: StoreDep, settings: SettingsDep,
     key: ApiKeyDep,

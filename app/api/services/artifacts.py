@@ -16,29 +16,31 @@ from app.core.storage import ArtifactStore
 
 
 def open_signed_artifact(
-    *, session: Session, store: ArtifactStore, settings: Settings, job_id: str, name: str, expires: int,
-    signature: str, range_header: str | None = None, if_range: str | None = None,
+    *, session: Session, store: ArtifactStore, settings: Settings, owner_id: str, job_id: str, name: str,
+    expires: int, signature: str, range_header: str | None = None, if_range: str | None = None,
 ) -> tuple[Artifact, ByteRange | None, Iterator[bytes]]:
     """The artifact a signed link names, the range asked for and a stream of its bytes.
 
-    The row is read first: a deleted job (or one whose artifacts expired) has no artifact to sign for,
-    so its links stop working at once. Every refusal of a link says the same for a missing job and a
-    wrong signature, so a link cannot be used to probe which jobs exist.
+    The signature and expiry are checked first, before any row is read, so the answer costs the same
+    whether the job exists or not. Then the rows: a deleted job (or one whose artifacts expired) has no
+    artifact to sign for, and a revoked key no job to share, so their links stop working at once. Every
+    refusal says the same for a missing job, a revoked key and a wrong signature, so a link cannot be
+    used to probe which jobs exist.
 
     Raises
     ------
     LinkInvalidError
-        No such artifact, or a signature that does not match the job, name, bytes and expiry.
+        A signature that does not match the key, job, name and expiry; no such artifact; a revoked key.
     LinkExpiredError
         A genuine link past its expiry.
     """
+    check_local_link(settings, owner_id=owner_id, job_id=job_id, name=name, expires=expires, signature=signature)
     job = repository.get_job(session, job_id=job_id)
     artifact = repository.get_artifact(session, job_id=job_id, name=name) if job is not None else None
-    if job is None or artifact is None:
-        raise LinkInvalidError("this link names no artifact this server keeps (the job may have been deleted); "
-                               "ask for a new link with GET /v1/jobs/{id}/artifacts")
-    check_local_link(settings, job_id=job_id, name=name, sha256=artifact.sha256, expires=expires,
-                     signature=signature)
+    key = repository.get_api_key(session, key_id=owner_id)
+    if job is None or artifact is None or job.owner_id != owner_id or key is None or key.revoked_at is not None:
+        raise LinkInvalidError("this link names no artifact this server shares (the job may have been deleted, or "
+                               "its API key revoked); ask for a new link with GET /v1/jobs/{id}/artifacts")
     if job.artifacts_expired:
         raise ArtifactsExpiredError(f"the artifacts of job {job_id} were deleted by the retention rule "
                                     "(CAHP_ARTIFACT_TTL_DAYS)")

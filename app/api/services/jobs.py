@@ -37,6 +37,7 @@ from app.api.schemas import (
     RegistrationPublic,
     given_params,
 )
+from app.api.services import quotas
 from app.core.db import Artifact, Job, JobStatus, repository, utcnow
 from app.core.errors import (
     ArtifactsExpiredError,
@@ -54,7 +55,7 @@ from app.core.inputs.sources import (
 )
 from app.core.labels import MAX_LABELS, parse_selector
 from app.core.metrics import JOBS_SUBMITTED
-from app.core.mlflow_registry import check_registry
+from app.core.mlflow_registry import check_registry, public_registration, stored_register
 from app.core.params import stored_params
 from app.core.sandbox import inspection_pool
 from app.core.security import ArtifactRef, artifact_link, check_webhook_url, generate_webhook_secret
@@ -106,6 +107,7 @@ def submit_job(
             return Submitted(_same_request(earlier, digest), created=False)
 
     params = stored_params(given_params(body.params))
+    quotas.check_active_jobs(session, settings, owner_id=owner_id)
     check_job(session=session, settings=settings, owner_id=owner_id, body=body)
 
     if body.register_ is not None:
@@ -157,7 +159,7 @@ def check_job(*, session: Session, settings: Settings, owner_id: str, body: JobC
     ConfigError, DatasetError, ModelLoadError, UnsupportedModelError, InvalidReferenceError
         What to change, in the words the worker would use.
     """
-    stored_params(given_params(body.params))
+    quotas.check_budget_parallel(settings, stored_params(given_params(body.params)))
     # The upload rows are read here; everything that reads a file runs in the inspection sandbox.
     uploads: dict[str, dict[str, Any] | None] = {}
     for uri in (body.model.uri, body.dataset.uri, body.dataset.eval_uri):
@@ -314,7 +316,8 @@ def list_artifacts(*, session: Session, owner_id: str, job_id: str, settings: Se
     rows = repository.list_artifacts(session, job_id=job_id)
     data = []
     for a in rows:
-        link = artifact_link(settings, store, job_id=job_id, base_url=settings.public_url or base_url,
+        link = artifact_link(settings, store, job_id=job_id, owner_id=owner_id,
+                             base_url=settings.public_url or base_url,
                              artifact=ArtifactRef(name=a.name, sha256=a.sha256, storage_key=a.storage_key))
         data.append(ArtifactPublic(name=a.name, size=a.size, sha256=a.sha256, media_type=a.media_type,
                                    url=f"/v1/jobs/{job_id}/artifacts/{a.name}",
@@ -386,8 +389,9 @@ def to_public(job: Job | Row[Any]) -> JobPublic:
         name=job.name,
         model_name=(job.result or {}).get("base_model") or job.model_name,
         dataset_name=(job.result or {}).get("dataset") or job.dataset_name,
-        register=RegisterSpec.model_validate(job.register) if job.register else None,
-        registration=RegistrationPublic.model_validate(job.registration) if job.registration else None,
+        register=RegisterSpec.model_validate(stored_register(job.register)) if job.register else None,
+        registration=(RegistrationPublic.model_validate(public_registration(job.registration))
+                      if job.registration else None),
         links=JobLinks(self=base, logs=f"{base}/logs", artifacts=f"{base}/artifacts", cancel=f"{base}/cancel",
                        events=f"{base}/events", deliveries=f"{base}/deliveries"),
     )

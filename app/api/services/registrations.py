@@ -16,9 +16,21 @@ from sqlalchemy.orm import Session
 from app.api.schemas import RegisterSpec, RegistrationPublic
 from app.api.services.jobs import get_job
 from app.core.db import JobStatus, repository
-from app.core.errors import ArtifactsExpiredError, InvalidRequestError, JobNotFinishedError, RegistryError
+from app.core.errors import (
+    ArtifactsExpiredError,
+    InvalidRequestError,
+    JobNotFinishedError,
+    RegistrationLimitError,
+    RegistryError,
+)
 from app.core.inputs import unpack
-from app.core.mlflow_registry import RegisterRequest, check_registry, failed_registration, register_model
+from app.core.mlflow_registry import (
+    RegisterRequest,
+    check_registry,
+    failed_registration,
+    public_registration,
+    register_model,
+)
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
 
@@ -38,6 +50,10 @@ def register_job(*, session: Session, store: ArtifactStore, settings: Settings, 
         No such job for this key; or its artifacts are gone.
     JobNotFinishedError, InvalidRequestError
         The job has no model to register (not succeeded), or no model name was given.
+    RegistrationLimitError
+        The job was registered ``CAHP_MAX_REGISTRATIONS_PER_JOB`` times already.
+    RegisteredModelOwnedError
+        The name belongs to another key (or group).
     RegistryNotConfiguredError, OutboundUrlRefusedError, RegistryError
         The server has no registry, may not reach it, or the registry failed.
     """
@@ -63,6 +79,11 @@ def register_job(*, session: Session, store: ArtifactStore, settings: Settings, 
     if missing:
         raise JobNotFinishedError(f"job {job_id} kept no {' and no '.join(missing)}: there is no model to register")
     name, labels = job.name, dict(job.labels or {})
+    if not repository.reserve_registration(session, job_id=job_id, limit=settings.max_registrations_per_job):
+        raise RegistrationLimitError(
+            f"job {job_id} was registered {settings.max_registrations_per_job} times already, the most one job may "
+            f"be (CAHP_MAX_REGISTRATIONS_PER_JOB={settings.max_registrations_per_job}); submit the job again for "
+            "more versions")
     # The download and the registry's upload take a while: no transaction stays open meanwhile.
     session.commit()
     with tempfile.TemporaryDirectory(prefix=f"cahp-register-{job_id}-") as scratch:
@@ -78,8 +99,8 @@ def register_job(*, session: Session, store: ArtifactStore, settings: Settings, 
             else:
                 target.rename(files / artifact.name)
         try:
-            outcome = register_model(settings, files=files, job_id=job_id, request=request, labels=labels, name=name,
-                                     work=Path(scratch) / "registry")
+            outcome = register_model(settings, files=files, job_id=job_id, owner_id=owner_id, request=request,
+                                     labels=labels, name=name, work=Path(scratch) / "registry")
         except RegistryError as exc:
             repository.set_registration(session, job_id=job_id, registration=failed_registration(
                 settings, request, exc).to_dict())
@@ -87,4 +108,4 @@ def register_job(*, session: Session, store: ArtifactStore, settings: Settings, 
             raise
     repository.set_registration(session, job_id=job_id, registration=outcome.to_dict())
     session.commit()
-    return RegistrationPublic.model_validate(outcome.to_dict())
+    return RegistrationPublic.model_validate(public_registration(outcome.to_dict()))

@@ -15,7 +15,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import BinaryIO
@@ -23,6 +26,7 @@ from typing import BinaryIO
 from sqlalchemy.orm import Session
 
 from app.api.schemas import UploadPublic
+from app.api.services import quotas
 from app.core.db import Upload, repository
 from app.core.errors import (
     InvalidRequestError,
@@ -78,6 +82,8 @@ def store_upload(
     ------
     PayloadTooLargeError
         When ``source`` holds more than ``CAHP_MAX_UPLOAD_BYTES``.
+    QuotaExceededError
+        When the key's stored uploads would pass ``CAHP_MAX_UPLOAD_BYTES_PER_KEY``.
     InvalidUploadError
         For an empty file, an unknown suffix, or an unsafe or corrupt archive.
     InspectionLimitError
@@ -108,38 +114,67 @@ def store_upload(
             raise full from exc
         if size == 0:
             raise InvalidUploadError(f"{display} is empty")
-        # The same bytes again (a re-run CI step): the upload this key already has (checked and indexed
-        # when it came), nothing stored twice.
-        same = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=digest.hexdigest(), suffix=suffix)
-        if same is not None:
-            return StoredUpload(same, created=False)
-        # Checked (an archive member by member) and indexed in the inspection sandbox, never here: a
-        # hostile file costs a bounded child process, and a limit reached refuses the upload.
-        contents = inspection_pool(settings).run(
-            "index_upload", what=f"inspecting {display[:100]!r}", local=str(local), kind=kind, suffix=suffix,
-            shown=display[:100], settings=settings)
-        key = f"uploads/{upload_id}{suffix}"
-        upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
-                        media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key,
-                        contents=contents)
-        repository.add_upload(session, upload)
-        session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
-        try:
-            store.put_file(key, local, media_type=MEDIA_TYPES[suffix])
-        except Exception as exc:
-            repository.delete_upload(session, upload_id=upload_id)
+        # One request at a time per key and content: of identical uploads sent at once, the first stores
+        # the bytes and the others, waiting here, find its upload (the check and the store are one step).
+        with _same_content(owner_id, digest.hexdigest(), suffix):
+            # The same bytes again (a re-run CI step): the upload this key already has (checked and indexed
+            # when it came), nothing stored twice. A fresh transaction sees an upload completed meanwhile.
             session.commit()
-            _remove_quietly(store, key)
-            logger.warning("storing upload %s failed: %s", upload_id, exc)
-            full = storage_error(exc, "storing the upload") if isinstance(exc, OSError) else None
-            if full is not None:
-                raise full from exc
-            raise UnavailableError("the upload could not be stored; try again shortly") from exc
-        repository.complete_upload(session, upload_id=upload_id)
-        session.commit()
+            same = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=digest.hexdigest(),
+                                                    suffix=suffix)
+            if same is not None:
+                return StoredUpload(same, created=False)
+            quotas.check_upload_bytes(session, settings, owner_id=owner_id, incoming=size)
+            # Checked (an archive member by member) and indexed in the inspection sandbox, never here: a
+            # hostile file costs a bounded child process, and a limit reached refuses the upload.
+            contents = inspection_pool(settings).run(
+                "index_upload", what=f"inspecting {display[:100]!r}", local=str(local), kind=kind, suffix=suffix,
+                shown=display[:100], settings=settings)
+            key = f"uploads/{upload_id}{suffix}"
+            upload = Upload(id=upload_id, owner_id=owner_id, kind=kind, filename=display[:255], suffix=suffix,
+                            media_type=MEDIA_TYPES[suffix], size=size, sha256=digest.hexdigest(), storage_key=key,
+                            contents=contents)
+            repository.add_upload(session, upload)
+            session.commit()  # recorded as incomplete before the object exists, so a crash leaves a trace
+            try:
+                store.put_file(key, local, media_type=MEDIA_TYPES[suffix])
+            except Exception as exc:
+                repository.delete_upload(session, upload_id=upload_id)
+                session.commit()
+                _remove_quietly(store, key)
+                logger.warning("storing upload %s failed: %s", upload_id, exc)
+                full = storage_error(exc, "storing the upload") if isinstance(exc, OSError) else None
+                if full is not None:
+                    raise full from exc
+                raise UnavailableError("the upload could not be stored; try again shortly") from exc
+            repository.complete_upload(session, upload_id=upload_id)
+            session.commit()
     finally:
         local.unlink(missing_ok=True)
     return StoredUpload(upload, created=True)
+
+
+_CONTENT_LOCKS: dict[tuple[str, str, str], tuple[threading.Lock, int]] = {}
+_CONTENT_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def _same_content(owner_id: str, sha256: str, suffix: str) -> Iterator[None]:
+    """Hold the lock of one key's upload of these bytes (in this API process), made and dropped on demand."""
+    name = (owner_id, sha256, suffix)
+    with _CONTENT_LOCKS_GUARD:
+        lock, users = _CONTENT_LOCKS.get(name, (threading.Lock(), 0))
+        _CONTENT_LOCKS[name] = (lock, users + 1)
+    try:
+        with lock:
+            yield
+    finally:
+        with _CONTENT_LOCKS_GUARD:
+            lock, users = _CONTENT_LOCKS[name]
+            if users <= 1:
+                del _CONTENT_LOCKS[name]
+            else:
+                _CONTENT_LOCKS[name] = (lock, users - 1)
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,8 @@ class Job(Base):
     # (app.core.mlflow_registry.Registration as a dict: status, model, version, run id, error).
     register: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # How many registrations of the job were started (CAHP_MAX_REGISTRATIONS_PER_JOB bounds it).
+    registrations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class JobLog(Base):

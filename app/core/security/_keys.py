@@ -29,6 +29,9 @@ class KeyInfo:
     created_at: dt.datetime
     last_used_at: dt.datetime | None
     revoked_at: dt.datetime | None
+    #: At revocation: its queued jobs cancelled, and its running ones asked to stop.
+    jobs_cancelled: int = 0
+    jobs_stopping: int = 0
 
 
 def list_keys(*, session: Session) -> list[KeyInfo]:
@@ -38,6 +41,10 @@ def list_keys(*, session: Session) -> list[KeyInfo]:
 
 def revoke_key(*, session: Session, name_or_id: str) -> KeyInfo:
     """Revoke the key with this id, or the one live key with this name; it is refused at once.
+
+    Its queued jobs are cancelled and its running ones asked to stop (between steps, as a cancel does):
+    a key taken away must not go on spending the pool. Its signed links stop working too
+    (:mod:`app.core.security._signing`).
 
     Raises
     ------
@@ -61,10 +68,11 @@ def revoke_key(*, session: Session, name_or_id: str) -> KeyInfo:
         raise NotFoundError(f"no API key has the id or name {name_or_id!r}; `cahp keys list` shows them")
     key = chosen[0]
     repository.revoke_api_key(session, key_id=key.id)
+    cancelled, stopping = repository.cancel_key_jobs(session, owner_id=key.id)
     session.commit()
     session.refresh(key)
     return KeyInfo(id=key.id, name=key.name, created_at=key.created_at, last_used_at=key.last_used_at,
-                   revoked_at=key.revoked_at)
+                   revoked_at=key.revoked_at, jobs_cancelled=cancelled, jobs_stopping=stopping)
 
 
 def create_api_key(*, session: Session, name: str) -> str:

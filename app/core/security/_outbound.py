@@ -25,6 +25,7 @@ backend of its HTTP client (:mod:`app.api.background._webhook_http`).
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
@@ -278,3 +279,17 @@ def check_webhook_url(url: str, *, allowed_hosts: Sequence[str], what: str, reso
     if port == 0:
         raise OutboundUrlRefusedError(f"{what} {url[:200]!r} names port 0")
     check_outbound_url(url, allowed_hosts=allowed_hosts, what=what, resolve=resolve, receiver=True)
+
+
+#: ``scheme://user:password@`` (or ``scheme://token@``) inside any text: the userinfo part of a URL.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/?#@'\"<>]+@")
+
+
+def hide_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``.
+
+    An operator's address may carry a user and password (``https://user:secret@mlflow.internal``); it
+    appears in what a caller reads (a registration's ``tracking_uri``, an error that quotes the
+    address, a log line) only as ``https://***@mlflow.internal``.
+    """
+    return _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", text)

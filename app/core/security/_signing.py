@@ -3,15 +3,18 @@
 A deployer (a model registry, a serving platform, a CI job in another account) should fetch a pruned
 model with a link, as it fetches from S3, not with the submitter's key. With the S3 store a link is an
 S3 presigned URL (:meth:`app.core.storage.S3Store.presigned_url`). With the local store it is
-``/v1/artifacts/{job}/{name}?expires=...&signature=...``: an HMAC-SHA256, under the service's signing
-key (``CAHP_SIGNING_KEY``, else a random key kept in ``CAHP_DATA_DIR/signing.key``), of the job id,
-the artifact's name, its sha256 and the expiry time. So a link
+``/v1/artifacts/{job}/{name}?key=...&expires=...&signature=...``: an HMAC-SHA256, under the service's
+signing key (``CAHP_SIGNING_KEY``, else a random key kept in ``CAHP_DATA_DIR/signing.key``), of the id of
+the API key that owns the job, the job id, the artifact's name and the expiry time. So a link
 
+- is checked before anything is read: the signature first (the same work whether the job exists or
+  not), then the expiry, and only then the rows;
 - expires at ``expires`` (``CAHP_SIGNED_URL_TTL_S`` after it was made);
-- cannot be changed: another job, name, expiry or signature fails the comparison;
+- cannot be changed: another key, job, name, expiry or signature fails the comparison;
 - dies with its job: the route reads the artifact's row, which deleting the job removes (and the
   store's object with it, which is what ends an S3 presigned URL);
-- names the exact bytes: a signature covers the sha256, the ``ETag`` of the download.
+- dies with its key: the route refuses a link whose key was revoked or no longer owns the job. (An S3
+  presigned URL cannot be recalled: it lives until its expiry, at most ``CAHP_SIGNED_URL_TTL_S``.)
 """
 
 from __future__ import annotations
@@ -77,34 +80,34 @@ def signing_key(settings: Settings) -> bytes:
     return path.read_bytes().strip()
 
 
-def _signature(key: bytes, job_id: str, name: str, sha256: str, expires: int) -> str:
-    message = "\n".join((job_id, name, sha256, str(expires))).encode()
+def _signature(key: bytes, owner_id: str, job_id: str, name: str, expires: int) -> str:
+    message = "\n".join(("v2", owner_id, job_id, name, str(expires))).encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-def local_link(settings: Settings, *, job_id: str, artifact: ArtifactRef, base_url: str | None,
+def local_link(settings: Settings, *, job_id: str, owner_id: str, artifact: ArtifactRef, base_url: str | None,
                now: float | None = None) -> SignedLink:
-    """An HMAC-signed ``/v1/artifacts/...`` link, absolute under ``base_url`` when given."""
+    """An HMAC-signed ``/v1/artifacts/...`` link for the job's key ``owner_id``, absolute under ``base_url``."""
     expires = int(now if now is not None else time.time()) + settings.signed_url_ttl_s
-    signature = _signature(signing_key(settings), job_id, artifact.name, artifact.sha256, expires)
+    signature = _signature(signing_key(settings), owner_id, job_id, artifact.name, expires)
     path = f"{LINK_PREFIX}/{quote(job_id, safe='')}/{quote(artifact.name, safe='')}"
-    query = urlencode({"expires": expires, "signature": signature})
+    query = urlencode({"key": owner_id, "expires": expires, "signature": signature})
     return SignedLink(url=f"{(base_url or '').rstrip('/')}{path}?{query}",
                       expires_at=dt.datetime.fromtimestamp(expires, dt.UTC))
 
 
-def check_local_link(settings: Settings, *, job_id: str, name: str, sha256: str, expires: int, signature: str,
+def check_local_link(settings: Settings, *, owner_id: str, job_id: str, name: str, expires: int, signature: str,
                      now: float | None = None) -> None:
-    """Accept a signed link, or say why not.
+    """Accept a signed link's signature and expiry, or say why not (nothing is read from the database).
 
     Raises
     ------
     LinkInvalidError
-        The signature does not match the job, the name, the artifact's bytes and the expiry.
+        The signature does not match the key, the job, the name and the expiry.
     LinkExpiredError
         The link was genuine but its time is up.
     """
-    expected = _signature(signing_key(settings), job_id, name, sha256, expires)
+    expected = _signature(signing_key(settings), owner_id, job_id, name, expires)
     if not hmac.compare_digest(expected, signature.lower()):
         raise LinkInvalidError("this link's signature does not match it; use the link exactly as it was given, or "
                                "ask for a new one with GET /v1/jobs/{id}/artifacts")
@@ -113,7 +116,7 @@ def check_local_link(settings: Settings, *, job_id: str, name: str, sha256: str,
         raise LinkExpiredError(f"this link expired at {when}; ask for a new one with GET /v1/jobs/{job_id}/artifacts")
 
 
-def artifact_link(settings: Settings, store: ArtifactStore, *, job_id: str, artifact: ArtifactRef,
+def artifact_link(settings: Settings, store: ArtifactStore, *, job_id: str, owner_id: str, artifact: ArtifactRef,
                   base_url: str | None) -> SignedLink | None:
     """The artifact's time-limited link: S3 presigned with the S3 store, else signed by this service.
 
@@ -125,4 +128,4 @@ def artifact_link(settings: Settings, store: ArtifactStore, *, job_id: str, arti
     presigned = store.presigned_url(artifact.storage_key, expires_s=ttl, filename=artifact.name)
     if presigned is not None:
         return SignedLink(url=presigned, expires_at=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=ttl))
-    return local_link(settings, job_id=job_id, artifact=artifact, base_url=base_url)
+    return local_link(settings, job_id=job_id, owner_id=owner_id, artifact=artifact, base_url=base_url)

@@ -35,8 +35,10 @@ from app.core.db.repository._events import (
     record_attempt,
     record_event,
 )
+from app.core.db.repository._fairness import fair_pick, job_owed_before_piece
 from app.core.db.repository._jobs import (
     add_job,
+    cancel_key_jobs,
     delete_finished_job,
     delete_job,
     find_job_by_idempotency_key,
@@ -48,6 +50,7 @@ from app.core.db.repository._jobs import (
     mark_not_enqueued,
     queued_jobs_to_send,
     request_cancel,
+    reserve_registration,
     set_registration,
 )
 from app.core.db.repository._keys import (
@@ -64,6 +67,7 @@ from app.core.db.repository._leases import (
     ProgressAck,
     cancel_requested,
     claim_job,
+    claim_next_job,
     finish_job,
     hand_back_job,
     job_control,
@@ -108,6 +112,7 @@ __all__ = [
     "add_api_key", "add_job", "add_pieces", "cancel_pieces", "claim_piece", "finish_piece", "get_pieces",
     "job_pieces", "NewPiece", "piece_wanted", "release_piece", "renew_piece", "requeue_lost_pieces",
     "add_upload", "add_webhook", "api_key_hash", "append_logs", "ArtifactRecord",
+    "claim_next_job", "fair_pick", "cancel_key_jobs", "job_owed_before_piece",
     "cancel_requested", "claim_delivery", "claim_job", "complete_upload", "delete_finished_job", "delete_job",
     "delete_upload", "delete_webhook", "due_deliveries", "DueDelivery", "ensure_local_principal", "EVENT_TYPES",
     "expire_artifacts", "find_job_by_idempotency_key", "find_upload_by_digest", "finish_job", "get_api_key",
@@ -116,5 +121,5 @@ __all__ = [
     "list_api_keys", "list_artifacts", "list_jobs", "list_webhooks", "LostJob", "mark_enqueued", "mark_not_enqueued",
     "next_log_line", "ProgressAck", "queued_jobs_to_send", "read_logs", "record_attempt", "record_event",
     "release_lost_job", "renew_lease", "report_progress", "request_cancel", "revoke_api_key", "secrets_for",
-    "set_key_webhook_secret", "set_registration", "stale_uploads", "touch_api_key",
+    "set_key_webhook_secret", "set_registration", "reserve_registration", "stale_uploads", "touch_api_key",
 ]

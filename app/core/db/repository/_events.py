@@ -26,6 +26,7 @@ from app.core.db._database import utcnow
 from app.core.db._models import Job, JobEvent, JobStatus, WebhookAttempt, WebhookDelivery
 from app.core.db.repository._rows import rowcount
 from app.core.db.repository._webhooks import webhooks_for
+from app.core.mlflow_registry import public_registration
 
 SUCCEEDED, FAILED, CANCELLED, STAGE_CHANGED = "job.succeeded", "job.failed", "job.cancelled", "job.stage_changed"
 EVENT_TYPES = (SUCCEEDED, FAILED, CANCELLED, STAGE_CHANGED)
@@ -60,7 +61,7 @@ def job_summary(job: Job, *, details: Mapping[str, Any] | None = None) -> dict[s
         "error": {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None,
         "result": job.result,
         "warnings": list(result.get("warnings") or []),
-        "registration": job.registration,
+        "registration": public_registration(job.registration) if job.registration else None,
         "artifacts": [],
         "identity": None,
         "recipe": None,

@@ -114,6 +114,30 @@ def request_cancel(session: Session, *, job_id: str, owner_id: str) -> None:
     )
 
 
+def cancel_key_jobs(session: Session, *, owner_id: str) -> tuple[int, int]:
+    """End every queued job of a revoked key and ask its running ones to stop: ``(cancelled, stopping)``.
+
+    Each queued job is ended by :func:`request_cancel`'s conditional ``UPDATE``, so a job a worker
+    claims meanwhile is asked to stop instead, and counted there.
+    """
+    queued = list(session.scalars(select(Job.id).where(Job.owner_id == owner_id,
+                                                       Job.status == JobStatus.queued.value)))
+    now = utcnow()
+    cancelled = 0
+    for job_id in queued:
+        done = session.execute(
+            update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value)
+            .values(status=JobStatus.cancelled.value, cancel_requested=True, finished_at=now, updated_at=now,
+                    error_code="cancelled", error_message="cancelled before it started: its API key was revoked"))
+        if rowcount(done) == 1:
+            cancelled += 1
+            record_event(session, job_id=job_id, event_type=CANCELLED)
+    stopping = session.execute(
+        update(Job).where(Job.owner_id == owner_id, Job.status == JobStatus.running.value)
+        .values(cancel_requested=True, updated_at=now))
+    return cancelled, rowcount(stopping)
+
+
 def queued_jobs_to_send(session: Session, *, sent_before: dt.datetime, limit: int = 500) -> list[tuple[str, bool]]:
     """Queued jobs never sent, or last sent before ``sent_before``: ``(id, ever_sent)``, oldest first."""
     query = (
@@ -146,3 +170,13 @@ def mark_not_enqueued(session: Session, *, job_id: str) -> None:
 def set_registration(session: Session, *, job_id: str, registration: dict[str, Any]) -> None:
     """Record how the job's last MLflow registration went (a finished job: its row is not raced)."""
     session.execute(update(Job).where(Job.id == job_id).values(registration=registration, updated_at=utcnow()))
+
+
+def reserve_registration(session: Session, *, job_id: str, limit: int) -> bool:
+    """Count one more registration of the job, unless it had ``limit`` already; whether it was counted.
+
+    One conditional ``UPDATE``: of concurrent registrations at the limit, only those it leaves room for count.
+    """
+    counted = session.execute(update(Job).where(Job.id == job_id, Job.registrations < limit)
+                              .values(registrations=Job.registrations + 1))
+    return rowcount(counted) == 1

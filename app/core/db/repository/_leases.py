@@ -14,6 +14,7 @@ from app.core.db._database import utcnow
 from app.core.db._models import Artifact, Job, JobStatus
 from app.core.db.repository._artifacts import ArtifactRecord
 from app.core.db.repository._events import FINAL_EVENT, STAGE_CHANGED, record_event
+from app.core.db.repository._fairness import fair_pick, standings
 from app.core.db.repository._jobs import get_job
 from app.core.db.repository._logs import append_logs
 from app.core.db.repository._rows import rowcount
@@ -56,6 +57,36 @@ def claim_job(
     if rowcount(claimed) != 1:
         return None
     return get_job(session, job_id=job_id)
+
+
+def claim_next_job(
+    session: Session,
+    *,
+    job_id: str,
+    worker_id: str,
+    lease_s: float = DEFAULT_LEASE_S,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> Job | None:
+    """Start the job the pool owes a turn, prompted by the message for ``job_id`` (:mod:`.fairness`).
+
+    The message's own job when it can be claimed and its key stands no worse than the key owed a turn;
+    else the job of that key (a message whose job ended, was cancelled or started elsewhere starts
+    another). Each claim is :func:`claim_job`'s conditional ``UPDATE``, so a pick another worker took
+    meanwhile is passed over for the next.
+    """
+    own = session.scalar(select(Job.owner_id).where(Job.id == job_id, Job.status == JobStatus.queued.value,
+                                                    Job.attempts < max_attempts))
+    for _ in range(5):
+        pick = fair_pick(session, max_attempts=max_attempts, exclude_owner=own)
+        if own is not None and (pick is None or standings(session, [own])[own] <= pick.standing):
+            break
+        if pick is None:
+            break
+        claimed = claim_job(session, job_id=pick.job_id, worker_id=worker_id, lease_s=lease_s,
+                            max_attempts=max_attempts)
+        if claimed is not None:
+            return claimed
+    return claim_job(session, job_id=job_id, worker_id=worker_id, lease_s=lease_s, max_attempts=max_attempts)
 
 
 def renew_lease(session: Session, *, job_id: str, worker_id: str, lease_s: float) -> bool:

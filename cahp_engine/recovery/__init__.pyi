@@ -27,12 +27,11 @@ from ._reconstruction import (
     METHODS,
     SUBLAYERS,
     TARGETS,
-    LayerFit,
-    Reconstruction,
     ReconstructionOptions,
     reconstruct,
     unsupported_reason,
 )
+from ._reconstruction_records import LayerFit, Reconstruction
 from ._resume import TRAINING_FILES, load_training_state, save_training_state
 from ._training import FineTuning, finetune
 

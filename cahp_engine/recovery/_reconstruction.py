@@ -47,7 +47,7 @@ from cahp_engine._torch import model_inputs
 from cahp_engine.errors import InvalidInputError, UnsupportedModelError
 from cahp_engine.models import get_adapter
 from cahp_engine.recovery._least_squares import NormalEquations, Solution, solve_ridge, solve_scales
-from cahp_engine.results import JsonRecord
+from cahp_engine.recovery._reconstruction_records import LayerFit, Reconstruction
 
 Sublayer = Literal["attention", "ffn"]
 Method = Literal["ridge", "scales"]
@@ -95,56 +95,6 @@ class ReconstructionOptions:
             raise InvalidInputError(f"`alpha` must be a number > 0, got {self.alpha!r}")
         if self.max_rows is not None and self.max_rows < 1:
             raise InvalidInputError(f"`max_rows` must be an integer >= 1 or None, got {self.max_rows!r}")
-
-
-@dataclass(frozen=True)
-class LayerFit(JsonRecord):
-    """One refit projection.
-
-    ``error_before`` and ``error_after`` are ``||output - target||^2 / ||target||^2`` over the
-    calibration tokens, before and after the refit; ``ridge`` is the absolute ridge term used and
-    ``condition`` the Gram matrix's condition number before it (``ill_conditioned`` above 1e8: the
-    ridge term, not the rows, decided the unseen directions).
-    """
-
-    layer: int
-    sublayer: str
-    units: int
-    unknowns: int
-    rows: int
-    error_before: float
-    error_after: float
-    ridge: float
-    condition: float
-    ill_conditioned: bool
-
-
-@dataclass(frozen=True)
-class Reconstruction(JsonRecord):
-    """What :func:`reconstruct` did: one :class:`LayerFit` per refit projection, in order."""
-
-    fits: tuple[LayerFit, ...]
-    method: str
-    target: str
-    alpha: float
-    rows: int
-    seconds: float
-    notes: tuple[str, ...] = ()
-
-    @property
-    def ill_conditioned(self) -> tuple[LayerFit, ...]:
-        return tuple(f for f in self.fits if f.ill_conditioned)
-
-    def describe(self) -> str:
-        """One line for the run's log: the layers' mean error before and after, and the time."""
-        if not self.fits:
-            return "layer-wise reconstruction: nothing to refit"
-        before = sum(f.error_before for f in self.fits) / len(self.fits)
-        after = sum(f.error_after for f in self.fits) / len(self.fits)
-        return (f"layer-wise reconstruction ({self.method}, {self.target} target) of {len(self.fits)} projections "
-                f"on {self.rows} tokens in {self.seconds:.1f} s: relative error {before:.3f} -> {after:.3f}"
-                + (f"; {len(self.ill_conditioned)} ill-conditioned, held by the ridge term" if self.ill_conditioned
-                   else ""))
 
 
 class _Stop(Exception):

@@ -6,9 +6,7 @@ search and the recovery that keeps its best are in ``test_budget.py`` and ``test
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,38 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import LabelledTexts, encode
+from cahp_engine.data import LabelledTexts
 from cahp_engine.errors import ConfigError
 from cahp_engine.recovery import classification_metrics, distillation_loss, finetune, teacher_logits
 from cahp_engine.results import ClassificationMetrics
 from cahp_engine.run import _steps as steps
 from cahp_engine.run import carve, run_pruning
+from tests.support.recovery import FAST, encoded_texts, write_three_class_dataset
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 RECIPE = {"lr": 5e-4, "batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0, "seed": 3}
-#: A small, fast run whose dense model learns the task (the saved random head counts as trained,
-#: so dense fine-tuning is asked for).
-FAST = {"resolution": 6, "signature_samples": "all", "calibration_fraction": 1.0, "stability_shards": 0,
-        "epochs": 1, "dense_finetune": "always", "dense_epochs": 4, "dense_lr": 2e-3, "lr": 5e-4, "batch_size": 16,
-        "latency_warmup": 0, "latency_repeats": 1, "export": "none", "seed": 5}
-
-
-def _encoded(n: int, seed: int = 0):
-    texts, labels = make_texts(n, num_classes=3, seed=seed)
-    return encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
-
-
-def _write_dataset(directory: Path, splits: dict[str, tuple[int, int]]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, (n, seed) in splits.items():
-        texts, labels = make_texts(n, num_classes=3, seed=seed)
-        with open(directory / f"{split}.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(("text", "label"))
-            writer.writerows(zip(texts, (int(y) for y in labels), strict=True))
-    return directory
-
-
 # --------------------------------------------------------------------------- the loss
 
 
@@ -75,7 +51,7 @@ def test_distillation_loss_matches_a_hand_computed_value():
 
 
 def test_teacher_logits_take_one_pass_and_training_never_calls_the_teacher():
-    data = _encoded(64)
+    data = encoded_texts(64)
     dense = make_classifier("bert", layers=2, heads=4, seed=4)
     calls = []
     dense.register_forward_hook(lambda *_: calls.append(1))
@@ -101,8 +77,8 @@ def test_teacher_logits_take_one_pass_and_training_never_calls_the_teacher():
 
 
 def test_a_teacher_for_other_rows_is_refused():
-    data = _encoded(32)
-    teacher = teacher_logits(make_classifier("bert", layers=2, heads=4), _encoded(16), batch_size=8)
+    data = encoded_texts(32)
+    teacher = teacher_logits(make_classifier("bert", layers=2, heads=4), encoded_texts(16), batch_size=8)
     with pytest.raises(Exception, match="teacher's logits cover 16 rows"):
         finetune(make_classifier("bert", layers=2, heads=4), data, epochs=1, teacher=teacher, **RECIPE)
 
@@ -173,7 +149,7 @@ def test_a_run_on_a_base_model_whose_head_is_recreated_is_reproducible_from_its_
     model = tmp_path / "base"
     make_classifier("bert", layers=2, heads=4, num_labels=2, seed=2).save_pretrained(model)
     make_tokenizer().save_pretrained(model)
-    data = _write_dataset(tmp_path / "data", {"train": (90, 0), "test": (45, 1)})
+    data = write_three_class_dataset(tmp_path / "data", {"train": (90, 0), "test": (45, 1)})
     config = PruningConfig(**{**FAST, "dense_epochs": 1, "recovery_loss": "ce"})
     runs = [run_pruning(str(model), str(data), tmp_path / f"out{i}", config) for i in range(2)]
     dense = [r.metrics.dense.to_dict() for r in runs]

@@ -17,7 +17,7 @@ from cahp_engine.models import load_pruned
 from cahp_engine.progress import skipped_stages
 from cahp_engine.recovery import Reconstruction, evaluate
 from cahp_engine.run import run_pruning
-from tests.engine.test_recovery import FAST, _encoded, _write_dataset
+from tests.support.recovery import FAST, encoded_texts, write_three_class_dataset
 from tests.support.tiny_models import make_classifier, make_tokenizer
 
 
@@ -26,7 +26,7 @@ def inputs(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("modes")
     make_classifier("bert", layers=2, heads=4, num_labels=3, seed=2).save_pretrained(root / "base")
     make_tokenizer().save_pretrained(root / "base")
-    return root / "base", _write_dataset(root / "data", {"train": (90, 0), "test": (45, 1)})
+    return root / "base", write_three_class_dataset(root / "data", {"train": (90, 0), "test": (45, 1)})
 
 
 def _run(inputs: tuple[Path, Path], out: Path, **changes):
@@ -56,7 +56,7 @@ def test_reconstruct_alone_trains_nothing_and_reports_the_stage(inputs, tmp_path
     assert "recovery fine-tuning: none (the reconstructed weights are the model)" in card
     # What the run saved is the reconstructed model: it scores what the report says.
     saved = load_pruned(tmp_path / "out" / report.checkpoint.path)
-    assert evaluate(saved, _encoded(45, seed=1)).accuracy == pytest.approx(report.metrics.pruned.accuracy)
+    assert evaluate(saved, encoded_texts(45, seed=1)).accuracy == pytest.approx(report.metrics.pruned.accuracy)
 
 
 def test_reconstruct_then_finetune_trains_from_the_reconstructed_weights(inputs, tmp_path: Path) -> None:

@@ -13,49 +13,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
-
 from app.core.params import run_config
 from cahp_engine.data import DatasetOptions
 from cahp_engine.run import run_pruning
-from tests.support.helpers import TINY_PARAMS, write_split, write_tiny_model
+from tests.support.budget_pool import BUDGET_PARAMS, budget_inputs, budget_pieces
+from tests.support.helpers import TINY_PARAMS
 from tests.support.stack import TERMINAL, Stack, holder_pid, kill
 
 STACK_SETTINGS = {"max_attempts": 3, "checkpoint_interval_s": 0.0}
 #: 150 training rows at batch 2: 75 steps an epoch. A learnt dense model, two head counts a round, and
 #: pieces of 24 epochs evaluated only at their end (about 1,800 steps: seconds each on a tiny model).
-PARAMS: dict[str, Any] = {
-    "dense_finetune": "always", "dense_epochs": 4, "dense_lr": 2e-3, "lr": 5e-4, "batch_size": 2, "epochs": 48,
-    "eval_steps": 75 * 24, "max_accuracy_drop": 3.0, "budget_screen_epochs": 24.0, "budget_parallel": 2,
-    "resolution": 6, "signature_samples": "all", "calibration_fraction": 1.0, "stability_shards": 0,
-    "latency_repeats": 1, "latency_warmup": 0, "seed": 5,
-}
-
-
-def _inputs(stack: Stack) -> tuple[str, str]:
-    root = stack.settings.allowed_local_roots[0] / "budget"
-    if not (root / "model").exists():
-        write_tiny_model(root / "model")
-        for split, (n, seed) in {"train": (150, 0), "validation": (60, 2), "test": (45, 1)}.items():
-            write_split(root / "data" / f"{split}.csv", n, seed=seed)
-    return str(root / "model"), str(root / "data")
-
-
 def _submit(stack: Stack, **params: Any) -> str:
-    model, data = _inputs(stack)
+    model, data = budget_inputs(stack)
     body = {"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"},
-            "params": {**TINY_PARAMS, **PARAMS, **params}}
+            "params": {**TINY_PARAMS, **BUDGET_PARAMS, **params}}
     response = stack.client.post("/v1/jobs", json=body)
     assert response.status_code == 202, response.text
     return str(response.json()["id"])
-
-
-def _pieces(stack: Stack, job_id: str) -> list[dict[str, Any]]:
-    with stack.engine.connect() as connection:
-        rows = connection.execute(text("SELECT id, candidate, piece, status, worker_id, attempts, updated_at "
-                                       "FROM budget_pieces WHERE job_id = :id ORDER BY created_at, candidate"),
-                                  {"id": job_id}).mappings().all()
-    return [dict(row) for row in rows]
 
 
 def _wait_for_a_piece_elsewhere(stack: Stack, job_id: str, timeout: float) -> dict[str, Any]:
@@ -65,14 +39,14 @@ def _wait_for_a_piece_elsewhere(stack: Stack, job_id: str, timeout: float) -> di
         job = stack.row(job_id)
         assert job["status"] not in TERMINAL, f"the job ended before a piece ran elsewhere: {job}"
         if job["status"] == "running":
-            for piece in _pieces(stack, job_id):
+            for piece in budget_pieces(stack, job_id):
                 if piece["status"] == "running" and holder_pid(piece) != holder_pid(job):
                     time.sleep(0.3)
-                    again = {p["id"]: p for p in _pieces(stack, job_id)}[piece["id"]]
+                    again = {p["id"]: p for p in budget_pieces(stack, job_id)}[piece["id"]]
                     if again["status"] == "running" and again["worker_id"] == piece["worker_id"]:
                         return again
         time.sleep(0.1)
-    raise AssertionError(f"no piece ran outside the job's process: {_pieces(stack, job_id)}")
+    raise AssertionError(f"no piece ran outside the job's process: {budget_pieces(stack, job_id)}")
 
 
 def test_candidates_run_across_two_workers_and_a_killed_workers_piece_is_run_again(stack: Stack,
@@ -86,7 +60,7 @@ def test_candidates_run_across_two_workers_and_a_killed_workers_piece_is_run_aga
     done = stack.wait_row(job_id, lambda r: r["status"] in TERMINAL, timeout=600, what="the budget job to end")
     assert done["status"] == "succeeded" and done["attempts"] == 1, done
 
-    pieces = _pieces(stack, job_id)
+    pieces = budget_pieces(stack, job_id)
     again = next(p for p in pieces if p["id"] == victim["id"])
     assert again["status"] == "done" and again["attempts"] == 2 and again["worker_id"] != victim["worker_id"]
     assert all(p["status"] == "done" for p in pieces)
@@ -97,8 +71,8 @@ def test_candidates_run_across_two_workers_and_a_killed_workers_piece_is_run_aga
     assert f"budget: piece {victim['id'][:8]} ran on worker" in log and "(run 2 times" in log
 
     # The same search in one process gives the same answer, candidate by candidate.
-    model, data = _inputs(stack)
-    config = run_config({**TINY_PARAMS, **PARAMS}, device="cpu")
+    model, data = budget_inputs(stack)
+    config = run_config({**TINY_PARAMS, **BUDGET_PARAMS}, device="cpu")
     here = run_pruning(model, data, tmp_path / "here", config, dataset_options=DatasetOptions())
     report = stack.client.get(f"/v1/jobs/{job_id}/artifacts/report.json").json()
     assert report["summary"]["heads_kept"] == here.summary.heads_kept
@@ -126,5 +100,5 @@ def test_cancelling_a_budget_job_ends_its_pieces(stack: Stack) -> None:
     ended = stack.wait_row(job_id, lambda r: r["status"] in TERMINAL, timeout=120, what="the job to be cancelled")
     assert ended["status"] == "cancelled"
     # No piece is left running or waiting: none would be taken (the job is over) and none holds a worker.
-    stack.wait_row(job_id, lambda _r: all(p["status"] in ("done", "cancelled") for p in _pieces(stack, job_id)),
+    stack.wait_row(job_id, lambda _r: all(p["status"] in ("done", "cancelled") for p in budget_pieces(stack, job_id)),
                    timeout=60, what="the pieces to end")

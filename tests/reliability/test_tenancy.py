@@ -172,13 +172,13 @@ def test_a_backlog_of_one_key_holds_another_keys_job_back_by_one_job_at_most(sta
 
 
 def test_a_budgets_pieces_hold_another_keys_job_back_by_one_piece_at_most(stack: Stack) -> None:
-    from tests.reliability.test_budget_pool import PARAMS, _inputs, _pieces
+    from tests.support.budget_pool import BUDGET_PARAMS, budget_inputs, budget_pieces
     from tests.support.helpers import TINY_PARAMS
 
     key_b = new_key(stack.engine, "budget-b")
-    model, data = _inputs(stack)
+    model, data = budget_inputs(stack)
     body = {"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"},
-            "params": {**TINY_PARAMS, **PARAMS, "budget_parallel": 8}}
+            "params": {**TINY_PARAMS, **BUDGET_PARAMS, "budget_parallel": 8}}
     workers = [stack.start_worker(name) for name in ("search", "pool")]
     stack.wait_ready(*workers)
     response = stack.client.post("/v1/jobs", json=body, headers=_bearer(key_b))
@@ -186,11 +186,11 @@ def test_a_budgets_pieces_hold_another_keys_job_back_by_one_piece_at_most(stack:
     budget = response.json()["id"]
     # A round's pieces wait in the queue, and one already runs outside the search's own worker.
     stack.wait_row(budget, lambda r: r["status"] == "running" and any(
-        p["status"] == "running" and p["worker_id"] != r["worker_id"] for p in _pieces(stack, budget))
-        and sum(p["status"] == "queued" for p in _pieces(stack, budget)) >= 2,
+        p["status"] == "running" and p["worker_id"] != r["worker_id"] for p in budget_pieces(stack, budget))
+        and sum(p["status"] == "queued" for p in budget_pieces(stack, budget)) >= 2,
         timeout=300, what="pieces queued and one running elsewhere")
     mine = stack.submit(**TINY)
-    queued_then = {p["id"] for p in _pieces(stack, budget) if p["status"] == "queued"}
+    queued_then = {p["id"] for p in budget_pieces(stack, budget) if p["status"] == "queued"}
     done = stack.wait_row(mine, lambda r: r["status"] in TERMINAL, timeout=600, what="A's job to end")
     assert done["status"] == "succeeded", done
     search_worker = stack.row(budget)["worker_id"]

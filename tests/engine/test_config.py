@@ -21,7 +21,7 @@ from cahp_engine.errors import ConfigError
         ({"stability_shards": 1}, "`stability_shards` must be 0 \\(off\\) or an integer between 2 and 20, got 1"),
         ({"stability_shards": 21}, "`stability_shards`"),
         ({"strategy": "magnitude"}, "`strategy` must be one of cahp, salience, random, coassociation, "
-                                    "stability-selection, mean-distance, got 'magnitude'"),
+                                    "stability-selection, mean-distance, cahp-layer-salience, got 'magnitude'"),
         ({"epochs": -1}, "`epochs` must be a number in"),
         ({"lr": 0}, "`lr`"),
         ({"heads_to_keep": 0}, "`heads_to_keep` must be an integer >= 1, got 0"),

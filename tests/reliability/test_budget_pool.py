@@ -89,9 +89,10 @@ def test_candidates_run_across_two_workers_and_a_killed_workers_piece_is_run_aga
 
 
 def test_cancelling_a_budget_job_ends_its_pieces(stack: Stack) -> None:
-    if not stack.workers:
-        workers = [stack.start_worker(name, pool="prefork") for name in ("c", "d")]
-        stack.wait_ready(*workers)
+    # Workers of its own, whatever ran before in this module (the first test kills a process of its
+    # workers): two fresh processes free to take the pieces the job's worker sends out.
+    workers = [stack.start_worker(name, pool="prefork") for name in ("c", "d")]
+    stack.wait_ready(*workers)
     # Pieces ten times as long as the other tests': one is surely still running in the other worker when
     # looked at, however slow or fast the machine (the job is cancelled, so they never run to their end).
     job_id = _submit(stack, seed=6, epochs=480, budget_screen_epochs=240.0)

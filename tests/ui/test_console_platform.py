@@ -110,7 +110,8 @@ def test_a_job_page_shows_warnings_first_onnx_and_int8_figures_and_copies_a_keyl
     row.get_by_role("button", name="Copy a link to report.json that needs no key").click()
     expect(page.locator(".notice")).to_contain_text("downloads it without a key until")
     link = page.evaluate("navigator.clipboard.readText()")
-    assert re.match(rf"^{re.escape(platform.url)}/v1/artifacts/{job_id}/report\.json\?expires=\d+&signature=", link)
+    signed = rf"^{re.escape(platform.url)}/v1/artifacts/{job_id}/report\.json\?key=\w+&expires=\d+&signature="
+    assert re.match(signed, link)
     fetched = httpx.get(link)  # no key
     assert fetched.status_code == 200 and fetched.json()["identity"]["name"] == "reviews-pruned"
     assert_key_kept_secret(watched, platform)

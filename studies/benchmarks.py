@@ -110,6 +110,7 @@ class Setup:
     #: Tasks whose dense model lives in another study's cache: SST-5's is the quality study's.
     shared_caches: dict[str, Path] = field(default_factory=lambda: {"sst5": common.RESULTS / "cache" / "quality_sst5"})
     agreement_pairs: int = 5
+    announce: Path | None = None  # a file told each dense model's path and test accuracy once it is trained
 
     def protocol(self) -> dict[str, Any]:
         return {"model": self.dense.model, "dense": self.dense.dense_key(), "seeds": list(self.seeds),
@@ -160,6 +161,13 @@ class Loaded:
                                                                self.setup.device, self.say, options=self.task.options())
             if not recorded.is_file():
                 quality._write_json(recorded, {**record, "path": str(cache / "dense")})
+                if self.setup.announce is not None:
+                    with self.setup.announce.open("a") as handle:
+                        handle.write(f"- {self.task.name}: `{cache / 'dense'}` — all-MiniLM-L6-v2 fine-tuned by "
+                                     f"`python -m studies benchmarks`, test accuracy "
+                                     f"{100 * record['test']['accuracy']:.2f} % (macro-F1 "
+                                     f"{100 * record['test']['macro_f1']:.2f}) on {self.task.eval_split} "
+                                     f"({record['test']['n']} rows); {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
             train, test = quality.load_data(self.task.path, tokenizer, self.setup.dense, self.task.options())
             self.say(f"{self.task.name}: dense test accuracy {record['test']['accuracy']:.4f} "
                      f"({len(train)} train / {len(test)} test rows), model in {cache / 'dense'}")
@@ -292,12 +300,17 @@ def run_cell(setup: Setup, loaded: Loaded, seed: int, degree: int, strategy: str
 
 
 def plan(setup: Setup) -> list[tuple[str, ...]]:
-    """Every step, most decisive first: per seed, degree 6 then 2, each task, every strategy; MNLI's (any
-    pair task's) run-to-run agreement after the first seed."""
+    """Every step, most decisive first: the SST-5 cells whose recovery the quality study holds (only their
+    scores before recovery to compute); then per seed, degree 6 then 2, each task, every strategy; MNLI's
+    (any pair task's) run-to-run agreement after the first seed."""
     steps: list[tuple[str, ...]] = []
+    if setup.quality_record is not None and any(t.name == "sst5" for t in setup.tasks):
+        steps += [("cell", "sst5", str(seed), str(degree), s) for seed in setup.seeds for degree in setup.degrees
+                  for s in setup.strategies if s in QUALITY_STRATEGIES]
     for i, seed in enumerate(setup.seeds):
         for degree in setup.degrees:
-            steps += [("cell", t.name, str(seed), str(degree), s) for t in setup.tasks for s in setup.strategies]
+            steps += [step for t in setup.tasks for s in setup.strategies
+                      if (step := ("cell", t.name, str(seed), str(degree), s)) not in steps]
         if i == 0:
             steps += [("agreement", t.name) for t in setup.tasks if t.text_pair_column]
     return steps
@@ -357,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache-dir", type=Path, default=common.RESULTS / "cache" / "benchmarks")
     p.add_argument("--record-dir", type=Path, default=common.RESULTS / "benchmarks",
                    help="where finished selections and cells are kept (tracked by git)")
+    p.add_argument("--announce", type=Path, help="a file to append each dense model's path and accuracy to")
     p.add_argument("--report-only", action="store_true", help="rebuild the tables and figure from the record")
     args = p.parse_args(argv)
     names = [n for n in args.tasks.split(",") if n]
@@ -371,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     setup = Setup(tasks=tuple(TASKS[n] for n in names), base="" if args.report_only else common.minilm_path(),
                   cache=args.cache_dir, record=args.record_dir, strategies=strategies,
                   seeds=tuple(int(v) for v in args.seeds.split(",") if v),
-                  degrees=tuple(int(v) for v in args.degrees.split(",") if v))
+                  degrees=tuple(int(v) for v in args.degrees.split(",") if v), announce=args.announce)
 
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)

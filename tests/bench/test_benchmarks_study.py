@@ -49,7 +49,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> benchmarks.Setup:
         base=str(base), cache=tmp_path / "cache", record=tmp_path / "record", seeds=(1, 2), degrees=(6, 2),
         dense=dense, recovery_epochs=1.0, recovery_lr=1e-3, quality_record=None, shared_caches={},
         selection_overrides={"signature_samples": "all", "calibration_fraction": 1.0, "max_length": 32},
-        agreement_pairs=1)
+        agreement_pairs=1, announce=tmp_path / "DENSE_MODELS.md")
 
 
 def test_the_plan_puts_the_most_decisive_cells_first(setup):
@@ -59,6 +59,11 @@ def test_the_plan_puts_the_most_decisive_cells_first(setup):
     assert cells[0] == ("cell", "sst5", "1", "6", "cahp")
     assert [s[2:4] for s in cells[:20]] == [("1", "6")] * 10 + [("1", "2")] * 10  # seed 1 first, degree 6 first
     assert steps.index(("agreement", "mnli")) == 20  # after the first seed, before the second
+    # With the quality study's record, SST-5's cells it holds come first (only their scores before recovery to do).
+    reusing = benchmarks.plan(benchmarks.Setup(**{**setup.__dict__, "quality_record": Path("quality.json")}))
+    first = [s for s in reusing if s[0] == "cell"][:12]
+    assert {s[1] for s in first} == {"sst5"} and {s[4] for s in first} == set(benchmarks.QUALITY_STRATEGIES)
+    assert sorted(reusing) == sorted(steps)
 
 
 def test_every_cell_is_recorded_the_report_comes_from_the_record_and_a_rerun_computes_nothing(setup, monkeypatch):
@@ -75,6 +80,8 @@ def test_every_cell_is_recorded_the_report_comes_from_the_record_and_a_rerun_com
             assert all(r["accuracy"]["n"] == 2 and r["before_macro_f1"]["n"] == 2 for r in rows.values())
             shares = payload["retention"][task][degree]["cahp"]["share"]
             assert len(shares) == 3 and all(0.0 <= s <= 1.0 for s in shares)
+    told = setup.announce.read_text().splitlines()
+    assert [line.split(":")[0] for line in told] == ["- sst5", "- mnli"] and str(setup.cache / "mnli") in told[1]
     cahp = json.loads(benchmarks.cell_path(setup, "mnli", 1, 6, "cahp").read_text())
     assert sum(cahp["kept_per_layer"]) == cahp["heads_kept"] and cahp["recovery"]["steps"] > 0
     # MNLI's agreement table is made (one pair here) and read back into the record's report.

@@ -8,6 +8,7 @@ import csv
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,7 +112,7 @@ def test_a_quality_study_cell_of_the_same_heads_is_reused_and_another_dense_mode
     path = benchmarks.cell_path(one, "sst5", 1, 2, "cahp")
     cell = json.loads(path.read_text())
     heads = json.loads((one.record / "sst5" / "selection-seed1.json").read_text())["degrees"]["2"]["kept"]["cahp"]
-    recorded = {"settings": {"recovery_epochs": 1.0, "recovery_lr": 1e-3},
+    recorded: dict[str, Any] = {"settings": {"recovery_epochs": 1.0, "recovery_lr": 1e-3},
                 "selections": {"1": {"degrees": {"2": {"kept": {"cahp": heads}}}}},
                 "cells": [{"seed": 1, "degree": 2, "strategy": "cahp", "loss": "ce", "accuracy": 0.123,
                            "macro_f1": 0.1, "recall": [0.0] * 5, "recovery": {"wall_s": 9.0},

@@ -269,7 +269,7 @@ def run_cell(setup: Setup, loaded: Loaded, seed: int, degree: int, strategy: str
     """Prune to the strategy's heads, score, recover by plain fine-tuning, score again."""
     heads = selection(setup, loaded, seed)["degrees"][str(degree)]["kept"][strategy]
     dense, train, test, _ = loaded.get()
-    start, load = time.perf_counter(), os.getloadavg()[0]
+    start, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     pruned = _pruned(dense, heads)
     before = _scores(pruned, test, setup.device)
     reused = _quality_cell(setup, seed, degree, strategy, heads) if loaded.task.name == "sst5" else None
@@ -293,6 +293,7 @@ def run_cell(setup: Setup, loaded: Loaded, seed: int, degree: int, strategy: str
     return {"task": loaded.task.name, "seed": seed, "degree": degree, "strategy": strategy,
             "heads_kept": len(heads), "kept_per_layer": per_layer, "heads_per_layer": heads_per_layer(dense),
             "before": before, "after": after, "recovery": recovery, "wall_s": time.perf_counter() - start,
+            "cpu_s": time.process_time() - cpu,
             "load_average": [load, os.getloadavg()[0]], "date": datetime.now(UTC).isoformat(timespec="seconds")}
 
 

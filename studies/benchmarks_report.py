@@ -100,9 +100,17 @@ def collect(record: Path, tasks: list[str], strategies: tuple[str, ...], seeds: 
                 agreement.setdefault(task, {}).setdefault(degree, {})[strategy] = agreement_of(doc, task, degree,
                                                                                                strategy)
     wanted = len(tasks) * len(degrees) * len(strategies) * len(seeds)
+    progress: dict[str, Any] = {}
+    for task in tasks:
+        mine = [c for c in cells if c["task"] == task]
+        computed = [c["cpu_s"] for c in mine if "reused_from" not in c["recovery"] and "cpu_s" in c]
+        left = len(degrees) * len(strategies) * len(seeds) - len(mine)
+        per = statistics.fmean(computed) if computed else None
+        progress[task] = {"done": len(mine), "left": left, "cpu_s_per_computed_cell": per,
+                          "cpu_s_left": None if per is None else per * left}
     payload = {"settings": protocol, "dense": dense, "summary": summary, "retention": retention,
                "selection_cost": cost, "agreement": agreement, "cells_done": len(cells), "cells_wanted": wanted,
-               "complete": len(cells) == wanted, "cells": cells}
+               "complete": len(cells) == wanted, "progress": progress, "cells": cells}
     payload["verdict"] = verdict(payload, tasks, strategies, seeds, degrees)
     return payload
 
@@ -206,6 +214,12 @@ def markdown(doc: dict[str, Any]) -> str:
         for degree, rows in degrees.items():
             lines.append(f"| {task} | {degree} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in rows.values())
                          + " |")
+    lines += ["", "## Progress (CPU seconds of one thread; reused cells cost only their scoring)", "",
+              "| task | cells done | left | CPU s per computed cell | CPU hours left |", "|---|---|---|---|---|"]
+    for task, g in doc.get("progress", {}).items():
+        per = "–" if g["cpu_s_per_computed_cell"] is None else f"{g['cpu_s_per_computed_cell']:.0f}"
+        left = "–" if g["cpu_s_left"] is None else f"{g['cpu_s_left'] / 3600:.1f}"
+        lines.append(f"| {task} | {g['done']} | {g['left']} | {per} | {left} |")
     v = doc["verdict"]
     lines += ["", "## The rule's verdict" + (" (partial: decides nothing)" if v["partial"] else ""), "",
               v["said"] + ".", ""]

@@ -85,6 +85,7 @@ def test_every_cell_is_recorded_the_report_comes_from_the_record_and_a_rerun_com
     assert [line.split(":")[0] for line in told] == ["- sst5", "- mnli"] and str(setup.cache / "mnli") in told[1]
     cahp = json.loads(benchmarks.cell_path(setup, "mnli", 1, 6, "cahp").read_text())
     assert sum(cahp["kept_per_layer"]) == cahp["heads_kept"] and cahp["recovery"]["steps"] > 0
+    assert cahp["cpu_s"] > 0 and payload["progress"]["mnli"]["left"] == 0
     # MNLI's agreement table is made (one pair here) and read back into the record's report.
     assert payload["agreement"]["mnli"]["6"]["cahp"] is not None
     assert payload["verdict"]["scores"] and "said" in payload["verdict"]

@@ -20,6 +20,7 @@ STUDIES = {
     "mnli-synth": "studies.mnli_synth",
     "budget": "studies.budget_study",
     "agreement": "studies.agreement",
+    "benchmarks": "studies.benchmarks",
 }
 
 

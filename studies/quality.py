@@ -192,8 +192,11 @@ def tiny_base_model(directory: Path) -> str:
     return str(directory)
 
 
-def load_data(data_dir: Path, tokenizer: Any, protocol: Protocol) -> tuple[EncodedDataset, EncodedDataset]:
-    splits = load_splits(data_dir, DatasetOptions(eval_split="test"))
+def load_data(data_dir: Path, tokenizer: Any, protocol: Protocol,
+              options: DatasetOptions | None = None) -> tuple[EncodedDataset, EncodedDataset]:
+    """The training and test splits, tokenised (SST-5's layout unless ``options`` names other columns and
+    splits, e.g. MNLI's premise, hypothesis and ``validation_matched``)."""
+    splits = load_splits(data_dir, options or DatasetOptions(eval_split="test"))
 
     def rows(texts: LabelledTexts, count: int | None) -> LabelledTexts:
         return texts if count is None else texts.subset(draw_subset(len(texts), count, seed=0, labels=texts.labels))
@@ -215,10 +218,12 @@ def _on_pinned_path() -> bool:
     return all(os.environ.get(k) == v for k, v in DENSE_PINS.items())
 
 
-def _train_dense_in_pinned_child(base: str, data_dir: Path, cache: Path, protocol: Protocol) -> None:
+def _train_dense_in_pinned_child(base: str, data_dir: Path, cache: Path, protocol: Protocol,
+                                 options: DatasetOptions | None = None) -> None:
     """Train (or reproduce) the dense model in a child process whose CPU code path is pinned before torch
     loads; the pins cannot be set in a process that already has torch."""
-    job = json.dumps({"base": base, "data_dir": str(data_dir), "cache": str(cache), "protocol": asdict(protocol)})
+    job = json.dumps({"base": base, "data_dir": str(data_dir), "cache": str(cache), "protocol": asdict(protocol),
+                      "options": None if options is None else asdict(options)})
     code = "import sys; from studies.quality import _dense_child; _dense_child(sys.argv[1])"
     env = {**os.environ, **DENSE_PINS}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
@@ -238,11 +243,14 @@ def _dense_child(job_json: str) -> None:
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] (pinned CPU path) {line}", flush=True)
 
-    dense_model(job["base"], Path(job["data_dir"]), Path(job["cache"]), Protocol(**fields), torch.device("cpu"), say)
+    options = None if job.get("options") is None else DatasetOptions(**job["options"])
+    dense_model(job["base"], Path(job["data_dir"]), Path(job["cache"]), Protocol(**fields), torch.device("cpu"), say,
+                options=options)
 
 
 def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, device: torch.device,
-                say: Callable[[str], None]) -> tuple[nn.Module, Any, dict[str, Any]]:
+                say: Callable[[str], None],
+                options: DatasetOptions | None = None) -> tuple[nn.Module, Any, dict[str, Any]]:
     """The densely fine-tuned model, its tokenizer and its record (recipe, training, test scores).
 
     Trained once and saved under ``cache/dense``; later runs load it. A cached record whose model files
@@ -253,11 +261,12 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
     missing = record is None or not (directory / "config.json").is_file()
     if missing and protocol.dense_cpu_path == "pinned" and device.type == "cpu" and not _on_pinned_path():
         say("dense model: trained in a child process on the pinned CPU path (reproducible on any x86-64 machine)")
-        _train_dense_in_pinned_child(base, data_dir, cache, protocol)
+        _train_dense_in_pinned_child(base, data_dir, cache, protocol, options)
         record, missing = _read_json(record_file), False
     if missing:
-        loaded = load_classifier(base, num_labels=5, seed=protocol.dense_seed)
-        train, test = load_data(data_dir, loaded.tokenizer, protocol)
+        labels = len(load_splits(data_dir, options or DatasetOptions(eval_split="test")).train.label_names)
+        loaded = load_classifier(base, num_labels=labels, seed=protocol.dense_seed)
+        train, test = load_data(data_dir, loaded.tokenizer, protocol, options)
         say(f"dense fine-tuning: {protocol.dense_epochs:g} epochs at lr {protocol.dense_lr:g} on {len(train)} rows"
             + ("" if record is None else " (the model is not in the cache: retrained to resume its cells)"))
         training = finetune(loaded.model, train, epochs=protocol.dense_epochs, lr=protocol.dense_lr,

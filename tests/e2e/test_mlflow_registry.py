@@ -59,7 +59,7 @@ def test_a_job_with_register_lands_in_the_registry_and_cahp_register_adds_a_vers
         job_id = capsys.readouterr().out.strip()
         assert main(["wait", job_id, "--timeout", "300", "--quiet", *common]) == 0, log.read_text()[-3000:]
         # `cahp wait` repeats the job's quality warnings on stderr (this model's head was never trained).
-        assert f"cahp: warning: job {job_id}: " in capsys.readouterr().err
+        assert f"cahp: warning: job {job_id} [" in capsys.readouterr().err
 
         job = httpx.get(f"{url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key}"}).json()
         registration = job["registration"]

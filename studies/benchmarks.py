@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     names = [n for n in args.tasks.split(",") if n]
     if not names or set(names) - set(TASKS):
         raise SystemExit(f"--tasks: choose from {', '.join(TASKS)}, got {args.tasks!r}")
-    from cahp_engine.selection import STRATEGIES as REGISTERED
+    from cahp_engine.config import STRATEGIES as REGISTERED
 
     strategies = tuple(s for s in args.strategies.split(",") if s)
     if not strategies or set(strategies) - set(REGISTERED):

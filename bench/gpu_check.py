@@ -106,12 +106,14 @@ def whole_run(model_ref: str, data_dir: Path, out: Path, device: torch.device, *
     """``run_pruning`` at degree 2 with a 3-epoch recovery; the report's headline figures."""
     from cahp_engine.config import PruningConfig
     from cahp_engine.data import DatasetOptions
-    from cahp_engine.run import run_pruning
+    from cahp_engine.run import RunHooks, RunRequest, run_pruning
 
     settings = {"poly_degree": 2, "epochs": 3, "device": str(device), **config}
     start = time.perf_counter()
-    report = run_pruning(model_ref, str(data_dir), out, PruningConfig(**settings),
-                         dataset_options=DatasetOptions(eval_split="test"), progress=_synchronised(device))
+    report = run_pruning(RunRequest(model_ref=model_ref, dataset_ref=str(data_dir), output_dir=out,
+                                    config=PruningConfig(**settings),
+                                    dataset_options=DatasetOptions(eval_split="test")),
+                         RunHooks(progress=_synchronised(device)))
     return {"settings": settings, "wall_s": time.perf_counter() - start, "summary": report.summary.to_dict(),
             "timings_s": report.timings_s, "recovery_precision": report.recovery.precision,
             "signature_sampling": report.selection.signature_sampling.to_dict()

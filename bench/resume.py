@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from cahp_engine.config import PruningConfig
     from cahp_engine.errors import JobCancelledError
-    from cahp_engine.run import DirectoryCheckpoints, run_pruning
+    from cahp_engine.run import DirectoryCheckpoints, RunHooks, RunRequest, run_pruning
 
     config = PruningConfig(epochs=3, dense_finetune="always", dense_epochs=3, seed=0, export="none",
                            latency_repeats=3, latency_warmup=1)
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         data = str(_subset(args.data, root / "data", args.rows, args.test_rows))
         model = minilm_path()
         started = time.perf_counter()
-        fresh = run_pruning(model, data, root / "fresh", config)
+        fresh = run_pruning(RunRequest(model_ref=model, dataset_ref=data, output_dir=root / "fresh", config=config))
         figures["fresh_s"] = time.perf_counter() - started
         figures["fresh_timings_s"] = fresh.timings_s
 
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
 
         started = time.perf_counter()
         try:
-            run_pruning(model, data, root / "stopped", config, checkpoints=store, should_cancel=after_first_epoch)
+            run_pruning(RunRequest(model_ref=model, dataset_ref=data, output_dir=root / "stopped", config=config),
+                        RunHooks(checkpoints=store, should_cancel=after_first_epoch))
         except JobCancelledError:
             pass
         figures["stopped_after_s"] = time.perf_counter() - started
@@ -95,7 +96,9 @@ def main(argv: list[str] | None = None) -> None:
 
         lines: list[str] = []
         started = time.perf_counter()
-        resumed = run_pruning(model, data, root / "resumed", config, checkpoints=store, log=lines.append)
+        resumed = run_pruning(RunRequest(model_ref=model, dataset_ref=data, output_dir=root / "resumed",
+                                         config=config),
+                              RunHooks(checkpoints=store, log=lines.append))
         figures["resumed_s"] = time.perf_counter() - started
         figures["resumed_timings_s"] = resumed.timings_s
         figures["resumed_over_fresh"] = figures["resumed_s"] / figures["fresh_s"]

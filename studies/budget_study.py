@@ -56,7 +56,7 @@ from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
 from cahp_engine.recovery import BestWeights, FineTuning, evaluate, finetune
 from cahp_engine.results import ValidationPoint
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._holdout import ValidationScorer
 from studies import common, quality
 
@@ -267,8 +267,10 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
             say(f"{folder}/{name}: {changes or 'the knee'}")
             t0 = time.perf_counter()
             try:
-                run_pruning(str(model), str(data), directory, config, dataset_options=DatasetOptions(eval_split="test"),
-                            overwrite=True, log=_prefixed(say, name))
+                run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=directory,
+                                       config=config, dataset_options=DatasetOptions(eval_split="test"),
+                                       overwrite=True),
+                            RunHooks(log=_prefixed(say, name)))
             except AccuracyBudgetError as exc:
                 say(f"  [{name}] {exc}")
             report = _read(directory / "report.json")

@@ -32,7 +32,7 @@ from typing import Any
 
 from app.core.db import repository, transaction
 from app.core.inputs import InputFetcher, refuse_custom_code
-from app.core.params import dataset_options, run_config
+from app.core.params import run_config
 from app.core.periodic import Periodic
 from app.core.storage import ArtifactStore, checkpoint_prefix
 from cahp_engine.errors import JobCancelledError
@@ -43,6 +43,7 @@ from cahp_engine.run import (
     CandidateResult,
     CandidateRun,
     CandidateSpec,
+    RunHooks,
     SearchInputs,
     candidate_inputs,
     load_candidate,
@@ -51,6 +52,7 @@ from cahp_engine.run import (
 )
 from worker import shutdown
 from worker.checkpoints import StoreCheckpoints
+from worker.claims import ClaimedPiece, JobDefinition, run_request
 
 logger = logging.getLogger(__name__)
 
@@ -173,14 +175,12 @@ class PoolCandidates:
             with transaction(context.sessions) as session:
                 row = repository.claim_piece(session, piece_id=piece_id, worker_id=context.worker_id,
                                              lease_s=context.settings.lease_s)
-                claimed = None if row is None else (dict(row.spec), row.resume_from)
+                claimed = None if row is None else ClaimedPiece.of(row)
             if claimed is None:
                 continue
             with PieceLease(context, piece_id) as lease:
                 cancel = _either(self._should_cancel, lease.lost)
-                outcome = execute_piece(CandidateSpec.from_dict(claimed[0]), claimed[1],
-                                        _with_cancel(inputs, cancel), context.store, job_id=self._job_id,
-                                        attempt=self._attempt, local=self._local)
+                outcome = execute_piece(claimed, _with_cancel(inputs, cancel), context.store, local=self._local)
             with transaction(context.sessions) as session:
                 repository.finish_piece(session, piece_id=piece_id, worker_id=context.worker_id, result=outcome)
             return True
@@ -223,14 +223,14 @@ class PieceLease:
             self._keeper.stop()
 
 
-def execute_piece(spec: CandidateSpec, resume_from: str | None, inputs: SearchInputs, store: ArtifactStore, *,
-                  job_id: str, attempt: int, local: Path) -> dict[str, Any]:
-    """Train one piece from the state at ``resume_from`` (None: from the start); what it left, as JSON.
+def execute_piece(piece: ClaimedPiece, inputs: SearchInputs, store: ArtifactStore, *, local: Path) -> dict[str, Any]:
+    """Train one piece from the state at ``piece.resume_from`` (None: from the start); what it left, as JSON.
 
     ``{"result": ..., "state": prefix or None, "steps": n}``: the engine's result (without the model),
     where the candidate's state now is (kept when it may train on or be chosen), the steps it trained.
     """
     scratch = local / f"piece-{uuid.uuid4().hex[:12]}"
+    spec, resume_from = piece.candidate(), piece.resume_from
     try:
         run = None
         if resume_from is not None:
@@ -241,7 +241,8 @@ def execute_piece(spec: CandidateSpec, resume_from: str | None, inputs: SearchIn
         state = None
         if result.status in _RESUMABLE:
             save_candidate(result.run, scratch / "to")
-            state = f"{checkpoint_prefix(job_id)}/candidates/{attempt}/{spec.key}-{uuid.uuid4().hex[:12]}"
+            state = (f"{checkpoint_prefix(piece.job_id)}/candidates/{piece.attempt}/"
+                     f"{spec.key}-{uuid.uuid4().hex[:12]}")
             for name in CANDIDATE_FILES:
                 store.put_file(f"{state}/{name}", scratch / "to" / name, media_type="application/octet-stream")
         return {"result": encode_result(result), "state": state, "steps": result.run.tuning.step - before}
@@ -298,18 +299,16 @@ def run_piece(piece_id: str, context: Any) -> str:
         row = repository.claim_piece(session, piece_id=piece_id, worker_id=context.worker_id, lease_s=settings.lease_s)
         if row is None:
             return "skipped"
-        claimed = (row.job_id, row.attempt, dict(row.spec), row.resume_from)
+        piece = ClaimedPiece.of(row)
         job = repository.get_job(session, job_id=row.job_id)
         assert job is not None  # a piece's job outlives it (the foreign key cascades)
-        definition = (job.owner_id, job.model_uri, job.model_revision, dict(job.dataset), dict(job.params))
-    job_id, attempt, spec, resume_from = claimed
+        definition = JobDefinition.of(job)
     with PieceLease(context, piece_id) as lease:
         stopping = _either(lease.lost, lambda: shutdown.requested(settings.resolved_work_dir))
         try:
-            inputs = _inputs(context, job_id, attempt, definition, stopping)
-            outcome = execute_piece(CandidateSpec.from_dict(spec), resume_from, _with_cancel(inputs, stopping),
-                                    context.store, job_id=job_id, attempt=attempt,
-                                    local=settings.resolved_work_dir / f"{job_id}.pieces")
+            inputs = _inputs(context, piece, definition, stopping)
+            outcome = execute_piece(piece, _with_cancel(inputs, stopping), context.store,
+                                    local=settings.resolved_work_dir / f"{piece.job_id}.pieces")
         except JobCancelledError:
             if not lease.lost():
                 with transaction(context.sessions) as session:
@@ -318,7 +317,7 @@ def run_piece(piece_id: str, context: Any) -> str:
             return "dropped"
         except Exception:
             # Given back: the search's own worker runs it, and fails the job there if it fails again.
-            logger.exception("budget piece %s of job %s failed here; it is given back", piece_id, job_id)
+            logger.exception("budget piece %s of job %s failed here; it is given back", piece_id, piece.job_id)
             with transaction(context.sessions) as session:
                 repository.release_piece(session, piece_id=piece_id, worker_id=context.worker_id)
             return "failed"
@@ -335,34 +334,29 @@ def forget_inputs() -> None:
         _BUILT.clear()
 
 
-def _inputs(context: Any, job_id: str, attempt: int, definition: tuple[Any, ...],
-            should_cancel: Callable[[], bool]) -> SearchInputs:
-    """The search's inputs of the job's attempt, built once per process (the last job's are let go)."""
+def _inputs(context: Any, piece: ClaimedPiece, job: JobDefinition, should_cancel: Callable[[], bool]) -> SearchInputs:
+    """The search's inputs of the piece's job attempt, built once per process (the last job's are let go)."""
     with _BUILT_LOCK:
-        built = _BUILT.get((job_id, attempt))
+        built = _BUILT.get((piece.job_id, piece.attempt))
         if built is not None:
             return built[0]
         for _old, scratch in _BUILT.values():
             shutil.rmtree(scratch, ignore_errors=True)
         _BUILT.clear()
         settings = context.settings
-        owner_id, model_uri, revision, dataset, params = definition
-        scratch = settings.resolved_work_dir / f"{job_id}.pieces-{attempt}"
+        scratch = settings.resolved_work_dir / f"{piece.job_id}.pieces-{piece.attempt}"
         shutil.rmtree(scratch, ignore_errors=True)
-        config = run_config(params, device=settings.device)
-        fetched = InputFetcher(settings=settings, sessions=context.sessions, store=context.store, owner_id=owner_id,
-                               workdir=scratch / "inputs").prepare(model={"uri": model_uri, "revision": revision},
-                                                                   dataset=dataset)
+        config = run_config(job.params, device=settings.device)
+        fetched = InputFetcher(settings=settings, sessions=context.sessions, store=context.store,
+                               owner_id=job.owner_id, workdir=scratch / "inputs").prepare(
+            model=job.model.as_submitted(), dataset=dict(job.dataset.record))
         if Path(fetched.model_ref).is_dir():
             refuse_custom_code(Path(fetched.model_ref))
             check_weight_files(Path(fetched.model_ref))
+        # The run's own request (its output directory is never written here) and its checkpoints, read only.
         inputs = candidate_inputs(
-            fetched.model_ref, fetched.dataset_ref, config,
-            checkpoints=StoreCheckpoints(context.store, job_id=job_id, local=scratch / "checkpoints"),
-            dataset_options=dataset_options(dataset), max_dataset_rows=settings.max_dataset_rows,
-            max_model_params=settings.model_params_limit, revision=revision,
-            hub_token=settings.hub_token.get_secret_value() if settings.hub_token else None,
-            cache_dir=str(settings.hub_cache_dir) if settings.hub_cache_dir else None,
-            model_name=model_uri, dataset_name=dataset.get("uri"), should_cancel=should_cancel)
-        _BUILT[(job_id, attempt)] = (inputs, scratch)
+            run_request(job, config, fetched, scratch / "output", settings),
+            RunHooks(checkpoints=StoreCheckpoints(context.store, job_id=piece.job_id, local=scratch / "checkpoints"),
+                     should_cancel=should_cancel))
+        _BUILT[(piece.job_id, piece.attempt)] = (inputs, scratch)
         return inputs

@@ -3,8 +3,8 @@
 After the artifacts are stored, :func:`event_details` gives the final event each one's time-limited
 link (a receiver fetches the model without the submitter's key) and the run's identity and recipe, and
 :func:`register` logs the run and registers the model in the operator's MLflow registry when the job
-asked for it (:mod:`app.core.mlflow_registry`). :func:`run_identity` is what the engine is told about the job
-(its name, id, labels, and what its inputs are called) for the report, the cards and the registry.
+asked for it (:mod:`app.core.mlflow_registry`). What the engine is told about the job (its name, id,
+labels, and what its inputs are called) is :meth:`worker.claims.JobDefinition.identity`.
 """
 
 from __future__ import annotations
@@ -18,16 +18,7 @@ from app.core.mlflow_registry import RegisterRequest, Registration, failed_regis
 from app.core.security import ArtifactRef, artifact_link
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
-from cahp_engine.run import RunIdentity, RunReport
-
-
-def run_identity(*, job_id: str, name: str | None, labels: Mapping[str, str], model_uri: str, dataset_uri: str,
-                 model_name: str | None, dataset_name: str | None) -> RunIdentity:
-    """The engine's :class:`RunIdentity` of a job: hub ids of ``hf://`` inputs, else their display names."""
-    model_hub = model_uri.removeprefix("hf://") if model_uri.startswith("hf://") else None
-    data_hub = dataset_uri.removeprefix("hf://").removeprefix("datasets/") if dataset_uri.startswith("hf://") else None
-    return RunIdentity(name=name, job_id=job_id, labels=dict(labels), base_model=model_name,
-                       base_model_hub_id=model_hub, dataset=dataset_name, dataset_hub_id=data_hub)
+from cahp_engine.run import RunReport
 
 
 def event_details(settings: Settings, store: ArtifactStore, *, job_id: str, owner_id: str,
@@ -58,10 +49,10 @@ def signed_links(settings: Settings, store: ArtifactStore, *, job_id: str, owner
     return out
 
 
-def register(settings: Settings, *, output: Path, job_id: str, owner_id: str, spec: Mapping[str, Any],
+def register(settings: Settings, *, output: Path, job_id: str, owner_id: str, request: RegisterRequest,
              labels: Mapping[str, str], name: str | None) -> tuple[Registration, Exception | None]:
-    """Register the job's model as ``spec`` asks, for its key ``owner_id``; the outcome, and the error if it failed."""
-    request = RegisterRequest.from_dict(spec)
+    """Register the job's model as ``request`` asks, for its key ``owner_id``; the outcome, and the error if it
+    failed."""
     try:
         return register_model(settings, files=output, job_id=job_id, owner_id=owner_id, request=request,
                               labels=labels, name=name), None

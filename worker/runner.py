@@ -14,7 +14,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +26,21 @@ from app.core.errors import RegistryError, ServiceError
 from app.core.inputs import InputFetcher, refuse_custom_code, storage_error
 from app.core.inputs.sources import check_revision
 from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, QUEUE_WAIT
-from app.core.params import dataset_options, run_config
+from app.core.params import run_config
 from app.core.periodic import Periodic
 from app.core.sandbox import inspection_pool
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
+from cahp_engine.config import PruningConfig
 from cahp_engine.errors import AccuracyBudgetError, CahpError, JobCancelledError, PipelineError
 from cahp_engine.models import check_weight_files
-from cahp_engine.run import RunReport
+from cahp_engine.run import RunHooks, RunReport, RunRequest
 from worker import shutdown
 from worker.artifacts import store_artifacts
 from worker.candidates import PoolCandidates
 from worker.checkpoints import StoreCheckpoints
-from worker.delivery import event_details, register, run_identity
+from worker.claims import ClaimedJob, JobDefinition, run_request
+from worker.delivery import event_details, register
 from worker.handback import hand_back, job_ended
 from worker.lease import LeaseKeeper
 from worker.redaction import job_redactor
@@ -47,7 +49,7 @@ from worker.reporting import KEEP_ALIVE_CHECK_S, JobReporter
 logger = logging.getLogger(__name__)
 
 #: ``run_pruning``'s signature (see cahp_engine.run); tests may pass another real pipeline.
-Pipeline = Callable[..., RunReport]
+Pipeline = Callable[[RunRequest, RunHooks], RunReport]
 
 
 class Outcome(enum.StrEnum):
@@ -88,23 +90,6 @@ class _FailedWithArtifacts(Exception):
         self.registration = registration
 
 
-@dataclass(frozen=True)
-class _Claimed:
-    """A plain copy of the claimed row, so no ORM object outlives its session."""
-
-    job_id: str
-    owner_id: str
-    attempt: int
-    model: dict[str, Any]
-    dataset: dict[str, Any]
-    params: dict[str, Any]
-    name: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    model_name: str | None = None
-    dataset_name: str | None = None
-    register: dict[str, Any] | None = None
-
-
 def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | None = None) -> Outcome:
     """Run the job ``job_id`` if it is queued, and record how it ended.
 
@@ -132,11 +117,7 @@ def execute_job(*, job_id: str, context: WorkerContext, pipeline: Pipeline | Non
             _log_skip(session, job_id)
             return Outcome.skipped
         job_id = job.id
-        claimed = _Claimed(job_id=job.id, owner_id=job.owner_id, attempt=job.attempts,
-                           model={"uri": job.model_uri, "revision": job.model_revision},
-                           dataset=dict(job.dataset), params=dict(job.params), name=job.name,
-                           labels=dict(job.labels or {}), model_name=job.model_name, dataset_name=job.dataset_name,
-                           register=dict(job.register) if job.register else None)
+        claimed = ClaimedJob(job=JobDefinition.of(job), attempt=job.attempts)
         if job.started_at is not None:
             QUEUE_WAIT.observe(max(0.0, (job.started_at - job.created_at).total_seconds()))
     lease = LeaseKeeper(context.sessions, job_id=job_id, worker_id=context.worker_id, lease_s=settings.lease_s,
@@ -215,44 +196,40 @@ def _remove_earlier_workdirs(work_dir: Path, job_id: str) -> None:
 
 
 def _run(
-    claimed: _Claimed, context: WorkerContext, reporter: JobReporter, workdir: Path, pipeline: Pipeline | None
+    claimed: ClaimedJob, context: WorkerContext, reporter: JobReporter, workdir: Path, pipeline: Pipeline | None
 ) -> tuple[RunReport, list[ArtifactRecord], dict[str, Any] | None]:
-    settings = context.settings
+    settings, job = context.settings, claimed.job
     # Settings and options first: they are checked again here (a row may predate a rule), before any
     # of them is used as a file name.
-    config = run_config(claimed.params, device=settings.device)
-    options = dataset_options(claimed.dataset)
-    if claimed.model.get("revision") is not None:
-        check_revision(claimed.model["revision"], field="model.revision")
+    config = run_config(job.params, device=settings.device)
+    job.dataset.options()
+    if job.model.revision is not None:
+        check_revision(job.model.revision, field="model.revision")
     fetcher = InputFetcher(settings=settings, sessions=context.sessions, store=context.store,
-                           owner_id=claimed.owner_id, workdir=workdir / "inputs")
-    inputs = fetcher.prepare(model=claimed.model, dataset=claimed.dataset)
+                           owner_id=job.owner_id, workdir=workdir / "inputs")
+    inputs = fetcher.prepare(model=job.model.as_submitted(), dataset=dict(job.dataset.record))
     if Path(inputs.model_ref).is_dir():
         refuse_custom_code(Path(inputs.model_ref))
         check_weight_files(Path(inputs.model_ref))
     # The submit checks again, on what was fetched, in a bounded child: a hostile header, config, card
     # or split file fails the job with the limit it reached rather than growing this process.
     inspection_pool(settings).run("check_fetched", what="checking the job's model and dataset",
-                                  model=inputs.model_ref, dataset=inputs.dataset_ref, dataset_record=claimed.dataset,
-                                  settings=settings)
+                                  model=inputs.model_ref, dataset=inputs.dataset_ref,
+                                  dataset_record=dict(job.dataset.record), settings=settings)
     output = workdir / "output"
     if pipeline is None:
         from cahp_engine.run import run_pruning
 
         pipeline = run_pruning
     try:
-        extra = {} if context.send_piece is None or config.max_accuracy_drop is None else {
-            "candidates": PoolCandidates(context, job_id=claimed.job_id, attempt=claimed.attempt,
-                                         send=context.send_piece, local=workdir / "pieces", say=reporter.log,
-                                         should_cancel=reporter.should_cancel)}
-        report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter,
-                       StoreCheckpoints(context.store, job_id=claimed.job_id, local=workdir / "checkpoints"), **extra)
+        hooks = _hooks(claimed, context, reporter, workdir, config)
+        report = pipeline(run_request(job, config, inputs, output, settings), hooks)
     except AccuracyBudgetError as exc:
         # The one failure that leaves artifacts: the report and plots of the candidates it tried.
         if not (output.is_dir() and reporter.still_held()):
             raise
         files = sorted(p.name for p in output.iterdir() if p.is_file())
-        stored = list(store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
+        stored = list(store_artifacts(output, files, store=context.store, job_id=job.id,
                                       attempt=claimed.attempt, redact=reporter.redact))
         raise _FailedWithArtifacts(exc, stored) from exc
     if not (output / "model").is_dir():
@@ -262,15 +239,15 @@ def _run(
         raise JobCancelledError("this worker no longer holds the job")
     # The engine writes only its artifacts into ``output`` (model/ plus ARTIFACT_FILES).
     files = sorted(p.name for p in output.iterdir() if p.is_file())
-    artifacts = store_artifacts(output, files, store=context.store, job_id=claimed.job_id,
+    artifacts = store_artifacts(output, files, store=context.store, job_id=job.id,
                                 attempt=claimed.attempt, redact=reporter.redact)
     registration = None
-    if claimed.register is not None:
-        reporter.log(f"registering the model as {claimed.register.get('model_name')!r} in the MLflow registry")
+    if job.register is not None:
+        reporter.log(f"registering the model as {job.register.model_name!r} in the MLflow registry")
         with transaction(context.sessions) as session:  # the job's own registration counts towards its limit
-            repository.reserve_registration(session, job_id=claimed.job_id, limit=settings.max_registrations_per_job)
-        outcome, error = register(settings, output=output, job_id=claimed.job_id, owner_id=claimed.owner_id,
-                                  spec=claimed.register, labels=claimed.labels, name=claimed.name)
+            repository.reserve_registration(session, job_id=job.id, limit=settings.max_registrations_per_job)
+        outcome, error = register(settings, output=output, job_id=job.id, owner_id=job.owner_id,
+                                  request=job.register, labels=job.labels, name=job.name)
         registration = outcome.to_dict()
         if error is not None:
             # One code for every way registration fails (the registry, the outbound guard, its settings).
@@ -282,35 +259,29 @@ def _run(
     return report, artifacts, registration
 
 
-def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: Any, claimed: _Claimed,
-          settings: Settings, reporter: JobReporter, checkpoints: StoreCheckpoints, **extra: Any) -> RunReport:
-    return pipeline(
-        inputs.model_ref, inputs.dataset_ref, output, config,
-        dataset_options=options,
-        max_dataset_rows=settings.max_dataset_rows,
-        max_model_params=settings.model_params_limit,
-        model_name=claimed.model["uri"],
-        dataset_name=claimed.dataset["uri"],
-        revision=claimed.model.get("revision"),
-        identity=run_identity(job_id=claimed.job_id, name=claimed.name, labels=claimed.labels,
-                              model_uri=claimed.model["uri"], dataset_uri=claimed.dataset["uri"],
-                              model_name=claimed.model_name, dataset_name=claimed.dataset_name),
-        hub_token=settings.hub_token.get_secret_value() if settings.hub_token else None,
-        cache_dir=str(settings.hub_cache_dir) if settings.hub_cache_dir else None,
+def _hooks(claimed: ClaimedJob, context: WorkerContext, reporter: JobReporter, workdir: Path,
+           config: PruningConfig) -> RunHooks:
+    """What the engine reports to this worker and asks of it while it runs the job."""
+    settings = context.settings
+    # An accuracy budget's candidates across the pool (worker.candidates); else the engine runs them in turn.
+    pool = None if context.send_piece is None or config.max_accuracy_drop is None else PoolCandidates(
+        context, job_id=claimed.job.id, attempt=claimed.attempt, send=context.send_piece, local=workdir / "pieces",
+        say=reporter.log, should_cancel=reporter.should_cancel)
+    return RunHooks(
         progress=reporter.progress,
         should_cancel=reporter.should_cancel,
         log=reporter.log,
         # Each stage and fine-tuning stop saved to the artifact store; an earlier attempt's resumed.
-        checkpoints=checkpoints,
+        checkpoints=StoreCheckpoints(context.store, job_id=claimed.job.id, local=workdir / "checkpoints"),
         checkpoint_interval_s=settings.checkpoint_interval_s,
         # A worker shutting down saves the fine-tuning at its last step before handing the job back.
         checkpoint_when_stopped=lambda: reporter.stop_reason == "shutdown",
-        **extra,  # an accuracy budget's candidates across the pool (worker.candidates)
+        candidates=pool,
     )
 
 
 def _finish_stopped(
-    context: WorkerContext, reporter: JobReporter, claimed: _Claimed, exc: JobCancelledError
+    context: WorkerContext, reporter: JobReporter, claimed: ClaimedJob, exc: JobCancelledError
 ) -> Outcome:
     if reporter.stop_reason == "shutdown" and hand_back(reporter, attempt=claimed.attempt):
         return Outcome.handed_back
@@ -330,7 +301,7 @@ def _finish_stopped(
 def _finish(
     context: WorkerContext,
     reporter: JobReporter,
-    claimed: _Claimed,
+    claimed: ClaimedJob,
     status: JobStatus,
     *,
     code: str | None = None,
@@ -343,18 +314,18 @@ def _finish(
     reporter.end_stage()
     # The event's receivers fetch the model through these links, without the submitter's key, and
     # read what the model is and how it was made.
-    details = event_details(context.settings, context.store, job_id=claimed.job_id, owner_id=claimed.owner_id,
+    details = event_details(context.settings, context.store, job_id=claimed.job.id, owner_id=claimed.job.owner_id,
                             artifacts=artifacts or (), report=report)
     with transaction(context.sessions) as session:
         recorded = repository.finish_job(
-            session, job_id=claimed.job_id, worker_id=context.worker_id, status=status, error_code=code,
+            session, job_id=claimed.job.id, worker_id=context.worker_id, status=status, error_code=code,
             error_message=message, result=result, artifacts=artifacts or (), messages=reporter.drain(),
             registration=registration, event_details=details,
         )
-        ended = repository.get_job(session, job_id=claimed.job_id) if recorded else None
+        ended = repository.get_job(session, job_id=claimed.job.id) if recorded else None
         created_at = ended.created_at if ended is not None else None
     if recorded:
-        job_ended(context.store, job_id=claimed.job_id, status=status, created_at=created_at)
+        job_ended(context.store, job_id=claimed.job.id, status=status, created_at=created_at)
         JOBS_FINISHED.labels(status.value).inc()
         if status is JobStatus.failed:
             JOB_FAILURES.labels(code or "unknown").inc()
@@ -362,7 +333,7 @@ def _finish(
         # Another worker took the job over (this one's lease expired): what this attempt stored is
         # referenced by no row, so it is removed rather than left to look like a result.
         logger.warning("job %s was no longer held by %s; its end (%s) was not recorded",
-                       claimed.job_id, context.worker_id, status)
+                       claimed.job.id, context.worker_id, status)
         for artifact in artifacts or ():
             try:
                 context.store.delete(artifact.storage_key)

@@ -182,19 +182,21 @@ class _Bars:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run ``cahp prune``; returns the exit code."""
-    from cahp_engine.run import run_pruning
+    from cahp_engine.run import RunHooks, RunRequest, run_pruning
 
     bars = _Bars(enabled=not args.json)
     try:
         config, options = config_from_args(args)
         identity = identity_from_args(args)
         bars.spans = stage_spans(skipped_stages(config))  # the spans run_pruning places this run's stages in
-        report = run_pruning(
-            args.model, args.dataset, args.output, config, dataset_options=options,
-            max_dataset_rows=args.max_dataset_rows, max_model_params=args.max_model_params, revision=args.revision,
-            overwrite=args.overwrite, identity=identity, progress=bars,
-            log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
+        request = RunRequest(
+            model_ref=args.model, dataset_ref=args.dataset, output_dir=args.output, config=config,
+            dataset_options=options, identity=identity, revision=args.revision, overwrite=args.overwrite,
+            max_dataset_rows=args.max_dataset_rows, max_model_params=args.max_model_params,
         )
+        report = run_pruning(request, RunHooks(
+            progress=bars, log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
+        ))
     except InvalidInputError as exc:
         bars.close()
         print(f"cahp prune: error: {exc}", file=sys.stderr)

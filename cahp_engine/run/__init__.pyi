@@ -1,13 +1,14 @@
 """A whole pruning run: the steps in order, the accuracy budget, the typed report, plots and artifacts.
 
-Reading order: ``_run`` (``run_pruning``) -> ``_steps`` (load, dense fine-tune, select, prune, recover,
+Reading order: ``_request`` and ``_hooks`` (what a run is asked, what it reports back) -> ``_run``
+(``run_pruning``: the stages in order) -> ``_steps`` (load, dense fine-tune, select, prune, recover,
 evaluate) -> ``_checkpoints`` and ``_live`` (resuming an earlier run's stages; the log of long stages)
 -> ``_holdout`` (the validation split recovery judges on) -> ``_candidates`` (one candidate of an
 accuracy budget, recovered) -> ``_executors`` and ``_candidate_inputs`` (who runs the candidates; their
 inputs rebuilt in a pool's worker) -> ``_budget`` (the budget's search instead of a knee) -> ``_deploy``
-(ONNX, int8, cards)
--> ``_artifacts`` and ``_plots`` (the files) -> ``_identity`` and ``_quality`` (what the model is, how
-it was made, whether it is broken) -> ``_completion`` (the report's last facts) -> ``_report``
+(ONNX, int8, cards) -> ``_artifacts`` and ``_plots`` (the files) -> ``_records`` (the report's records;
+a missed budget's report) -> ``_identity`` and ``_quality`` (what the model is, how it was made,
+whether it is broken) -> ``_completion`` (the report's last facts) -> ``_report``
 (``RunReport``, what ``report.json`` holds)."""
 
 from ._artifacts import ARTIFACT_FILES
@@ -16,10 +17,12 @@ from ._candidates import CandidateResult, CandidateRun, CandidateSpec, SearchInp
 from ._checkpoints import CheckpointStore, DirectoryCheckpoints
 from ._executors import CANDIDATE_FILES, CandidateExecutor, InTurn, load_candidate, save_candidate
 from ._holdout import carve
+from ._hooks import RunHooks
 from ._identity import Identity, Recipe, RunIdentity
 from ._plots import plot_head_map, plot_layer_retention, plot_mss_curve
 from ._quality import QualityFlag, QualityRecord
 from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, RunSummary
+from ._request import RunRequest
 from ._run import run_pruning
 from ._warning_codes import WARNING_CODES
 
@@ -29,6 +32,7 @@ __all__ = [
     "CheckpointStore", "DirectoryCheckpoints",
     "FailedRunMetrics", "FailedRunReport", "Identity", "InTurn", "load_candidate",
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
-    "recover_candidate", "run_pruning", "RunError", "RunIdentity", "RunReport", "RunSummary", "save_candidate",
+    "recover_candidate", "run_pruning", "RunError", "RunHooks", "RunIdentity", "RunReport", "RunRequest",
+    "RunSummary", "save_candidate",
     "SearchInputs", "WARNING_CODES",
 ]

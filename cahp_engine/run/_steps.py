@@ -20,8 +20,6 @@ from torch import nn
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import (
-    DEFAULT_MAX_ROWS,
-    DatasetOptions,
     DatasetSplits,
     EncodedDataset,
     LazyEncodedDataset,
@@ -29,7 +27,7 @@ from cahp_engine.data import (
     encode,
     load_splits,
 )
-from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS, LoadedClassifier, load_classifier, prune_heads
+from cahp_engine.models import LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
 from cahp_engine.recovery import (
     Reconstruction,
@@ -57,6 +55,7 @@ from cahp_engine.run._reconstruct import (
     reconstructs,
 )
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
+from cahp_engine.run._request import RunRequest
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
 
@@ -115,34 +114,24 @@ class Inputs:
         return self.rows.encoded
 
 
-def load(
-    run: RunContext,
-    *,
-    model_ref: str,
-    dataset_ref: str,
-    options: DatasetOptions,
-    revision: str | None,
-    hub_token: str | None,
-    cache_dir: str | None,
-    model_name: str,
-    dataset_name: str,
-    max_rows: int | None = DEFAULT_MAX_ROWS,
-    max_params: int = DEFAULT_MAX_MODEL_PARAMS,
-) -> Inputs:
+def load(run: RunContext, request: RunRequest) -> Inputs:
     """Read the splits, load the classifier onto the run's device, tokenise, check the inputs.
 
-    ``max_params`` is the most parameters the model may declare; it is checked before the model is
-    allocated (see :mod:`cahp_engine.models._preflight`).
+    ``request.max_model_params`` is the most parameters the model may declare; it is checked before the
+    model is allocated (see :mod:`cahp_engine.models._preflight`).
     """
+    model_ref, dataset_ref, options = request.model_ref, request.dataset_ref, request.dataset_options
+    revision, hub_token, cache_dir = request.revision, request.hub_token, request.cache_dir
+    max_rows = request.max_dataset_rows
     config, device = run.config, run.device
     with run.monitor.stage("load"):
-        run.say(f"reading dataset {dataset_name}")
+        run.say(f"reading dataset {request.dataset_shown}")
         splits = load_splits(dataset_ref, options, revision=None, cache_dir=cache_dir, token=hub_token,
                              max_rows=max_rows)
-        run.say(f"loading model {model_name}" + (f" at revision {revision}" if revision else ""))
+        run.say(f"loading model {request.model_shown}" + (f" at revision {revision}" if revision else ""))
         loaded = load_classifier(model_ref, revision=revision, num_labels=len(splits.label_names),
                                  cache_dir=cache_dir, token=hub_token, device=device, seed=config.seed,
-                                 max_params=max_params)
+                                 max_params=request.max_model_params)
         loaded.model.to(device).eval()
         if not loaded.classifier_trained or _generic_names(loaded.model):
             # A head cahp creates (or one saved with transformers' placeholder names) classifies the

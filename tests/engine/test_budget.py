@@ -20,7 +20,7 @@ from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.errors import AccuracyBudgetError, DatasetError
 from cahp_engine.recovery import classification_metrics, drop_interval, evaluate, metric_of_predictions, predict
 from cahp_engine.results import BudgetRecord
-from cahp_engine.run import CandidateSpec, RunReport, SearchInputs, carve, recover_candidate, run_pruning
+from cahp_engine.run import CandidateSpec, RunReport, RunRequest, SearchInputs, carve, recover_candidate, run_pruning
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._budget import budget_warnings
 from cahp_engine.run._holdout import ValidationScorer
@@ -228,7 +228,8 @@ def _bisection(heads: list[int], feasible) -> list[int]:
 def test_a_knee_run_with_early_stopping_keeps_its_best_on_a_carved_split(tmp_path, model_dir, guard_evaluation):
     data = _dataset(tmp_path / "data", {"train": (150, 0), "test": (45, 1)})
     config = PruningConfig(**{**FAST, "epochs": 3, "lr": 0.05}, early_stopping_patience=1)
-    report = run_pruning(str(model_dir), str(data), tmp_path / "out", config)
+    report = run_pruning(RunRequest(model_ref=str(model_dir), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config))
     assert guard_evaluation["calls"] == 1  # the recovery ran under the guard
     v = report.validation
     assert v is not None and v.carved and v.split == "train" and v.rows == 15 and v.metric == "accuracy"
@@ -252,7 +253,8 @@ def test_a_knee_run_with_early_stopping_keeps_its_best_on_a_carved_split(tmp_pat
 
 def test_the_paper_protocol_reads_no_validation_split(tmp_path, model_dir):
     data = _dataset(tmp_path / "data", {"train": (90, 0), "test": (30, 1)})
-    report = run_pruning(str(model_dir), str(data), tmp_path / "out", PruningConfig(**FAST))
+    report = run_pruning(RunRequest(model_ref=str(model_dir), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=PruningConfig(**FAST)))
     assert report.validation is None and report.dataset.train_rows == 90
     assert report.recovery.validation == () and report.recovery.best_step is None
 
@@ -261,7 +263,8 @@ def test_a_budget_search_bisects_the_ladder_and_returns_the_smallest_candidate(t
                                                                                guard_evaluation):
     data = _dataset(tmp_path / "data", {"train": (150, 0), "test": (45, 1)})
     config = PruningConfig(**FAST, max_accuracy_drop=100.0, budget_screen_epochs=0.5)
-    report = run_pruning(str(model_dir), str(data), tmp_path / "out", config)
+    report = run_pruning(RunRequest(model_ref=str(model_dir), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config))
     assert guard_evaluation["calls"] == 1
     b = report.budget
     assert b is not None and b.carved and b.split == "train" and b.validation_rows == 15
@@ -300,7 +303,7 @@ def test_a_budget_nobody_meets_halves_each_round_and_records_every_candidate(tmp
     config = PruningConfig(**{**FAST, "epochs": 3, "dense_finetune": "never"}, max_accuracy_drop=5.0,
                            budget_metric="macro_f1")
     with pytest.raises(AccuracyBudgetError, match="no candidate kept validation macro_f1 within 5 points") as err:
-        run_pruning(str(model), str(data), out, config)
+        run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=out, config=config))
     assert err.value.code == "accuracy_budget_not_met" and "95 % interval" in str(err.value)
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed" and report["validation"]["split"] == "validation"
@@ -334,7 +337,8 @@ def test_a_budget_nobody_meets_halves_each_round_and_records_every_candidate(tmp
 def test_the_search_is_deterministic_for_a_seed(tmp_path, model_dir):
     data = _dataset(tmp_path / "data", {"train": (150, 0), "validation": (30, 2), "test": (45, 1)})
     config = PruningConfig(**{**FAST, "epochs": 2}, max_accuracy_drop=1.0)
-    runs = [run_pruning(str(model_dir), str(data), tmp_path / f"out{i}", config) for i in range(2)]
+    runs = [run_pruning(RunRequest(model_ref=str(model_dir), dataset_ref=str(data), output_dir=tmp_path / f"out{i}",
+                                   config=config)) for i in range(2)]
 
     def timeless(report):
         budget = report.budget.to_dict()
@@ -364,7 +368,8 @@ def test_the_noise_warning_names_p_and_the_half_width():
 def test_the_recovered_model_is_the_chosen_candidates_best_on_validation(tmp_path, model_dir):
     data = _dataset(tmp_path / "data", {"train": (150, 0), "validation": (45, 2), "test": (45, 1)})
     config = PruningConfig(**FAST, max_accuracy_drop=5.0)
-    report = run_pruning(str(model_dir), str(data), tmp_path / "out", config)
+    report = run_pruning(RunRequest(model_ref=str(model_dir), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config))
     from cahp_engine import load_pruned
 
     model = load_pruned(tmp_path / "out" / "model")

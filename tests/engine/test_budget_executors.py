@@ -18,6 +18,8 @@ from cahp_engine.run import (
     CandidateResult,
     CandidateRun,
     CandidateSpec,
+    RunHooks,
+    RunRequest,
     SearchInputs,
     load_candidate,
     recover_candidate,
@@ -94,9 +96,10 @@ def test_probes_split_the_interval_evenly_and_one_is_bisection() -> None:
 def test_the_answer_is_the_same_whoever_runs_the_candidates_and_in_whatever_order(inputs, tmp_path, parallel):
     config = PruningConfig(**{**FAST, "epochs": 3}, max_accuracy_drop=1.0, budget_parallel=parallel,
                            budget_screen_epochs=0.5)
-    here = run_pruning(*inputs, tmp_path / "here", config)
+    here = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "here", config=config))
     pool = OnDisk(tmp_path / "pieces")
-    there = run_pruning(*inputs, tmp_path / "there", config, candidates=pool)
+    there = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "there", config=config),
+                        RunHooks(candidates=pool))
     assert pool.pieces >= len(here.budget.candidates)  # every candidate tried is at least one piece
     assert pool.loaded >= 2  # candidates went on from pieces saved on disk (the chosen one at least)
     assert max(c.round for c in here.budget.candidates) >= 1 and any(
@@ -109,7 +112,7 @@ def test_the_answer_is_the_same_whoever_runs_the_candidates_and_in_whatever_orde
 
 def test_a_k_ary_search_tries_several_head_counts_per_round(inputs, tmp_path):
     config = PruningConfig(**FAST, max_accuracy_drop=100.0, budget_parallel=3, budget_screen_epochs=0.5)
-    report = run_pruning(*inputs, tmp_path / "out", config)
+    report = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "out", config=config))
     b = report.budget
     rounds = sorted({c.round for c in b.candidates})
     first = sorted({c.heads_kept for c in b.candidates if c.round == 0})

@@ -12,7 +12,7 @@ import pytest
 
 from cahp_engine.config import CONSENSUS_STRATEGIES, PruningConfig
 from cahp_engine.data import LabelledTexts, encode
-from cahp_engine.run import RunReport, run_pruning
+from cahp_engine.run import RunReport, RunRequest, run_pruning
 from cahp_engine.selection import (
     analyze_heads,
     choose,
@@ -157,7 +157,8 @@ def test_a_run_with_a_consensus_reports_it_in_the_report_and_the_head_map(tmp_pa
     config = PruningConfig(epochs=0.25, dense_finetune="never", batch_size=16, max_length=32, seed=3, device="cpu",
                            latency_warmup=0, latency_repeats=1, export="none", recovery_loss="ce",
                            strategy="stability-selection")
-    report = run_pruning(str(model), str(data), tmp_path / "out", config)
+    report = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config))
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert RunReport.from_dict(written) == report
     consensus = written["selection"]["consensus"]
@@ -172,7 +173,8 @@ def test_a_run_with_a_consensus_reports_it_in_the_report_and_the_head_map(tmp_pa
     import matplotlib.image
 
     five = matplotlib.image.imread(tmp_path / "out" / "head_map.png").shape[1]
-    plain = run_pruning(str(model), str(data), tmp_path / "plain", config.replace(strategy="cahp"))
+    plain = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "plain",
+                                   config=config.replace(strategy="cahp")))
     assert plain.selection.consensus is None
     assert json.loads((tmp_path / "plain" / "head_map.json").read_text())["consensus"] is None
     four = matplotlib.image.imread(tmp_path / "plain" / "head_map.png").shape[1]

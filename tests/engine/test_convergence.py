@@ -264,8 +264,8 @@ def test_a_lazy_split_tokenises_only_the_rows_selection_reads(model):
 def test_a_run_tokenises_the_whole_split_before_selection_only_to_fine_tune(
     tmp_path, monkeypatch, dense_finetune, whole_split_before_selection
 ):
+    from cahp_engine.run import RunRequest, run_pruning
     from cahp_engine.run import _steps as steps
-    from cahp_engine.run import run_pruning
     from tests.engine.golden.make_golden import write_inputs
 
     model, data = write_inputs(tmp_path)
@@ -280,5 +280,5 @@ def test_a_run_tokenises_the_whole_split_before_selection_only_to_fine_tune(
     config = PruningConfig(epochs=0, dense_finetune=dense_finetune, dense_epochs=0.1, batch_size=16, max_length=32,
                            seed=3, device="cpu", export="none", recovery_loss="ce", stability_shards=0,
                            latency_warmup=0, latency_repeats=1)
-    run_pruning(str(model), str(data), tmp_path / "out", config)
+    run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out", config=config))
     assert seen == [whole_split_before_selection]

@@ -10,7 +10,7 @@ import pytest
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.results import ClassificationMetrics
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._dense_probe import untrained_in_effect
 from tests.support.helpers import write_tiny_dataset
 from tests.support.tiny_models import make_classifier, make_tokenizer
@@ -45,7 +45,9 @@ def test_auto_fine_tunes_a_saved_random_head_and_says_why(tmp_path: Path) -> Non
     lines: list[str] = []
     config = PruningConfig(epochs=0.5, dense_epochs=1, batch_size=16, max_length=32, seed=3, device="cpu",
                            latency_warmup=1, latency_repeats=2, strategy="random", heads_to_keep=5, export="none")
-    report = run_pruning(str(model), str(data), tmp_path / "out", config, log=lines.append)
+    report = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config),
+                         RunHooks(log=lines.append))
     assert report.dense_finetune.mode == "auto" and report.dense_finetune.ran
     assert "taken for untrained" in report.dense_finetune.reason
     # The head's placeholder names (LABEL_0...) gave way to the dataset's, as the model card says them.
@@ -55,7 +57,8 @@ def test_auto_fine_tunes_a_saved_random_head_and_says_why(tmp_path: Path) -> Non
     assert "dense model as loaded: accuracy" in text and "dense fine-tuning (its classification head" in text
 
     # The same model with dense fine-tuning off: the dense model's near-chance flag says what to set.
-    never = run_pruning(str(model), str(data), tmp_path / "never", PruningConfig(**{
-        **config.to_dict(), "dense_finetune": "never"}))
+    never = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "never",
+                                   config=PruningConfig(**{
+        **config.to_dict(), "dense_finetune": "never"})))
     flag = next(f for f in never.quality.flags if f.model == "dense" and f.kind == "near_chance")
     assert "`dense_finetune=always`" in flag.message

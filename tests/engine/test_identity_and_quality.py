@@ -15,7 +15,7 @@ from cahp_engine.errors import InvalidInputError
 from cahp_engine.export import describe_speedup
 from cahp_engine.recovery import speedup_interval
 from cahp_engine.results import ClassificationMetrics
-from cahp_engine.run import FailedRunMetrics, FailedRunReport, RunError, RunIdentity, RunReport, run_pruning
+from cahp_engine.run import FailedRunMetrics, FailedRunReport, RunError, RunIdentity, RunReport, RunRequest, run_pruning
 from cahp_engine.run._completion import complete_failed_report
 from cahp_engine.run._identity import identity_of
 from cahp_engine.run._quality import MAX_ACCURACY_DROP, assess_quality, chance_macro_f1
@@ -151,7 +151,8 @@ def test_a_run_says_what_it_made_warns_and_quotes_one_measurement(tmp_path: Path
                            latency_warmup=1, latency_repeats=4, strategy="random", heads_to_keep=5, quantize="int8")
     identity = RunIdentity(name="reviews-pruned", job_id="job-1", labels={"git/commit": "4f2c9e1"},
                            base_model="my-bert")
-    report = run_pruning(str(model), str(data), tmp_path / "out", config, identity=identity)
+    report = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config, identity=identity))
     out = tmp_path / "out"
 
     written = json.loads((out / "report.json").read_text())

@@ -18,8 +18,8 @@ from cahp_engine.data import LabelledTexts
 from cahp_engine.errors import ConfigError
 from cahp_engine.recovery import classification_metrics, distillation_loss, finetune, teacher_logits
 from cahp_engine.results import ClassificationMetrics
+from cahp_engine.run import RunRequest, carve, run_pruning
 from cahp_engine.run import _steps as steps
-from cahp_engine.run import carve, run_pruning
 from tests.support.recovery import FAST, encoded_texts, write_three_class_dataset
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
@@ -151,7 +151,8 @@ def test_a_run_on_a_base_model_whose_head_is_recreated_is_reproducible_from_its_
     make_tokenizer().save_pretrained(model)
     data = write_three_class_dataset(tmp_path / "data", {"train": (90, 0), "test": (45, 1)})
     config = PruningConfig(**{**FAST, "dense_epochs": 1, "recovery_loss": "ce"})
-    runs = [run_pruning(str(model), str(data), tmp_path / f"out{i}", config) for i in range(2)]
+    runs = [run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / f"out{i}",
+                                   config=config)) for i in range(2)]
     dense = [r.metrics.dense.to_dict() for r in runs]
     pruned = [r.metrics.pruned.to_dict() for r in runs]
     assert dense[0] == dense[1] and pruned[0] == pruned[1]

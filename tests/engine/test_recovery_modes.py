@@ -16,7 +16,7 @@ from cahp_engine.errors import ConfigError
 from cahp_engine.models import load_pruned
 from cahp_engine.progress import skipped_stages
 from cahp_engine.recovery import Reconstruction, evaluate
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from tests.support.recovery import FAST, encoded_texts, write_three_class_dataset
 from tests.support.tiny_models import make_classifier, make_tokenizer
 
@@ -33,8 +33,9 @@ def _run(inputs: tuple[Path, Path], out: Path, **changes):
     lines: list[str] = []
     stages: list[str] = []
     config = PruningConfig(**{**FAST, "heads_to_keep": 3, "recovery_loss": "distill", **changes})
-    report = run_pruning(str(inputs[0]), str(inputs[1]), out, config, log=lines.append,
-                         progress=lambda stage, _fraction: stages.append(stage))
+    report = run_pruning(RunRequest(model_ref=str(inputs[0]), dataset_ref=str(inputs[1]), output_dir=out,
+                                    config=config),
+                         RunHooks(log=lines.append, progress=lambda stage, _fraction: stages.append(stage)))
     return report, lines, stages
 
 
@@ -94,7 +95,8 @@ def _budget_run(inputs, out: Path, **changes):
     lines: list[str] = []
     config = PruningConfig(**{**FAST, "recovery_loss": "ce", "max_accuracy_drop": 100.0,
                               "budget_strategies": ("cahp", "salience", "cahp-layer-salience"), **changes})
-    return run_pruning(str(inputs[0]), str(inputs[1]), out, config, log=lines.append), lines
+    return run_pruning(RunRequest(model_ref=str(inputs[0]), dataset_ref=str(inputs[1]), output_dir=out, config=config),
+                       RunHooks(log=lines.append)), lines
 
 
 def test_a_budget_judged_after_reconstruction_scores_every_candidate_and_trains_none(inputs, tmp_path: Path) -> None:

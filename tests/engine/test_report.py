@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.results import ClassificationMetrics, TeacherRecord, TrainingResult, ValidationPoint
-from cahp_engine.run import RunReport, RunSummary, run_pruning
+from cahp_engine.run import RunReport, RunRequest, RunSummary, run_pruning
 from tests.engine.golden.make_golden import HERE, write_inputs
 
 
@@ -75,7 +75,8 @@ def test_run_pruning_returns_the_report_it_writes(tmp_path: Path):
     model, data = write_inputs(tmp_path)
     config = PruningConfig(epochs=0.25, dense_finetune="never", batch_size=16, max_length=32, seed=3, device="cpu",
                            latency_warmup=0, latency_repeats=1, strategy="random", heads_to_keep=5)
-    report = run_pruning(str(model), str(data), tmp_path / "out", config)
+    report = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config))
     assert isinstance(report, RunReport)
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert RunReport.from_dict(written) == report

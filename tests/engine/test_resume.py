@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.errors import JobCancelledError
-from cahp_engine.run import DirectoryCheckpoints, run_pruning
+from cahp_engine.run import DirectoryCheckpoints, RunHooks, RunRequest, run_pruning
 from tests.support.helpers import write_tiny_dataset, write_tiny_model
 
 #: Dense fine-tuning and distillation on, so every stage that can be checkpointed is.
@@ -35,8 +35,8 @@ def uninterrupted(inputs: tuple[str, str], tmp_path_factory: pytest.TempPathFact
     out = tmp_path_factory.mktemp("whole") / "out"
     progress: list[tuple[str, float]] = []
     lines: list[str] = []
-    report = run_pruning(*inputs, out, CONFIG, progress=lambda s, f: progress.append((s, f)), log=lines.append,
-                         log_interval_s=0.0)
+    report = run_pruning(RunRequest(*inputs, output_dir=out, config=CONFIG),
+                         RunHooks(progress=lambda s, f: progress.append((s, f)), log=lines.append, log_interval_s=0.0))
     return {"report": report, "out": out, "progress": progress, "lines": lines}
 
 
@@ -51,14 +51,15 @@ def test_a_run_stopped_in_recovery_resumes_from_its_last_epoch_and_ends_as_the_u
 
     first: list[str] = []
     with pytest.raises(JobCancelledError):
-        run_pruning(*inputs, tmp_path / "a", CONFIG, checkpoints=store, should_cancel=stop_after_first_epoch,
-                    log=first.append)
+        run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=CONFIG),
+                    RunHooks(checkpoints=store, should_cancel=stop_after_first_epoch, log=first.append))
     # The dense fine-tuning's own state went once its result was saved.
     assert set(store.restore()) == {"dense", "selection", "pruned", "recovery_training"}
     saved_step = json.loads((store.restore()["recovery_training"] / "stage.json").read_text())["step"]
 
     lines: list[str] = []
-    report = run_pruning(*inputs, tmp_path / "b", CONFIG, checkpoints=store, log=lines.append)
+    report = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=CONFIG),
+                         RunHooks(checkpoints=store, log=lines.append))
     text = "\n".join(lines)
     assert "resuming from the checkpoints of an earlier attempt" in text
     assert "the fine-tuned dense model saved by an earlier attempt" in text
@@ -82,10 +83,11 @@ def test_checkpoints_of_a_run_with_other_settings_are_not_used(inputs: tuple[str
     store = DirectoryCheckpoints(tmp_path / "checkpoints")
     quick = PruningConfig(epochs=1, dense_finetune="never", batch_size=16, max_length=32, seed=0, export="none",
                           latency_repeats=1, latency_warmup=0)
-    run_pruning(*inputs, tmp_path / "a", quick, checkpoints=store)
+    run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=quick),
+                RunHooks(checkpoints=store))
     lines: list[str] = []
-    run_pruning(*inputs, tmp_path / "b", PruningConfig(**{**quick.to_dict(), "seed": 1}), checkpoints=store,
-                log=lines.append)
+    run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=PruningConfig(**{**quick.to_dict(), "seed": 1})),
+                RunHooks(checkpoints=store, log=lines.append))
     assert any(line.startswith("ignoring the checkpoints ") for line in lines)
     assert "selecting heads" in lines
 
@@ -109,10 +111,12 @@ def test_a_damaged_checkpoint_is_said_and_its_stage_runs_again(inputs: tuple[str
     store = DirectoryCheckpoints(tmp_path / "checkpoints")
     quick = PruningConfig(epochs=1, dense_finetune="never", batch_size=16, max_length=32, seed=0, export="none",
                           latency_repeats=1, latency_warmup=0)
-    first = run_pruning(*inputs, tmp_path / "a", quick, checkpoints=store)
+    first = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=quick),
+                        RunHooks(checkpoints=store))
     (store.restore()["selection"] / "selection.json").write_text('{"selection": "not one"}')
     lines: list[str] = []
-    again = run_pruning(*inputs, tmp_path / "b", quick, checkpoints=store, log=lines.append)
+    again = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=quick),
+                        RunHooks(checkpoints=store, log=lines.append))
     assert any(line.startswith("the checkpoint selection cannot be used (") for line in lines)
     assert "selecting heads" in lines and again.selection.kept == first.selection.kept
 
@@ -135,8 +139,10 @@ def test_a_run_stopped_mid_epoch_saves_its_last_step_only_when_asked_and_resumes
     first: list[str] = []
     with pytest.raises(JobCancelledError):
         # Recovery reports once before training and once per step: stop once stop_at steps are taken.
-        run_pruning(*inputs, tmp_path / "a", CONFIG, checkpoints=store, progress=progress, log=first.append,
-                    should_cancel=lambda: len(steps_taken) > stop_at, checkpoint_when_stopped=lambda: save_when_stopped)
+        run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=CONFIG),
+                    RunHooks(checkpoints=store, progress=progress, log=first.append,
+                             should_cancel=lambda: len(steps_taken) > stop_at,
+                             checkpoint_when_stopped=lambda: save_when_stopped))
     saved = json.loads((store.restore()["recovery_training"] / "stage.json").read_text())["step"]
     if save_when_stopped:
         assert saved % per_epoch and saved > per_epoch, saved  # the last step taken, not an epoch's end
@@ -146,7 +152,8 @@ def test_a_run_stopped_mid_epoch_saves_its_last_step_only_when_asked_and_resumes
         assert not any("its state is saved for the next attempt" in line for line in first)
 
     lines: list[str] = []
-    report = run_pruning(*inputs, tmp_path / "b", CONFIG, checkpoints=store, log=lines.append)
+    report = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=CONFIG),
+                         RunHooks(checkpoints=store, log=lines.append))
     assert f"recovery: going on from step {saved} (saved by an earlier attempt)" in lines
     assert report.recovery.steps == whole.recovery.steps
     assert report.recovery.loss_per_epoch == pytest.approx(whole.recovery.loss_per_epoch, rel=1e-5)

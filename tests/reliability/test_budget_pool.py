@@ -15,7 +15,7 @@ from typing import Any
 
 from app.core.params import run_config
 from cahp_engine.data import DatasetOptions
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunRequest, run_pruning
 from tests.support.budget_pool import BUDGET_PARAMS, budget_inputs, budget_pieces
 from tests.support.helpers import TINY_PARAMS
 from tests.support.stack import TERMINAL, Stack, holder_pid, kill
@@ -73,7 +73,8 @@ def test_candidates_run_across_two_workers_and_a_killed_workers_piece_is_run_aga
     # The same search in one process gives the same answer, candidate by candidate.
     model, data = budget_inputs(stack)
     config = run_config({**TINY_PARAMS, **BUDGET_PARAMS}, device="cpu")
-    here = run_pruning(model, data, tmp_path / "here", config, dataset_options=DatasetOptions())
+    here = run_pruning(RunRequest(model_ref=model, dataset_ref=data, output_dir=tmp_path / "here", config=config,
+                                  dataset_options=DatasetOptions()))
     report = stack.client.get(f"/v1/jobs/{job_id}/artifacts/report.json").json()
     assert report["summary"]["heads_kept"] == here.summary.heads_kept
     assert report["selection"]["kept"] == here.to_dict()["selection"]["kept"]

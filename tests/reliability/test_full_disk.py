@@ -12,7 +12,6 @@ import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -22,7 +21,7 @@ from app.api.main import create_app
 from app.core.db import make_session_factory
 from app.core.settings import Settings
 from app.core.storage import open_store
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunHooks, RunReport, RunRequest, run_pruning
 from tests.support.helpers import job_body, new_key, service_settings, write_tiny_dataset, write_tiny_model
 from worker.runner import Outcome, WorkerContext, execute_job
 
@@ -89,13 +88,13 @@ def test_a_store_that_fills_mid_way_fails_the_job_as_insufficient_storage_and_le
         job_id = client.post("/v1/jobs", json=job_body(f"file://{write_tiny_model(local / 'm')}",
                                                        f"file://{write_tiny_dataset(local / 'd')}")).json()["id"]
 
-        def run_then_fill(*args: Any, **kwargs: Any) -> Any:
+        def run_then_fill(request: RunRequest, hooks: RunHooks) -> RunReport:
             # The real run; then the store's disk is filled so that model.tar.gz (stored first) fits
             # and the next artifact does not.
-            report = run_pruning(*args, **kwargs)
+            report = run_pruning(request, hooks)
             probe = tmp_path / "probe.tar.gz"
             with tarfile.open(probe, "w:gz") as tar:
-                tar.add(Path(args[2]) / "model", arcname="model")
+                tar.add(Path(request.output_dir) / "model", arcname="model")
             _fill(small_store, probe.stat().st_size + 16 * 1024)
             return report
 

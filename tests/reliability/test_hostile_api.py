@@ -33,7 +33,7 @@ from app.core.security import _keys as keys
 from app.core.settings import Settings
 from app.core.storage import open_store
 from app.http_headers import retry_after_s
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunHooks, RunReport, RunRequest, run_pruning
 from tests.support.helpers import (
     job_body,
     migrated_engine,
@@ -438,9 +438,9 @@ def test_a_real_jobs_json_artifacts_hold_no_server_path_and_are_otherwise_the_en
     key = new_key(db, "alice")
     written: dict[str, bytes] = {}
 
-    def pipeline(*args: Any, **kwargs: Any) -> Any:
-        report = run_pruning(*args, **kwargs)
-        output = Path(args[2])
+    def pipeline(request: RunRequest, hooks: RunHooks) -> RunReport:
+        report = run_pruning(request, hooks)
+        output = Path(request.output_dir)
         written.update({p.name: p.read_bytes() for p in output.glob("*.json")})
         return report
 

@@ -19,7 +19,7 @@ from safetensors.torch import load, load_file
 
 from app.core.params import run_config
 from cahp_engine.data import DatasetOptions
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunRequest, run_pruning
 from tests.support.helpers import TINY_PARAMS
 from tests.support.stack import TERMINAL, Stack, holder_pid, kill
 
@@ -70,7 +70,8 @@ def test_a_job_killed_in_recovery_resumes_from_its_last_epoch_and_ends_as_an_uni
     # The same run, never interrupted, in this process.
     model, data = (uri.removeprefix("file://") for uri in stack.inputs())
     config = run_config({**TINY_PARAMS, **PARAMS}, device="cpu")
-    whole = run_pruning(model, data, tmp_path / "whole", config, dataset_options=DatasetOptions())
+    whole = run_pruning(RunRequest(model_ref=model, dataset_ref=data, output_dir=tmp_path / "whole", config=config,
+                                   dataset_options=DatasetOptions()))
     job = stack.client.get(f"/v1/jobs/{job_id}").json()
     assert job["result"]["pruned_accuracy"] == whole.summary.pruned_accuracy
     assert job["result"]["heads_kept"] == whole.summary.heads_kept

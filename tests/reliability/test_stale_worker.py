@@ -8,6 +8,7 @@ process; the take-over is what :func:`app.core.db.repository.claim_job` does onc
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from sqlalchemy import Engine, update
 from app.core.db import Job, make_session_factory, repository, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunHooks, RunReport, RunRequest, run_pruning
 from tests.support.helpers import job_body, service_settings, write_tiny_dataset, write_tiny_model
 from worker import runner
 from worker.runner import Outcome, WorkerContext, execute_job
@@ -69,7 +70,10 @@ def test_the_heartbeat_stops_a_worker_whose_job_was_taken_over_mid_run(
 ) -> None:
     recovery_steps: list[float] = []
 
-    def taken_over_while_training(*args: Any, progress: Any, **kwargs: Any) -> dict[str, Any]:
+    def taken_over_while_training(request: RunRequest, hooks: RunHooks) -> RunReport:
+        progress = hooks.progress
+        assert progress is not None
+
         def hook(stage: str, fraction: float) -> None:
             if stage == "recovery":
                 recovery_steps.append(fraction)
@@ -77,7 +81,7 @@ def test_the_heartbeat_stops_a_worker_whose_job_was_taken_over_mid_run(
                     _take_over(engine, job_id)
             progress(stage, fraction)
 
-        return run_pruning(*args, progress=hook, **kwargs)
+        return run_pruning(request, dataclasses.replace(hooks, progress=hook))
 
     assert execute_job(job_id=job_id, context=context, pipeline=taken_over_while_training) is Outcome.skipped
     assert 3 <= len(recovery_steps) < 600  # it stopped during recovery, long before its 600 steps

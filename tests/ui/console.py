@@ -7,11 +7,12 @@ models, and Debian's Chromium driven by Playwright. Also used by ``python -m tes
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from app.api.main import create_app
 from app.core.db import make_session_factory, repository
 from app.core.settings import Settings
 from app.core.storage import open_store
-from cahp_engine.run import run_pruning
+from cahp_engine.run import RunHooks, RunReport, RunRequest, run_pruning
 from tests.support import jobs as jobs_support
 from tests.support.helpers import (
     free_port,
@@ -214,7 +215,10 @@ def running_job(console: Console, *, hold_s: float = 300.0) -> Iterator[RunningJ
     context = console.worker("ui-running-worker")
     recovering = threading.Event()
 
-    def holding_run(*args: Any, progress: Callable[[str, float], None], **kwargs: Any) -> dict[str, Any]:
+    def holding_run(request: RunRequest, hooks: RunHooks) -> RunReport:
+        progress = hooks.progress
+        assert progress is not None
+
         def watch(stage: str, fraction: float) -> None:
             progress(stage, fraction)
             if stage == "recovery" and not recovering.is_set():
@@ -226,7 +230,7 @@ def running_job(console: Console, *, hold_s: float = 300.0) -> Iterator[RunningJ
                             return
                     time.sleep(0.1)
 
-        return run_pruning(*args, progress=watch, **kwargs)
+        return run_pruning(request, dataclasses.replace(hooks, progress=watch))
 
     outcome: list[Outcome] = []
     thread = threading.Thread(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 import tarfile
@@ -20,7 +21,7 @@ from app.core.db import Job, repository, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store
 from cahp_engine.models import load_pruned
-from cahp_engine.run import ARTIFACT_FILES, run_pruning
+from cahp_engine.run import ARTIFACT_FILES, RunHooks, RunReport, RunRequest, run_pruning
 from tests.support.fragile import write_fragile_model
 from tests.support.helpers import job_body, write_split, write_tiny_dataset
 from worker.runner import Outcome, WorkerContext, execute_job
@@ -136,7 +137,10 @@ def test_a_cancel_request_stops_a_running_job_between_steps(
     job_id = _submit(client, auth, job_body(model_uri, dataset_uri, epochs=50))
     stages: list[str] = []
 
-    def cancelling_run(*args: Any, progress: Any, **kwargs: Any) -> dict[str, Any]:
+    def cancelling_run(request: RunRequest, hooks: RunHooks) -> RunReport:
+        progress = hooks.progress
+        assert progress is not None
+
         def watch(stage: str, fraction: float) -> None:
             if stage == "recovery" and "recovery" not in stages:
                 # The client cancels while the job is fine-tuning, as a user would.
@@ -144,7 +148,7 @@ def test_a_cancel_request_stops_a_running_job_between_steps(
             stages.append(stage)
             progress(stage, fraction)
 
-        return run_pruning(*args, progress=watch, **kwargs)
+        return run_pruning(request, dataclasses.replace(hooks, progress=watch))
 
     assert execute_job(job_id=job_id, context=context, pipeline=cancelling_run) is Outcome.cancelled
     job = _job(client, auth, job_id)
@@ -211,13 +215,16 @@ def test_the_time_limit_stops_a_job(
     limited = WorkerContext(settings=context.settings.model_copy(update={"job_time_limit_s": 1}),
                             sessions=context.sessions, store=context.store, worker_id=context.worker_id)
 
-    def slow_start(*args: Any, progress: Any, **kwargs: Any) -> dict[str, Any]:
+    def slow_start(request: RunRequest, hooks: RunHooks) -> RunReport:
+        progress = hooks.progress
+        assert progress is not None
+
         def late(stage: str, fraction: float) -> None:
             if stage == "load" and fraction == 0.0:
                 time.sleep(1.2)  # the model takes "long" to load
             progress(stage, fraction)
 
-        return run_pruning(*args, progress=late, **kwargs)
+        return run_pruning(request, dataclasses.replace(hooks, progress=late))
 
     assert execute_job(job_id=job_id, context=limited, pipeline=slow_start) is Outcome.failed
     job = _job(client, auth, job_id)
@@ -230,14 +237,17 @@ def test_a_worker_that_lost_its_job_stops_and_records_nothing(
 ) -> None:
     job_id = _submit(client, auth, job_body(model_uri, dataset_uri))
 
-    def taken_over(*args: Any, progress: Any, **kwargs: Any) -> dict[str, Any]:
+    def taken_over(request: RunRequest, hooks: RunHooks) -> RunReport:
+        progress = hooks.progress
+        assert progress is not None
+
         def steal(stage: str, fraction: float) -> None:
             if stage == "signatures":
                 with transaction(sessions) as session:  # another worker took the job over
                     session.execute(update(Job).where(Job.id == job_id).values(worker_id="other-worker"))
             progress(stage, fraction)
 
-        return run_pruning(*args, progress=steal, **kwargs)
+        return run_pruning(request, dataclasses.replace(hooks, progress=steal))
 
     assert execute_job(job_id=job_id, context=context, pipeline=taken_over) is Outcome.skipped
     with sessions() as session:
@@ -251,7 +261,7 @@ def test_an_unexpected_error_fails_the_job_with_an_error_id_and_no_traceback_for
 ) -> None:
     job_id = _submit(client, auth, job_body(model_uri, dataset_uri))
 
-    def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    def broken(request: RunRequest, hooks: RunHooks) -> RunReport:
         raise RuntimeError("disk on fire")
 
     assert execute_job(job_id=job_id, context=context, pipeline=broken) is Outcome.failed
@@ -268,9 +278,9 @@ def test_the_device_comes_from_the_worker_settings(
     job_id = _submit(client, auth, job_body(model_uri, dataset_uri))
     seen: list[str] = []
 
-    def record(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        seen.append(args[3].device)
-        return run_pruning(*args, **kwargs)
+    def record(request: RunRequest, hooks: RunHooks) -> RunReport:
+        seen.append(request.config.device)
+        return run_pruning(request, hooks)
 
     ctx = WorkerContext(settings=context.settings.model_copy(update={"device": device}), sessions=context.sessions,
                         store=context.store, worker_id="w")

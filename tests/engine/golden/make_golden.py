@@ -132,15 +132,16 @@ def make(out: Path) -> None:
     import torch
 
     from cahp_engine.config import PruningConfig
-    from cahp_engine.run import run_pruning
+    from cahp_engine.run import RunRequest, run_pruning
 
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, data_dir = write_inputs(Path(tmp))
         run_dir = Path(tmp) / "run"
-        run_pruning(str(model_dir), str(data_dir), run_dir, PruningConfig(**CONFIG),
-                    model_name="tiny-random-bert", dataset_name="tiny-three-class")
+        run_pruning(RunRequest(model_ref=str(model_dir), dataset_ref=str(data_dir), output_dir=run_dir,
+                               config=PruningConfig(**CONFIG), model_shown_as="tiny-random-bert",
+                               dataset_shown_as="tiny-three-class"))
         for name in ("report.json", "head_map.json", "mss_curve.json"):
             (out / name).write_text((run_dir / name).read_text())
     (out / "selections.json").write_text(json.dumps(_selections(), indent=2) + "\n")

@@ -1,0 +1,61 @@
+"""What a caller of a run hears and decides while it runs: :class:`RunHooks`, every field optional.
+
+The second argument of :func:`~cahp_engine.run.run_pruning` (the first, :class:`~cahp_engine.run.RunRequest`,
+says what to run). ``cahp prune`` passes a progress bar and a log; the job service's worker passes its
+reporter, its cancel check, its artifact store's checkpoints and its pool of workers for an accuracy
+budget's candidates. None of it changes the result: a run with hooks makes the run without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cahp_engine.run._checkpoints import CheckpointStore
+from cahp_engine.run._executors import CandidateExecutor
+from cahp_engine.run._live import LOG_INTERVAL_S
+
+__all__ = ["RunHooks"]
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """The callbacks and helpers of one run.
+
+    Attributes
+    ----------
+    progress : callable(stage, overall_fraction) or None
+        ``overall_fraction`` places the stage's own progress in its span
+        (:func:`~cahp_engine.progress.stage_spans` of the stages this run has); it never decreases.
+    should_cancel : callable() -> bool or None
+        Polled between steps; True raises :class:`~cahp_engine.errors.JobCancelledError`.
+    log : callable(str) or None
+        Receives human-readable lines about what the run is doing: at least one every
+        ``log_interval_s`` seconds of a long stage (a fine-tuning's epoch, loss and pace).
+    log_interval_s : float
+    checkpoints : CheckpointStore or None
+        Where the run saves each finished stage and its fine-tunings' stops, and whence it resumes what
+        an earlier run of the same job saved (:mod:`cahp_engine.run._checkpoints`).
+    checkpoint_interval_s : float
+        A fine-tuning's state is saved at its stops (epoch ends), no more often than this.
+    checkpoint_when_stopped : callable() -> bool or None
+        Asked when ``should_cancel`` stops a fine-tuning: True saves its state at the last step taken
+        first (the job service: a worker that shuts down hands its job back without losing the epoch).
+    candidates : CandidateExecutor or None
+        Runs an accuracy budget's candidates (None: here, one after another; the job service: its
+        worker pool). The answer is the same whoever runs them.
+    """
+
+    progress: Callable[[str, float], None] | None = None
+    should_cancel: Callable[[], bool] | None = None
+    log: Callable[[str], None] | None = None
+    log_interval_s: float = LOG_INTERVAL_S
+    checkpoints: CheckpointStore | None = None
+    checkpoint_interval_s: float = 0.0
+    checkpoint_when_stopped: Callable[[], bool] | None = None
+    candidates: CandidateExecutor | None = None
+
+    def say(self, line: str) -> None:
+        """``log(line)``, or nothing without a log."""
+        if self.log is not None:
+            self.log(line)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import typing
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -104,8 +105,9 @@ class JobError:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobResult:
-    """The headline figures of a succeeded job (each None where the run did not measure it): the engine's
-    ``RunSummary`` field for field, as the API's ``JobResult`` is (a test keeps the three equal)."""
+    """The headline figures of a succeeded job (each None where the run did not measure it): the API's
+    ``JobResult`` (built from the engine's ``RunSummary``) field for field, in its order; the client imports
+    neither, so a test reads the real app's /openapi.json and keeps the fields equal."""
 
     k_star: int | None = None
     heads_total: int | None = None
@@ -143,15 +145,18 @@ class JobResult:
     @classmethod
     def from_json(cls, data: object) -> JobResult:
         d = _object(data, "JobResult")
-        counts, texts = {"k_star", "heads_total", "heads_kept"}, {"base_model", "dataset"}
-
-        def convert(name: str) -> Callable[[Any], Any]:
-            if name in ("warnings", "warning_codes"):
-                return lambda value: tuple(_text(v) for v in value)
-            return _integer if name in counts else _text if name in texts else _number
-
-        return cls(**{f.name: _field(d, f.name, "JobResult", convert(f.name), f.default)
+        hints = typing.get_type_hints(cls)
+        return cls(**{f.name: _field(d, f.name, "JobResult", _READERS[hints[f.name]], f.default)
                       for f in dataclasses.fields(cls)})
+
+
+#: How a result field of each type is read from its JSON (a field of a new type fails at the first answer).
+_READERS: dict[Any, Callable[[Any], Any]] = {
+    int | None: _integer,
+    float | None: _number,
+    str | None: _text,
+    tuple[str, ...] | None: lambda value: tuple(_text(v) for v in value),
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

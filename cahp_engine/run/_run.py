@@ -327,9 +327,9 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, model: nn.Mod
     """
     outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
                                   dense_validation=held[0].dense, dense_predictions=held[1])
-    assert result.analysis is not None
-    result = dataclasses.replace(result, selection=outcome.selection, k_star=outcome.k, knee=None,
-                                 clustering=result.analysis.partition(outcome.k))
+    # The report's consensus record stays the one of the configured strategy's choice.
+    chosen = dataclasses.replace(outcome.selection, consensus=result.selection.consensus)
+    result = dataclasses.replace(result, selection=chosen, k_star=outcome.k, knee=None)
     # Only now is the evaluation split read: the search itself never touched it.
     fresh, _ = steps.prune(run, model=model, selection=outcome.selection)
     before = steps.evaluate_pruned(run, model=fresh, evaluation=inputs.evaluation)
@@ -410,26 +410,26 @@ def _write_failure(
 
 
 def _selection_record(result: SelectionResult, config: PruningConfig) -> SelectionRecord:
-    sel = result.selection
+    sel, analysis = result.selection, result.analysis
     return SelectionRecord(
         strategy=sel.strategy,
         k_star=result.k_star,
         poly_degree=config.poly_degree,
         knee_found=result.knee.found if result.knee else None,
-        knees_by_degree={d: k.k for d, k in sorted(result.knees.items())},
+        knees_by_degree={d: k.k for d, k in sorted(analysis.knees.items())},
         heads_total=int(sel.kept_mask.size),
         heads_kept=sel.num_kept,
         retention=sel.retention,
         kept={layer: tuple(heads) for layer, heads in sel.kept.items()},
         layer_safety_added=tuple(sel.layer_safety_added),
-        resolution=result.resolution,
-        signature_samples=result.signature_samples,
-        calibration_samples=result.calibration_samples,
-        perplexity=result.perplexity,
-        signature_sampling=result.signature_sampling,
-        calibration_sampling=result.calibration_sampling,
+        resolution=analysis.resolution,
+        signature_samples=analysis.signature_samples,
+        calibration_samples=analysis.calibration_samples,
+        perplexity=analysis.graph_space.perplexity,
+        signature_sampling=analysis.signature_sampling,
+        calibration_sampling=analysis.calibration_sampling,
         stability=result.stability,
-        consensus=result.consensus,
+        consensus=sel.consensus,
     )
 
 

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from cahp_engine.errors import AccuracyBudgetError
-from cahp_engine.results import BudgetCandidate, BudgetRecord, TrainingResult
+from cahp_engine.recovery import TrainingResult
+from cahp_engine.results import BudgetCandidate, BudgetRecord
 from cahp_engine.run._candidates import (
     CandidateResult,
     CandidateSpec,

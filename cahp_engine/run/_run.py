@@ -31,8 +31,8 @@ from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
 from cahp_engine.progress import Monitor, RunProgress, skipped_stages, stage_spans
-from cahp_engine.recovery import Reconstruction, TeacherLogits, count_parameters
-from cahp_engine.results import BudgetRecord, ClassificationMetrics, TrainingResult
+from cahp_engine.recovery import ClassificationMetrics, Reconstruction, TeacherLogits, TrainingResult, count_parameters
+from cahp_engine.results import BudgetRecord
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._artifacts import (
     write_artifacts,

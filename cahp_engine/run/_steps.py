@@ -32,8 +32,10 @@ from cahp_engine.data import (
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS, LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
 from cahp_engine.recovery import (
+    ClassificationMetrics,
     Reconstruction,
     TeacherLogits,
+    TrainingResult,
     Validator,
     balanced_class_weights,
     count_parameters,
@@ -41,7 +43,6 @@ from cahp_engine.recovery import (
     finetune,
     teacher_logits,
 )
-from cahp_engine.results import ClassificationMetrics, TrainingResult
 from cahp_engine.run._budget import BudgetOutcome, ladder, search
 from cahp_engine.run._candidates import SearchInputs
 from cahp_engine.run._dense_probe import untrained_in_effect

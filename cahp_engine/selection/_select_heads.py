@@ -16,10 +16,10 @@ from cahp_engine._strategy_names import CONSENSUS_STRATEGIES
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import TrainRows
 from cahp_engine.progress import CancelFn, Monitor, ProgressFn
-from cahp_engine.results import StabilityRecord
 from cahp_engine.selection._analysis import HeadAnalysis, analyze_heads
 from cahp_engine.selection._choice import Selection
 from cahp_engine.selection._knee import Knee
+from cahp_engine.selection._records import StabilityRecord
 from cahp_engine.selection._stability import selection_stability
 from cahp_engine.selection._strategies import choose
 from cahp_engine.selection._sweep import Clustering

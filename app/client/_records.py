@@ -7,7 +7,7 @@ still build; a field the client needs that is missing or of the wrong JSON type 
 :class:`InvalidResponseError`. A missing optional field takes its default, so an older server's
 answers build too.
 
-``Job``, ``Artifact`` and ``Upload`` also keep the answer as sent in ``raw`` (read-only, left out of
+``JobSnapshot``, ``Artifact`` and ``Upload`` also keep the answer as sent in ``raw`` (read-only, left out of
 comparisons): ``cahp ... --json`` prints it, every field included. Code reads the attributes.
 """
 
@@ -22,8 +22,8 @@ from typing import Any, Generic, TypeVar
 
 from app.client._exceptions import InvalidResponseError
 
-__all__ = ["TERMINAL", "Artifact", "DatasetSpec", "Job", "JobError", "JobResult", "LogLine", "ModelSpec", "Page",
-           "Upload"]
+__all__ = ["TERMINAL", "Artifact", "DatasetSpec", "JobError", "JobResult", "JobSnapshot", "LogLine", "ModelSpec",
+           "Page", "Upload"]
 
 #: The statuses a job does not leave.
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -188,7 +188,7 @@ class DatasetSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Job:
+class JobSnapshot:
     """A job as ``GET /v1/jobs/{id}`` answers it (``JobPublic``)."""
 
     id: str
@@ -219,11 +219,11 @@ class Job:
         return self.status in TERMINAL
 
     @classmethod
-    def from_json(cls, data: object) -> Job:
-        d = _object(data, "Job")
+    def from_json(cls, data: object) -> JobSnapshot:
+        d = _object(data, "JobSnapshot")
 
         def get(name: str, convert: Callable[[Any], Any], default: Any = None) -> Any:
-            return _field(d, name, "Job", convert, default)
+            return _field(d, name, "JobSnapshot", convert, default)
 
         return cls(
             id=get("id", _text, _REQUIRED), status=get("status", _text, _REQUIRED), stage=get("stage", _text),

@@ -2,7 +2,7 @@
 
 ``python -m tests.engine.golden.make_golden`` rewrites the committed files in this directory from the
 code as it is now; ``python -m tests.engine.golden.make_golden --out DIR`` writes them to ``DIR``
-instead (what :mod:`tests.engine.test_golden_report` does, in a subprocess so that torch runs on one
+instead (what :mod:`tests.engine.run.test_golden_report` does, in a subprocess so that torch runs on one
 thread and no test's global state reaches the run).
 
 The files were committed from the code before the run report became typed and the selection a

@@ -14,7 +14,7 @@ from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError, Job
 from cahp_engine.selection import select_heads
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _encoded(n=120, num_classes=3, seed=0):

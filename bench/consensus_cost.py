@@ -69,7 +69,8 @@ def model_shape(layers: int, heads: int, *, samples: int, repeats: int, seed: in
     assert result.analysis is not None
     selection_s = statistics.median(runs)
     return {"shape": f"{layers}x{heads}", "heads": layers * heads, "samples": samples,
-            "signature_rows": result.signature_samples, "calibration_rows": result.calibration_samples,
+            "signature_rows": result.analysis.signature_samples,
+            "calibration_rows": result.analysis.calibration_samples,
             "k_star": result.k_star, "selection_s": selection_s, "selection_runs_s": runs,
             "timings_s": result.timings, "consensus": _consensus_costs(result.analysis, result.k_star, selection_s)}
 

@@ -97,7 +97,8 @@ def stage_timings(model_dir: Path, data_dir: Path, device: torch.device) -> dict
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return {"selection_s": time.perf_counter() - start, "timings_s": result.timings, "k_star": result.k_star,
-            "signature_samples": result.signature_samples, "calibration_samples": result.calibration_samples,
+            "signature_samples": result.analysis.signature_samples,
+            "calibration_samples": result.analysis.calibration_samples,
             "stability_mean_jaccard": result.stability.mean_jaccard if result.stability else None,
             "peak_memory_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None}
 

@@ -6,7 +6,8 @@ adapters, loading, surgery, checkpoints), :mod:`cahp_engine.selection` (CAHP's a
 strategies), :mod:`cahp_engine.recovery` (fine-tuning, distillation, evaluation),
 :mod:`cahp_engine.export` (ONNX, int8, model cards) and :mod:`cahp_engine.run` (a whole run, the
 budget, the report). :mod:`cahp_engine.config`, :mod:`cahp_engine.errors`, :mod:`cahp_engine.results`
-and :mod:`cahp_engine.progress` are the vocabulary they share. docs/architecture.md draws them.
+(what every record is made of; each room keeps its own records) and :mod:`cahp_engine.progress` are the
+vocabulary they share. docs/architecture.md draws them.
 
 The names a user starts with are re-exported here (declared in ``__init__.pyi``); like every room,
 the package loads a name's module on first use, so ``import cahp_engine`` stays cheap.

@@ -23,7 +23,7 @@ from cahp_engine._validation import Amount, Constraint, Device, Interval, OffOr,
 if TYPE_CHECKING:
     Strategy = str
 else:
-    #: The registered strategy names (:data:`cahp_engine._strategy_names.STRATEGY_MODULES`), as a type: the job
+    #: The strategy names (:data:`cahp_engine._strategy_names.STRATEGY_MODULES`), as a type: the job
     #: API's schema lists them.
     Strategy = Literal[STRATEGIES]
 DenseFinetune = Literal["auto", "always", "never"]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
@@ -45,3 +46,23 @@ def model_inputs(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[st
 def num_parameters(model: nn.Module) -> int:
     """Every parameter of ``model``, tied ones once (``nn.Module.parameters`` skips repeats)."""
     return int(sum(p.numel() for p in model.parameters()))
+
+
+@contextlib.contextmanager
+def frozen_in_eval(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode with no parameter asking for gradients, while the context is open.
+
+    What importance scores by gate gradients need: dropout off, and the backward pass reaching the gates
+    only. The mode and every parameter's ``requires_grad`` are restored on the way out, whatever happens.
+    """
+    was_training = model.training
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.eval()
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        model.train(was_training)

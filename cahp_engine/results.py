@@ -1,9 +1,12 @@
-"""Small frozen records of what a stage measured, JSON-ready both ways; importable without torch or numpy.
+"""What every record of the engine is made of: JSON-ready both ways; importable without torch or numpy.
 
-:class:`ClassificationMetrics`, :class:`ParameterCounts`, :class:`Latency` / :class:`SpeedComparison` come from
-:mod:`cahp_engine.recovery._evaluation`, :class:`TrainingResult` from :mod:`cahp_engine.recovery._training`; all go
-into the run report (:mod:`cahp_engine.run._report`).
-Each has ``to_dict()`` (JSON types: lists for tuples, string keys) and its inverse ``from_dict()`` (``JsonRecord``).
+Each room keeps its records beside the code that makes them (``recovery``'s scores and fine-tunings,
+``selection``'s sampling and stability, ``run``'s report); each is a frozen dataclass with :class:`JsonRecord`'s
+``to_dict()`` (JSON types: lists for tuples, string keys) and its inverse ``from_dict()``. The accuracy budget's
+record and its parts (:class:`BudgetRecord`, :class:`BudgetCandidate`, :class:`DropInterval`,
+:class:`ValidationPoint`, made by :mod:`cahp_engine.run._budget`, :mod:`cahp_engine.recovery._bootstrap` and
+:mod:`cahp_engine.recovery._best`) live here, on the bottom floor, because the engine's one error hierarchy
+carries them (``AccuracyBudgetError.budget``).
 """
 
 from __future__ import annotations
@@ -89,87 +92,6 @@ class JsonRecord:
 
 
 @dataclass(frozen=True)
-class ClassificationMetrics(JsonRecord):
-    """Scores of a model on one split.
-
-    ``confusion[i][j]`` counts samples of true class ``i`` predicted as class ``j``; it has one row
-    and column per class of the dataset.
-    """
-
-    accuracy: float
-    macro_f1: float
-    n: int
-    confusion: tuple[tuple[int, ...], ...] | None = None
-    #: ``recall[i]``: the share of class ``i``'s samples predicted as ``i`` (None for a class with no
-    #: samples in the split); empty in reports written before it was recorded.
-    recall: tuple[float | None, ...] = ()
-
-
-@dataclass(frozen=True)
-class ParameterCounts(JsonRecord):
-    """Parameter counts of a model.
-
-    ``attention`` covers the query, key, value and output-projection weights and biases of every
-    layer (and DeBERTa's separate relative-position projections); ``heads_per_layer`` is the current
-    head count of each layer.
-    """
-
-    total: int
-    attention: int
-    heads_per_layer: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Latency(JsonRecord):
-    """Forward-pass time of one input shape, over ``repeats`` timed runs after ``warmup`` untimed ones."""
-
-    batch_size: int
-    seq_len: int
-    p50_ms: float
-    p95_ms: float
-    mean_ms: float
-    throughput_per_s: float
-    warmup: int
-    repeats: int
-    device: str
-    #: The spread of the timed runs: their 25th and 75th percentiles (None in reports written before).
-    p25_ms: float | None = None
-    p75_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class SpeedRow(JsonRecord):
-    """Dense and pruned latency at one batch size; ``speedup`` is dense p50 / pruned p50.
-
-    ``speedup_low`` and ``speedup_high`` bound its 95 % interval over the interleaved rounds (see
-    :func:`cahp_engine.recovery.speedup_interval`); None in reports written before it was measured.
-    """
-
-    batch_size: int
-    dense: Latency
-    pruned: Latency
-    speedup: float
-    speedup_low: float | None = None
-    speedup_high: float | None = None
-
-
-@dataclass(frozen=True)
-class SpeedComparison(JsonRecord):
-    """A dense model and its pruned copy timed on the same random inputs, one row per batch size."""
-
-    device: str
-    seq_len: int
-    warmup: int
-    repeats: int
-    results: tuple[SpeedRow, ...]
-
-    def speedup_at(self, batch_size: int) -> float | None:
-        """The speed-up at ``batch_size``, else at the first batch size measured, else None."""
-        speedups = {row.batch_size: row.speedup for row in self.results}
-        return speedups.get(batch_size, next(iter(speedups.values()), None))
-
-
-@dataclass(frozen=True)
 class ValidationPoint(JsonRecord):
     """One evaluation on the validation split during a fine-tuning.
 
@@ -185,119 +107,6 @@ class ValidationPoint(JsonRecord):
     accuracy: float
     macro_f1: float
     lost_classes: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class TrainingResult(JsonRecord):
-    """What one fine-tuning run did.
-
-    ``epochs`` is the number of passes over the data actually made (``steps`` over the batches of
-    one epoch). ``loss_per_epoch`` and ``seconds_per_epoch`` have one entry per epoch begun, the
-    last one possibly partial. ``precision`` is ``bf16``, ``fp16`` (with loss scaling) or ``fp32``.
-    """
-
-    steps: int
-    epochs: float
-    loss_per_epoch: tuple[float, ...]
-    wall_s: float
-    seconds_per_epoch: tuple[float, ...]
-    device: str
-    precision: str
-    #: ``ce`` (cross-entropy with the labels) or ``distill`` (see :mod:`cahp_engine.recovery._distillation`).
-    loss: str = "ce"
-    #: The distillation loss's weight of the labels and its temperature (None for ``ce``).
-    alpha: float | None = None
-    temperature: float | None = None
-    #: The teacher's pass over the training split (None for ``ce``).
-    teacher: TeacherRecord | None = None
-    #: Each class's weight in the loss (class-balanced recovery), None when every class weighs 1.
-    class_weights: tuple[float, ...] | None = None
-    #: The evaluations on the validation split, in order (the first before training); empty when the
-    #: fine-tuning watched no validation split (the paper's fixed epochs).
-    validation: tuple[ValidationPoint, ...] = ()
-    #: The evaluation whose weights were kept and returned: its step and epoch (None without validation).
-    best_step: int | None = None
-    best_epoch: float | None = None
-    #: True when ``early_stopping_patience`` evaluations in a row brought no gain and training stopped
-    #: before its last step (or when an accuracy budget's search stopped it: see ``budget.candidates``).
-    stopped_early: bool = False
-    #: Evaluations without gain that stop the fine-tuning (0: never stops early).
-    early_stopping_patience: int = 0
-
-
-@dataclass(frozen=True)
-class TeacherRecord(JsonRecord):
-    """The teacher's logits over the training split: ``passes`` forward passes over ``rows`` rows."""
-
-    passes: int
-    rows: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class SamplingRecord(JsonRecord):
-    """How many training samples one pass of head selection read, and why it stopped there.
-
-    ``mode`` is ``auto`` (a stopping rule decided) or ``fixed`` (an explicit amount, used exactly).
-    ``stopped`` is ``converged`` (the rule was met), ``plateau`` (the noise share stopped falling
-    before it was), ``cap`` (every row was read before either) or ``requested`` (a fixed amount).
-    ``checkpoints`` are the sample counts at which the rule looked and ``measures`` its measure (the
-    noise share) at each of them.
-    """
-
-    mode: str
-    samples: int
-    available: int
-    stopped: str
-    reason: str
-    checkpoints: tuple[int, ...] = ()
-    measures: tuple[float | None, ...] = ()
-
-
-@dataclass(frozen=True)
-class StabilityRecord(JsonRecord):
-    """How much the selection depends on which samples were drawn (leave one shard out).
-
-    The signature and calibration samples were accumulated in ``shards`` disjoint stratified shards;
-    the cheap stages and the choice were rerun ``shards`` times, each without one shard.
-    ``mean_jaccard`` and ``min_jaccard`` are over every pair of those head sets;
-    ``jaccard_to_selection`` is the mean Jaccard of each of them with the run's selection;
-    ``k_stars`` and ``heads_kept`` are per rerun; ``kept_frequency[l][h]`` is the share of reruns that
-    kept head h of layer l; ``seconds`` what the reruns cost.
-    """
-
-    shards: int
-    mean_jaccard: float
-    min_jaccard: float
-    jaccard_to_selection: float
-    k_stars: tuple[int, ...]
-    heads_kept: tuple[int, ...]
-    kept_frequency: tuple[tuple[float, ...], ...]
-    seconds: float
-
-
-@dataclass(frozen=True)
-class ConsensusRecord(JsonRecord):
-    """How a consensus strategy combined the K + 1 analyses of one selection (the full one and K
-    leave-one-shard-out ones) into its choice.
-
-    ``method`` is the strategy (``coassociation``, ``stability-selection``, ``mean-distance``);
-    ``runs`` is K + 1; ``k`` the number of clusters every run was cut at (the run's k*).
-    ``mean_jaccard`` and ``min_jaccard`` are over every pair of CAHP's K + 1 single-run choices at
-    ``k``: how much the runs agreed before the consensus; ``jaccard_to_single_run`` compares the
-    consensus with CAHP's choice on the full analysis; ``kept_frequency[l][h]`` is the share of the
-    K + 1 single-run choices that kept head h of layer l; ``seconds`` what the consensus cost (no
-    sample is read again).
-    """
-
-    method: str
-    runs: int
-    k: int
-    mean_jaccard: float
-    min_jaccard: float
-    jaccard_to_single_run: float
-    kept_frequency: tuple[tuple[float, ...], ...]
-    seconds: float
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ weights are missing) and its cached CAHP selections. Three parts (``--parts``):
   stopped, the test split scored at every epoch too; from that one run, what each recovery of
   :data:`RECOVERIES` returns (``fixed``: the paper's, last weights; ``best-of-3``; ``patience1``,
   ``patience2``), since an early-stopped fine-tuning is the never-stopped one's prefix (checked by
-  tests/engine/test_early_stopping.py). Test accuracy, macro-F1 and recovery seconds. What decides the
+  tests/engine/recovery/test_early_stopping.py). Test accuracy, macro-F1 and recovery seconds. What decides the
   default of ``early_stopping_patience``.
 * ``budget``: whole runs (``run_pruning``, what ``cahp prune`` runs) on the dense model: one at the knee
   with the same recovery, then accuracy budgets of 1.0, 2.0 and 0.5 points of accuracy and 1.0 point

@@ -100,9 +100,11 @@ def child(data: Path) -> dict[str, Any]:
     return {
         "train_rows": len(rows), "load_s": load_s, "selection_s": selection_s, "timings_s": result.timings,
         "rss_mib_after_load": (after_load - before) / 2**20, "selection_peak_extra_mib": peak.extra_mib,
-        "signature_sampling": result.signature_sampling.to_dict() if result.signature_sampling else None,
-        "calibration_sampling": result.calibration_sampling.to_dict() if result.calibration_sampling else None,
-        "resolution": result.resolution, "k_star": result.k_star, "heads_kept": result.selection.num_kept,
+        "signature_sampling": (result.analysis.signature_sampling.to_dict()
+                               if result.analysis.signature_sampling else None),
+        "calibration_sampling": (result.analysis.calibration_sampling.to_dict()
+                                 if result.analysis.calibration_sampling else None),
+        "resolution": result.analysis.resolution, "k_star": result.k_star, "heads_kept": result.selection.num_kept,
         "stability_mean_jaccard": result.stability.mean_jaccard if result.stability else None,
         "load_average_1min": os.getloadavg()[0],
     }

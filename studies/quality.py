@@ -51,8 +51,7 @@ from cahp_engine._torch import resolve_device
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset, LabelledTexts, draw_subset, encode, load_splits
 from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
-from cahp_engine.recovery import AuxiliaryLoss, TeacherLogits, evaluate, finetune, teacher_logits
-from cahp_engine.results import TeacherRecord
+from cahp_engine.recovery import AuxiliaryLoss, TeacherLogits, TeacherRecord, evaluate, finetune, teacher_logits
 from cahp_engine.selection import HeadAnalysis, Selection, analyze_heads, choose, selection_stability
 from studies import common
 from studies.common import minilm_path

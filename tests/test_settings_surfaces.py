@@ -125,6 +125,11 @@ def test_job_result_mirrors_the_run_summary() -> None:
         assert field.annotation == expected, name
 
 
+def test_each_result_figure_is_described_in_the_schema() -> None:
+    """``JobResult`` takes its fields from ``RunSummary``; a new figure needs its words for the OpenAPI schema."""
+    assert [name for name, field in JobResult.model_fields.items() if not field.description] == []
+
+
 @pytest.fixture
 def openapi_params(settings: Settings, engine: Engine) -> dict[str, Any]:
     with TestClient(create_app(settings)) as client:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from app.core.errors import NotFoundError
+from app.core.errors import ResourceNotFoundError
 from app.core.storage import ArtifactStore, checkpoint_prefix
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class StoreCheckpoints:
         try:
             self._store.download(self._index_key, target)
             index = json.loads(target.read_text(encoding="utf-8"))
-        except (NotFoundError, FileNotFoundError):
+        except (ResourceNotFoundError, FileNotFoundError):
             return {}
         except ValueError:
             logger.warning("checkpoint index %s is unreadable; starting over", self._index_key)
@@ -77,7 +77,7 @@ class StoreCheckpoints:
                 for name in names if isinstance(names, list) else ():
                     (target / str(name)).parent.mkdir(parents=True, exist_ok=True)
                     self._store.download(f"{entry['prefix']}/{name}", target / str(name))
-            except (NotFoundError, FileNotFoundError, KeyError) as exc:
+            except (ResourceNotFoundError, FileNotFoundError, KeyError) as exc:
                 logger.warning("checkpoint %s of %s is incomplete (%s); that stage runs again", stage,
                                self._prefix, exc)
                 shutil.rmtree(target, ignore_errors=True)

@@ -26,11 +26,11 @@ from app.core.errors import (
     GoneError,
     InsufficientStorageError,
     InvalidRequestError,
-    NotFoundError,
     PayloadTooLargeError,
     QuotaExceededError,
     RangeNotSatisfiableError,
     RegistryError,
+    ResourceNotFoundError,
     ServiceError,
     UnavailableError,
 )
@@ -50,7 +50,7 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404
 STATUS_OF: dict[type[ServiceError], int] = {
     AuthenticationError: 401,
     ForbiddenError: 403,
-    NotFoundError: 404,
+    ResourceNotFoundError: 404,
     ConflictError: 409,
     GoneError: 410,
     PayloadTooLargeError: 413,

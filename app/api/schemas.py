@@ -4,8 +4,8 @@ Input models forbid unknown fields, so a misspelt option is a 422 rather than si
 ``JobParams`` lists the engine's job settings (:data:`cahp_engine.config.SETTINGS`, the ones for the
 API), each described and bounded in the OpenAPI schema from its declaration (:func:`param_field`).
 Pydantic checks their types only; the ranges are checked by ``PruningConfig`` itself, so the API and
-``cahp prune`` give the same messages. ``JobResult`` is the engine's ``RunSummary``. A test keeps
-both equal to what they mirror.
+``cahp prune`` give the same messages. ``JobResult`` is built from the engine's ``RunSummary`` the same
+way: neither lists a field by hand, so a setting or a figure the engine adds cannot be left out.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import json
 from functools import partial
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
@@ -23,24 +23,16 @@ from app.core.db import JobStatus
 from app.core.labels import MAX_LABELS, check_labels
 from cahp_engine.config import (
     Amount,
-    BudgetMetric,
-    CalibrationAmount,
-    ClassWeight,
     Constraint,
-    DenseFinetune,
-    ExportFormat,
     Interval,
     OffOr,
-    Quantize,
-    RecoveryLoss,
-    RecoveryMode,
-    SampleAmount,
-    Strategy,
+    PruningConfig,
     SubsetOf,
     TupleOf,
     settings_for,
 )
 from cahp_engine.data import DatasetOptions
+from cahp_engine.run import RunSummary
 
 T = TypeVar("T")
 
@@ -145,54 +137,35 @@ def _interval_bounds(interval: Interval) -> dict[str, Any]:
     return bounds
 
 
-class JobParams(BaseModel):
-    """Pruning settings, the same as the `cahp prune` options.
+def _json_type(hint: Any) -> Any:
+    """A ``PruningConfig`` field's type as JSON carries it: a tuple is an array (a list)."""
+    return list[get_args(hint)[0]] if get_origin(hint) is tuple else hint  # type: ignore[misc]
 
-    Unset ones take the engine's defaults; ranges are checked as `cahp prune` checks them.
+
+def _job_params_model() -> type[BaseModel]:
+    """``JobParams``: one optional field per job setting, typed as ``PruningConfig`` types it.
+
+    Built from the declarations, so a setting the engine adds is a job parameter too, described and
+    bounded in the OpenAPI schema (:func:`param_field`); unset (None) means the engine's default.
     """
+    hints = get_type_hints(PruningConfig)
+    fields: dict[str, Any] = {name: (_json_type(hints[name]) | None, param_field(name)) for name in _JOB_SETTINGS}
+    return create_model(
+        "JobParams",
+        __config__=ConfigDict(extra="forbid", strict=True),
+        __doc__="Pruning settings, the same as the `cahp prune` options.\n\n"
+        "Unset ones take the engine's defaults; ranges are checked as `cahp prune` checks them.",
+        **fields,
+    )
 
-    model_config = ConfigDict(extra="forbid", strict=True)
 
-    poly_degree: int | None = param_field("poly_degree")
-    heads_to_keep: int | None = param_field("heads_to_keep")
-    resolution: int | None = param_field("resolution")
-    calibration_fraction: CalibrationAmount | None = param_field("calibration_fraction")
-    signature_samples: SampleAmount | None = param_field("signature_samples")
-    strategy: Strategy | None = param_field("strategy")
-    seed: int | None = param_field("seed")
-    batch_size: int | None = param_field("batch_size")
-    max_length: int | None = param_field("max_length")
-    perplexity: float | None = param_field("perplexity")
-    var_floor: float | None = param_field("var_floor")
-    stability_shards: int | None = param_field("stability_shards")
-    recovery: RecoveryMode | None = param_field("recovery")
-    reconstruction_rows: int | None = param_field("reconstruction_rows")
-    epochs: float | None = param_field("epochs")
-    lr: float | None = param_field("lr")
-    warmup_ratio: float | None = param_field("warmup_ratio")
-    weight_decay: float | None = param_field("weight_decay")
-    max_grad_norm: float | None = param_field("max_grad_norm")
-    dense_finetune: DenseFinetune | None = param_field("dense_finetune")
-    dense_epochs: float | None = param_field("dense_epochs")
-    dense_lr: float | None = param_field("dense_lr")
-    recovery_loss: RecoveryLoss | None = param_field("recovery_loss")
-    distill_alpha: float | None = param_field("distill_alpha")
-    distill_temperature: float | None = param_field("distill_temperature")
-    class_weight: ClassWeight | None = param_field("class_weight")
-    early_stopping_patience: int | None = param_field("early_stopping_patience")
-    eval_steps: int | None = param_field("eval_steps")
-    max_accuracy_drop: float | None = param_field("max_accuracy_drop")
-    budget_metric: BudgetMetric | None = param_field("budget_metric")
-    budget_screen_epochs: float | None = param_field("budget_screen_epochs")
-    budget_strategies: list[Strategy] | None = param_field("budget_strategies")
-    budget_confidence: float | None = param_field("budget_confidence")
-    budget_parallel: int | None = param_field("budget_parallel")
-    latency_warmup: int | None = param_field("latency_warmup")
-    latency_repeats: int | None = param_field("latency_repeats")
-    export: ExportFormat | None = param_field("export")
-    quantize: Quantize | None = param_field("quantize")
-    # JSON has arrays, not tuples; PruningConfig.from_dict turns the list back into a tuple.
-    reported_degrees: list[int] | None = param_field("reported_degrees")
+if TYPE_CHECKING:
+
+    class JobParams(BaseModel):
+        """One optional field per job setting (:data:`cahp_engine.config.SETTINGS` for the API)."""
+
+else:
+    JobParams = _job_params_model()
 
 
 def given_params(params: JobParams) -> dict[str, Any]:
@@ -245,50 +218,62 @@ class JobError(BaseModel):
     message: str
 
 
-class JobResult(BaseModel):
-    """The headline figures of a succeeded job (report.json's `summary`)."""
+#: What each figure of the engine's ``RunSummary`` means, in the OpenAPI schema.
+_RESULT_DESCRIPTIONS: dict[str, str] = {
+    "k_star": "Number of clusters used: the knee, or `heads_to_keep`",
+    "heads_total": "Attention heads of the dense model, L * H",
+    "heads_kept": "Heads left after pruning",
+    "retention": "`heads_kept / heads_total`",
+    "dense_accuracy": "Accuracy of the dense model on the evaluation split (after dense fine-tuning, if it ran)",
+    "pruned_accuracy": "Accuracy of the pruned model after recovery",
+    "speedup": "Dense p50 latency over pruned p50 latency at batch size 32 (else the first batch size timed)",
+    "onnx_max_abs_diff": "The ONNX export's largest absolute logit difference from PyTorch; null without an export",
+    "onnx_speedup": "Dense PyTorch p50 over pruned onnxruntime p50 (CPU, batch 32)",
+    "int8_accuracy": "Accuracy of `onnx-int8/` on the evaluation split; null without `quantize=int8`",
+    "int8_speedup": "Dense PyTorch p50 over `onnx-int8/` p50 (CPU, batch 32); null without `quantize=int8`",
+    "base_model": "The dense model by name: its hub id, its checkpoint's `_name_or_path`, else the uploaded "
+    "directory's or archive's name",
+    "dataset": "The dataset by name",
+    "dense_macro_f1": "Macro-F1 of the dense model (evaluation split)",
+    "pruned_macro_f1": "Macro-F1 of the pruned model after recovery",
+    "onnx_accuracy": "Accuracy of `onnx/` in onnxruntime",
+    "onnx_macro_f1": "Macro-F1 of `onnx/` in onnxruntime",
+    "int8_macro_f1": "Macro-F1 of `onnx-int8/`",
+    "int8_max_abs_diff": "The int8 graph's largest absolute logit difference from the pruned PyTorch model "
+    "(measured; int8 is not exact)",
+    "speedup_low": "95 % interval of `speedup` (low end); an interval holding 1 is no measurable change",
+    "speedup_high": "95 % interval of `speedup` (high end)",
+    "onnx_speedup_low": "95 % interval of `onnx_speedup` (low end)",
+    "onnx_speedup_high": "95 % interval of `onnx_speedup` (high end)",
+    "int8_speedup_low": "95 % interval of `int8_speedup` (low end)",
+    "int8_speedup_high": "95 % interval of `int8_speedup` (high end)",
+    "warnings": "Every warning of the run; quality warnings (a class never predicted, macro-F1 near chance, too "
+    "large a drop) first",
+    "warning_codes": "A stable code for each of `warnings`, in the same order: class_lost, near_chance, "
+    "accuracy_drop, macro_f1_drop, int8_accuracy_drop, recall_drop, untrained_head, no_knee, no_stability, "
+    "budget_noise or other",
+}
 
-    # The engine's RunSummary, every field nullable (rows from older releases may lack some).
-    k_star: int | None = Field(default=None, description="Number of clusters used: the knee, or `heads_to_keep`")
-    heads_total: int | None = Field(default=None, description="Attention heads of the dense model, L * H")
-    heads_kept: int | None = Field(default=None, description="Heads left after pruning")
-    retention: float | None = Field(default=None, description="`heads_kept / heads_total`")
-    dense_accuracy: float | None = Field(default=None, description="Accuracy of the dense model on the "
-                                         "evaluation split (after dense fine-tuning, if it ran)")
-    pruned_accuracy: float | None = Field(default=None, description="Accuracy of the pruned model after recovery")
-    speedup: float | None = Field(default=None, description="Dense p50 latency over pruned p50 latency at batch "
-                                  "size 32 (else the first batch size timed)")
-    onnx_max_abs_diff: float | None = Field(default=None, description="The ONNX export's largest absolute logit "
-                                            "difference from PyTorch; null without an export")
-    onnx_speedup: float | None = Field(default=None, description="Dense PyTorch p50 over pruned onnxruntime p50 "
-                                       "(CPU, batch 32)")
-    int8_accuracy: float | None = Field(default=None, description="Accuracy of `onnx-int8/` on the evaluation "
-                                        "split; null without `quantize=int8`")
-    int8_speedup: float | None = Field(default=None, description="Dense PyTorch p50 over `onnx-int8/` p50 (CPU, "
-                                       "batch 32); null without `quantize=int8`")
-    base_model: str | None = Field(default=None, description="The dense model by name: its hub id, its checkpoint's "
-                                   "`_name_or_path`, else the uploaded directory's or archive's name")
-    dataset: str | None = Field(default=None, description="The dataset by name")
-    dense_macro_f1: float | None = Field(default=None, description="Macro-F1 of the dense model (evaluation split)")
-    pruned_macro_f1: float | None = Field(default=None, description="Macro-F1 of the pruned model after recovery")
-    onnx_accuracy: float | None = Field(default=None, description="Accuracy of `onnx/` in onnxruntime")
-    onnx_macro_f1: float | None = Field(default=None, description="Macro-F1 of `onnx/` in onnxruntime")
-    int8_macro_f1: float | None = Field(default=None, description="Macro-F1 of `onnx-int8/`")
-    int8_max_abs_diff: float | None = Field(default=None, description="The int8 graph's largest absolute logit "
-                                            "difference from the pruned PyTorch model (measured; int8 is not exact)")
-    speedup_low: float | None = Field(default=None, description="95 % interval of `speedup` (low end); an interval "
-                                      "holding 1 is no measurable change")
-    speedup_high: float | None = Field(default=None, description="95 % interval of `speedup` (high end)")
-    onnx_speedup_low: float | None = Field(default=None, description="95 % interval of `onnx_speedup` (low end)")
-    onnx_speedup_high: float | None = Field(default=None, description="95 % interval of `onnx_speedup` (high end)")
-    int8_speedup_low: float | None = Field(default=None, description="95 % interval of `int8_speedup` (low end)")
-    int8_speedup_high: float | None = Field(default=None, description="95 % interval of `int8_speedup` (high end)")
-    warnings: tuple[str, ...] | None = Field(default=None, description="Every warning of the run; quality warnings "
-                                             "(a class never predicted, macro-F1 near chance, too large a drop) first")
-    warning_codes: tuple[str, ...] | None = Field(default=None, description="A stable code for each of `warnings`, "
-                                                  "in the same order: class_lost, near_chance, accuracy_drop, "
-                                                  "macro_f1_drop, int8_accuracy_drop, recall_drop, untrained_head, "
-                                                  "no_knee, no_stability, budget_noise or other")
+
+def _job_result_model() -> type[BaseModel]:
+    """``JobResult``: the engine's :class:`RunSummary` field for field, every field nullable (rows from older
+    releases may lack some), so a figure the engine adds is in the API's answer too."""
+    hints = get_type_hints(RunSummary)
+    fields: dict[str, Any] = {
+        f.name: (hints[f.name] | None, Field(default=None, description=_RESULT_DESCRIPTIONS.get(f.name)))
+        for f in dataclasses.fields(RunSummary)
+    }
+    return create_model("JobResult", __doc__="The headline figures of a succeeded job (report.json's `summary`).",
+                        **fields)
+
+
+if TYPE_CHECKING:
+
+    class JobResult(BaseModel):
+        """The engine's ``RunSummary``, every field nullable."""
+
+else:
+    JobResult = _job_result_model()
 
 
 class JobLinks(BaseModel):

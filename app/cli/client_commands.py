@@ -30,7 +30,7 @@ from cahp_engine.data import DATASET_OPTION_FIELDS
 if TYPE_CHECKING:  # the client is imported when a command runs, not when the parser is built
     from collections.abc import Sequence
 
-    from app.client import ApiClient, Job, JobCheck, LogLine
+    from app.client import ApiClient, JobCheck, JobSnapshot, LogLine
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: How long a client command keeps trying an unreachable or busy server (``--timeout``).
@@ -242,7 +242,7 @@ def _invalid_param(params: dict[str, Any]) -> str | None:
     return None
 
 
-def _describe(job: Job, *, eta: bool = True) -> str:
+def _describe(job: JobSnapshot, *, eta: bool = True) -> str:
     text = f"{job.id} {job.status}"
     if job.stage:
         text += f" {job.stage} {100 * job.progress:.0f}%"
@@ -274,7 +274,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_wait(args: argparse.Namespace) -> int:
     last: list[str] = []
 
-    def show(job: Job) -> None:
+    def show(job: JobSnapshot) -> None:
         # A new line when the status, stage or whole percent changes (with the time left then), not
         # at every new estimate.
         key = _describe(job, eta=False)

@@ -300,12 +300,12 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    from app.core.errors import InvalidRequestError, NotFoundError
+    from app.core.errors import InvalidRequestError, ResourceNotFoundError
     from app.core.security import revoke_key
 
     try:
         key = _with_session(lambda session: revoke_key(session=session, name_or_id=args.key))
-    except (InvalidRequestError, NotFoundError) as exc:
+    except (InvalidRequestError, ResourceNotFoundError) as exc:
         return fail(str(exc))
     print(f"cahp: key {key.id} ({key.name}) revoked at {_when(key.revoked_at)}; requests with it get 401 "
           "within CAHP_KEY_CACHE_S (1 s by default) and its signed links stop working; "

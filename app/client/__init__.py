@@ -7,7 +7,7 @@ since the call began. ``wait`` keeps going for as long as the job runs, and tole
 being away for up to :data:`OUTAGE_S` at a time. A download resumes where it broke off (HTTP
 ``Range``, ``If-Range`` on the artifact's sha256) and is checked against the manifest's sha256.
 
-Answers come back as frozen records (:class:`Job`, :class:`Artifact`, :class:`Upload`,
+Answers come back as frozen records (:class:`JobSnapshot`, :class:`Artifact`, :class:`Upload`,
 :class:`Page`, :class:`LogLine`); failures as one tree of :class:`ClientError` (drawn in
 ``_exceptions``). Imports httpx, tenacity, the standard library and :mod:`app.http_headers`, nothing
 of the service or the engine: a CI loop calls ``cahp status`` often.
@@ -34,10 +34,10 @@ from app.client._records import (
     TERMINAL,
     Artifact,
     DatasetSpec,
-    Job,
     JobCheck,
     JobError,
     JobResult,
+    JobSnapshot,
     LogLine,
     ModelSpec,
     Page,
@@ -59,7 +59,7 @@ __all__ = [
     "ClientError",
     "DatasetSpec",
     "InvalidResponseError",
-    "Job",
+    "JobSnapshot",
     "JobCheck",
     "JobError",
     "JobResult",

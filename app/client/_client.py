@@ -19,7 +19,7 @@ from app.client._exceptions import (
     httpx_errors,
     problem_from_response,
 )
-from app.client._records import Artifact, Job, JobCheck, LogLine, Page, Registration, Upload
+from app.client._records import Artifact, JobCheck, JobSnapshot, LogLine, Page, Registration, Upload
 from app.client._retries import OUTAGE_S, Outage, retrying
 from app.client._sse import ServerSentEvent, parse_sse
 from app.client._transfers import download, multipart_file, packed, sha256_of, upload_suffix
@@ -32,7 +32,7 @@ class ApiClient:
     """The API over HTTP. ``timeout``: how long one call keeps trying (None: until it succeeds).
 
     ``on_retry(message)`` hears of each retry, for the command line to say what is going on.
-    Every method returns records (:class:`Job`, :class:`Artifact`, :class:`Upload`, :class:`Page`)
+    Every method returns records (:class:`JobSnapshot`, :class:`Artifact`, :class:`Upload`, :class:`Page`)
     and raises a :class:`ClientError`.
     """
 
@@ -81,27 +81,27 @@ class ApiClient:
 
     # --- jobs --------------------------------------------------------------------------------------
 
-    def submit(self, body: Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
+    def submit(self, body: Mapping[str, Any], *, idempotency_key: str | None = None) -> JobSnapshot:
         """Submit a job (``body`` as ``JobCreate``). With an ``idempotency_key`` (the CLI always sends one)
         a retried submit is safe: the server answers the first job again."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return Job.from_json(self._json("POST", "/v1/jobs", json=dict(body), headers=headers))
+        return JobSnapshot.from_json(self._json("POST", "/v1/jobs", json=dict(body), headers=headers))
 
     def check(self, body: Mapping[str, Any]) -> JobCheck:
         """Check a job as a submit would (``POST /v1/jobs/check``) without queuing it; a 422 is a ProblemError."""
         return JobCheck.from_json(self._json("POST", "/v1/jobs/check", json=dict(body)))
 
-    def job(self, job_id: str, *, budget: float | None = None) -> Job:
-        return Job.from_json(self._json("GET", f"/v1/jobs/{job_id}", budget=budget))
+    def job(self, job_id: str, *, budget: float | None = None) -> JobSnapshot:
+        return JobSnapshot.from_json(self._json("GET", f"/v1/jobs/{job_id}", budget=budget))
 
-    def cancel(self, job_id: str) -> Job:
-        return Job.from_json(self._json("POST", f"/v1/jobs/{job_id}/cancel"))
+    def cancel(self, job_id: str) -> JobSnapshot:
+        return JobSnapshot.from_json(self._json("POST", f"/v1/jobs/{job_id}/cancel"))
 
     def delete(self, job_id: str) -> None:
         self._request("DELETE", f"/v1/jobs/{job_id}")
 
     def jobs(self, *, labels: Mapping[str, str] | None = None, status: str | None = None, limit: int = 20,
-             cursor: str | None = None) -> Page[Job]:
+             cursor: str | None = None) -> Page[JobSnapshot]:
         """One page of this key's jobs, newest first; pass ``next_cursor`` as ``cursor`` for the next."""
         params: list[tuple[str, str | int]] = [("limit", limit)]
         params += [("label", f"{k}:{v}") for k, v in (labels or {}).items()]
@@ -109,10 +109,10 @@ class ApiClient:
             params.append(("status", status))
         if cursor:
             params.append(("cursor", cursor))
-        return Page.from_json(self._json("GET", "/v1/jobs", params=params), Job.from_json)
+        return Page.from_json(self._json("GET", "/v1/jobs", params=params), JobSnapshot.from_json)
 
     def wait(self, job_id: str, *, timeout: float | None = None, interval: float = 2.0,
-             on_update: Callable[[Job], None] | None = None) -> Job:
+             on_update: Callable[[JobSnapshot], None] | None = None) -> JobSnapshot:
         """Poll until the job ends; :class:`WaitTimeoutError` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -125,8 +125,8 @@ class ApiClient:
                 raise WaitTimeoutError(f"job {job_id} is still {job.status} after {timeout} s")
             time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
 
-    def follow(self, job_id: str, *, timeout: float | None = None, on_job: Callable[[Job], None] | None = None,
-               on_log: Callable[[LogLine], None] | None = None) -> Job:
+    def follow(self, job_id: str, *, timeout: float | None = None, on_job: Callable[[JobSnapshot], None] | None = None,
+               on_log: Callable[[LogLine], None] | None = None) -> JobSnapshot:
         """Read the job's event stream until its terminal status, reconnecting where it broke off.
 
         ``on_log`` gets each log line once, in order, across reconnects (``Last-Event-ID``). The
@@ -143,7 +143,7 @@ class ApiClient:
                     if event.event == "log" and on_log is not None:
                         on_log(LogLine.from_json(_loads(event)))
                     elif event.event in ("status", "stage", "progress"):
-                        job = Job.from_json(_loads(event))
+                        job = JobSnapshot.from_json(_loads(event))
                         if on_job is not None:
                             on_job(job)
                         if job.finished:

@@ -7,7 +7,7 @@ still build; a field the client needs that is missing or of the wrong JSON type 
 :class:`InvalidResponseError`. A missing optional field takes its default, so an older server's
 answers build too.
 
-``Job``, ``Artifact`` and ``Upload`` also keep the answer as sent in ``raw`` (read-only, left out of
+``JobSnapshot``, ``Artifact`` and ``Upload`` also keep the answer as sent in ``raw`` (read-only, left out of
 comparisons): ``cahp ... --json`` prints it, every field included. Code reads the attributes.
 """
 
@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import types
+import typing
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from app.client._exceptions import InvalidResponseError
 
-__all__ = ["TERMINAL", "Artifact", "DatasetSpec", "Job", "JobError", "JobResult", "LogLine", "ModelSpec", "Page",
-           "Upload"]
+__all__ = ["TERMINAL", "Artifact", "DatasetSpec", "JobError", "JobResult", "JobSnapshot", "LogLine", "ModelSpec",
+           "Page", "Upload"]
 
 #: The statuses a job does not leave.
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -88,6 +90,53 @@ def _labels(value: Any) -> Mapping[str, str]:
     return MappingProxyType({_text(k): _text(v) for k, v in value.items()})
 
 
+def _items(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected an array, got {type(value).__name__}")
+    return value
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    return tuple(_text(v) for v in _items(value))
+
+
+#: How a field of each type is read from its JSON (``X | None`` as ``X``; a record by its ``from_json``).
+_READERS: dict[Any, Callable[[Any], Any]] = {
+    str: _text, int: _integer, float: _number, bool: _flag, dt.datetime: _time, Mapping[str, str]: _labels,
+    tuple[str, ...]: _texts,
+}
+
+
+def _reader(hint: Any) -> Callable[[Any], Any]:
+    options = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (types.UnionType, typing.Union) and len(options) == 1:
+        return _reader(options[0])
+    if hint in _READERS:
+        return _READERS[hint]
+    from_json: Callable[[Any], Any] = hint.from_json  # a record: a field of another type fails on first use
+    return from_json
+
+
+R = TypeVar("R")
+
+
+def _read(cls: type[R], data: object) -> R:
+    """A record of ``cls`` from its JSON: each field read by its type, its default when absent or null (a field
+    without one is required); ``raw`` keeps the answer as sent."""
+    record = cls.__name__
+    d = _object(data, record)
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name == "raw":
+            values["raw"] = MappingProxyType(dict(d))
+            continue
+        default = (f.default if f.default is not dataclasses.MISSING
+                   else f.default_factory() if f.default_factory is not dataclasses.MISSING else _REQUIRED)
+        values[f.name] = _field(d, f.name, record, _reader(hints[f.name]), default)
+    return cls(**values)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobError:
     """Why a job failed: a stable ``code`` and a message for people."""
@@ -97,15 +146,14 @@ class JobError:
 
     @classmethod
     def from_json(cls, data: object) -> JobError:
-        d = _object(data, "JobError")
-        return cls(code=_field(d, "code", "JobError", _text, _REQUIRED),
-                   message=_field(d, "message", "JobError", _text, ""))
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobResult:
-    """The headline figures of a succeeded job (each None where the run did not measure it): the engine's
-    ``RunSummary`` field for field, as the API's ``JobResult`` is (a test keeps the three equal)."""
+    """The headline figures of a succeeded job (each None where the run did not measure it): the API's
+    ``JobResult`` (built from the engine's ``RunSummary``) field for field, in its order; the client imports
+    neither, so a test reads the real app's /openapi.json and keeps the fields equal."""
 
     k_star: int | None = None
     heads_total: int | None = None
@@ -142,16 +190,8 @@ class JobResult:
 
     @classmethod
     def from_json(cls, data: object) -> JobResult:
-        d = _object(data, "JobResult")
-        counts, texts = {"k_star", "heads_total", "heads_kept"}, {"base_model", "dataset"}
+        return _read(cls, data)
 
-        def convert(name: str) -> Callable[[Any], Any]:
-            if name in ("warnings", "warning_codes"):
-                return lambda value: tuple(_text(v) for v in value)
-            return _integer if name in counts else _text if name in texts else _number
-
-        return cls(**{f.name: _field(d, f.name, "JobResult", convert(f.name), f.default)
-                      for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,9 +203,7 @@ class ModelSpec:
 
     @classmethod
     def from_json(cls, data: object) -> ModelSpec:
-        d = _object(data, "ModelSpec")
-        return cls(uri=_field(d, "uri", "ModelSpec", _text, _REQUIRED),
-                   revision=_field(d, "revision", "ModelSpec", _text, None))
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,13 +215,11 @@ class DatasetSpec:
 
     @classmethod
     def from_json(cls, data: object) -> DatasetSpec:
-        d = _object(data, "DatasetSpec")
-        return cls(uri=_field(d, "uri", "DatasetSpec", _text, _REQUIRED),
-                   eval_uri=_field(d, "eval_uri", "DatasetSpec", _text, None))
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Job:
+class JobSnapshot:
     """A job as ``GET /v1/jobs/{id}`` answers it (``JobPublic``)."""
 
     id: str
@@ -214,24 +250,8 @@ class Job:
         return self.status in TERMINAL
 
     @classmethod
-    def from_json(cls, data: object) -> Job:
-        d = _object(data, "Job")
-
-        def get(name: str, convert: Callable[[Any], Any], default: Any = None) -> Any:
-            return _field(d, name, "Job", convert, default)
-
-        return cls(
-            id=get("id", _text, _REQUIRED), status=get("status", _text, _REQUIRED), stage=get("stage", _text),
-            progress=get("progress", _number, 0.0), eta_s=get("eta_s", _number),
-            cancel_requested=get("cancel_requested", _flag, False),
-            model=get("model", ModelSpec.from_json), dataset=get("dataset", DatasetSpec.from_json),
-            created_at=get("created_at", _time), started_at=get("started_at", _time),
-            finished_at=get("finished_at", _time), error=get("error", JobError.from_json),
-            result=get("result", JobResult.from_json), labels=get("labels", _labels, _empty()),
-            notify_url=get("notify_url", _text), artifacts_expired=get("artifacts_expired", _flag, False),
-            name=get("name", _text), model_name=get("model_name", _text),
-            raw=MappingProxyType(dict(d)),
-        )
+    def from_json(cls, data: object) -> JobSnapshot:
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -247,12 +267,7 @@ class Artifact:
 
     @classmethod
     def from_json(cls, data: object) -> Artifact:
-        d = _object(data, "Artifact")
-        return cls(name=_field(d, "name", "Artifact", _text, _REQUIRED),
-                   size=_field(d, "size", "Artifact", _integer, _REQUIRED),
-                   sha256=_field(d, "sha256", "Artifact", _text, _REQUIRED),
-                   media_type=_field(d, "media_type", "Artifact", _text, "application/octet-stream"),
-                   url=_field(d, "url", "Artifact", _text, None), raw=MappingProxyType(dict(d)))
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -271,15 +286,7 @@ class Upload:
 
     @classmethod
     def from_json(cls, data: object) -> Upload:
-        d = _object(data, "Upload")
-
-        def get(name: str, convert: Callable[[Any], Any], default: Any = None) -> Any:
-            return _field(d, name, "Upload", convert, default)
-
-        return cls(id=get("id", _text, _REQUIRED), uri=get("uri", _text, _REQUIRED), kind=get("kind", _text),
-                   filename=get("filename", _text), size=get("size", _integer), sha256=get("sha256", _text),
-                   media_type=get("media_type", _text), created_at=get("created_at", _time),
-                   raw=MappingProxyType(dict(d)))
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -292,10 +299,7 @@ class LogLine:
 
     @classmethod
     def from_json(cls, data: object) -> LogLine:
-        d = _object(data, "LogLine")
-        return cls(offset=_field(d, "offset", "LogLine", _integer, _REQUIRED),
-                   message=_field(d, "message", "LogLine", _text, _REQUIRED),
-                   time=_field(d, "time", "LogLine", _time, None))
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -313,12 +317,6 @@ class Page(Generic[T]):
                    next_cursor=_field(d, "next_cursor", "Page", _text, None))
 
 
-def _items(value: Any) -> list[Any]:
-    if not isinstance(value, list):
-        raise TypeError(f"expected an array, got {type(value).__name__}")
-    return value
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Registration:
     """Where a job's model went in the MLflow registry (``RegistrationPublic``)."""
@@ -334,14 +332,7 @@ class Registration:
 
     @classmethod
     def from_json(cls, data: object) -> Registration:
-        d = _object(data, "Registration")
-
-        def get(name: str, default: Any = None) -> Any:
-            return _field(d, name, "Registration", _text, default)
-
-        return cls(status=get("status", _REQUIRED), model_name=get("model_name", _REQUIRED), version=get("version"),
-                   run_id=get("run_id"), model_uri=get("model_uri"), tracking_uri=get("tracking_uri"),
-                   error=get("error"), raw=MappingProxyType(dict(d)))
+        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -354,9 +345,4 @@ class JobCheck:
 
     @classmethod
     def from_json(cls, data: object) -> JobCheck:
-        d = _object(data, "JobCheck")
-
-        def lines(name: str) -> tuple[str, ...]:
-            return tuple(_text(v) for v in _field(d, name, "JobCheck", _items, []))
-
-        return cls(checked=lines("checked"), skipped=lines("skipped"), raw=MappingProxyType(dict(d)))
+        return _read(cls, data)

@@ -12,7 +12,7 @@ records the ``code`` on a failed job.
     │   ├── LinkInvalidError      403 a signed artifact link that was changed or not made here
     │   ├── LinkExpiredError      403 a signed artifact link past its expiry time
     │   └── RegisteredModelOwnedError 403 a registered model name that another key (or group) owns
-    ├── NotFoundError             404 no such job, upload or artifact *for this key*
+    ├── ResourceNotFoundError     404 no such job, upload or artifact *for this key*
     ├── ConflictError             409 the request contradicts the resource's state
     │   ├── JobFinishedError      409 cancelling a job that already succeeded or failed
     │   ├── JobNotFinishedError   409 deleting a job that is still queued or running
@@ -88,7 +88,7 @@ class RegistryError(ServiceError):
     title = "Model registration failed"
 
 
-class NotFoundError(ServiceError):
+class ResourceNotFoundError(ServiceError):
     code = "not_found"
     title = "Not found"
 

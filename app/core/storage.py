@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
-from app.core.errors import InvalidRequestError, NotFoundError, UnavailableError
+from app.core.errors import InvalidRequestError, ResourceNotFoundError, UnavailableError
 from app.core.settings import Settings
 
 CHUNK_SIZE = 1024 * 1024
@@ -31,7 +31,7 @@ class ArtifactStore(Protocol):
         """Store the file at ``path`` under ``key``, replacing any object there, all at once."""
 
     def iter_bytes(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
-        """Open the object now (NotFoundError if there is none) and stream its bytes ``start..end``.
+        """Open the object now (ResourceNotFoundError if there is none) and stream its bytes ``start..end``.
 
         ``end`` is inclusive, as in an HTTP ``Range``; None means to the end of the object.
         """
@@ -91,7 +91,7 @@ class LocalStore:
         try:
             handle = open(self._path(key), "rb")
         except FileNotFoundError as exc:
-            raise NotFoundError(f"stored object {key!r} is missing") from exc
+            raise ResourceNotFoundError(f"stored object {key!r} is missing") from exc
         handle.seek(start)
         return _chunks(handle, None if end is None else end + 1 - start)
 
@@ -99,7 +99,7 @@ class LocalStore:
         try:
             shutil.copyfile(self._path(key), dest)
         except FileNotFoundError as exc:
-            raise NotFoundError(f"stored object {key!r} is missing") from exc
+            raise ResourceNotFoundError(f"stored object {key!r} is missing") from exc
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -147,7 +147,7 @@ class S3Store:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
         except ClientError as exc:
             if _missing(exc):
-                raise NotFoundError(f"stored object {key!r} is missing") from exc
+                raise ResourceNotFoundError(f"stored object {key!r} is missing") from exc
             raise UnavailableError(f"the artifact store refused a read: {exc}") from exc
         return _chunks(response["Body"])
 
@@ -213,7 +213,7 @@ def download_s3_object(client: Any, bucket: str, key: str, dest: Path) -> None:
         client.download_file(bucket, key, str(dest))
     except ClientError as exc:
         if _missing(exc):
-            raise NotFoundError(f"s3://{bucket}/{key} does not exist") from exc
+            raise ResourceNotFoundError(f"s3://{bucket}/{key} does not exist") from exc
         raise
 
 

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from cahp_engine._torch import frozen_in_eval
 from cahp_engine.errors import InvalidInputError, PipelineError
 from cahp_engine.models import gate_heads, gate_neurons, heads_per_layer, neurons_per_layer
 
@@ -83,26 +84,16 @@ def unit_importance(
     neuron_gates = torch.ones(len(neurons), neurons[0], device=device, requires_grad=True)
     totals = [torch.zeros(g.shape, dtype=torch.float64, device=device) for g in (head_gates, neuron_gates)]
     seen = 0
-    was_training = model.training
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    model.eval()
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        with gate_heads(model, list(head_gates.unbind(0))), gate_neurons(model, list(neuron_gates.unbind(0))), \
-                torch.enable_grad():
-            for batch in batches:
-                out = model(**batch)
-                if out.loss is None:
-                    raise PipelineError("the model returned no loss; batches must carry `labels`")
-                grads = torch.autograd.grad(out.loss, (head_gates, neuron_gates))
-                for total, grad in zip(totals, grads, strict=True):
-                    total += grad.to(torch.float64).square() if kind == "fisher" else grad.to(torch.float64).abs()
-                seen += 1
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        model.train(was_training)
+    with frozen_in_eval(model), gate_heads(model, list(head_gates.unbind(0))), \
+            gate_neurons(model, list(neuron_gates.unbind(0))), torch.enable_grad():
+        for batch in batches:
+            out = model(**batch)
+            if out.loss is None:
+                raise PipelineError("the model returned no loss; batches must carry `labels`")
+            grads = torch.autograd.grad(out.loss, (head_gates, neuron_gates))
+            for total, grad in zip(totals, grads, strict=True):
+                total += grad.to(torch.float64).square() if kind == "fisher" else grad.to(torch.float64).abs()
+            seen += 1
     if seen == 0:
         raise PipelineError("no calibration batches: cannot compute unit importance")
     return UnitImportance(heads=(totals[0] / seen).cpu(), neurons=(totals[1] / seen).cpu(), kind=kind, batches=seen)

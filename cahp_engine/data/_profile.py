@@ -25,7 +25,7 @@ from cahp_engine.data._card import has_card_configs
 from cahp_engine.data._files import EVERY_COLUMN, csv_labels, files_source, read_split
 from cahp_engine.data._options import DEFAULT_EVAL_SPLITS, FILE_SUFFIXES, DatasetOptions
 from cahp_engine.data._paths import SAVED_DICT, SAVED_STATE
-from cahp_engine.data._table import SHOWN, Table, listed
+from cahp_engine.data._table import Table, check_classes, check_eval_labels, listed
 from cahp_engine.errors import DatasetError
 
 #: More distinct values than this, and a column is not profiled as labels (no classifier has that many).
@@ -230,33 +230,18 @@ def _check_labels(train: SplitProfile, test: SplitProfile, column: str) -> tuple
         names = _class_names(ours, train.declared_labels)
     except DatasetError as err:
         raise DatasetError(f"{train.where}, column {column!r}: {err}") from None
+    empty: list[str] = []
     if train.declared_labels is not None:
         present = {_class_index(k, names) for k, _ in ours.labels}
         empty = [name for i, name in enumerate(names) if i not in present]
-        if empty:
-            raise DatasetError(
-                f"classes {empty[:SHOWN]} have no samples in {train.where}; add samples of each class, "
-                "or drop the unused classes from the label list"
-            )
-    if len(names) < 2:
-        raise DatasetError(
-            f"{train.where} has one class only ({names[0]!r} in column {column!r}); a classifier needs "
-            "at least two. Check `label_column`, and that the file holds the whole split"
-        )
-    if theirs.missing_labels:
-        raise DatasetError(
-            f"{theirs.missing_labels} of {test.rows} rows in {test.where} have no label in column {column!r} "
-            f"(the first at {theirs.first_missing_label}); fill or drop them"
-        )
+    check_classes(train.where, column, names, empty)
     train_keys = {k for k, _ in ours.labels}
-    unseen = sorted({str(k) for k, _ in theirs.labels if k not in train_keys})
-    if unseen:
-        hint = (
-            " The split looks unlabelled (negative labels); choose a labelled one with `eval_split`"
-            if any(isinstance(k, int) and k < 0 for k, _ in theirs.labels)
-            else " Add them to the train split, or drop those rows from the eval split"
-        )
-        raise DatasetError(f"{test.where} has labels {unseen[:SHOWN]} that {train.where} does not have.{hint}")
+    check_eval_labels(
+        train.where, test.where, column, rows=test.rows, missing=theirs.missing_labels,
+        first_missing=theirs.first_missing_label,
+        unseen=sorted({str(k) for k, _ in theirs.labels if k not in train_keys}),
+        negative=any(isinstance(k, int) and k < 0 for k, _ in theirs.labels),
+    )
     return names
 
 

@@ -41,7 +41,7 @@ from cahp_engine.data._options import (
     check_split_name,
 )
 from cahp_engine.data._profile import SplitProfile, check_splits, profile_table
-from cahp_engine.data._table import SHOWN, Source, Table
+from cahp_engine.data._table import Source, Table, check_classes, check_eval_labels
 from cahp_engine.errors import DatasetError
 
 __all__ = [
@@ -232,31 +232,12 @@ def _map_labels(train: Table, test: Table, column: str) -> tuple[np.ndarray, np.
     except DatasetError as err:
         raise DatasetError(f"{train.where}, column {column!r}: {err}") from None
     counts = np.bincount(train_codes, minlength=len(names))
-    if (counts == 0).any():
-        empty = [names[i] for i in np.flatnonzero(counts == 0)]
-        raise DatasetError(
-            f"classes {empty[:SHOWN]} have no samples in {train.where}; add samples of each class, "
-            "or drop the unused classes from the label list"
-        )
-    if len(names) < 2:
-        raise DatasetError(
-            f"{train.where} has one class only ({names[0]!r} in column {column!r}); a classifier needs "
-            "at least two. Check `label_column`, and that the file holds the whole split"
-        )
+    check_classes(train.where, column, names, [names[i] for i in np.flatnonzero(counts == 0)])
     missing = [i for i, k in enumerate(eval_keys) if k is None]
-    if missing:
-        raise DatasetError(
-            f"{len(missing)} of {test.rows} rows in {test.where} have no label in column {column!r} "
-            f"(the first at {test.row(missing[0])}); fill or drop them"
-        )
-    unseen = sorted({str(k) for k in set(eval_keys) - set(train_keys)})
-    if unseen:
-        hint = (
-            " The split looks unlabelled (negative labels); choose a labelled one with `eval_split`"
-            if any(isinstance(k, int) and k < 0 for k in eval_keys)
-            else " Add them to the train split, or drop those rows from the eval split"
-        )
-        raise DatasetError(f"{test.where} has labels {unseen[:SHOWN]} that {train.where} does not have.{hint}")
+    check_eval_labels(train.where, test.where, column, rows=test.rows, missing=len(missing),
+                      first_missing=test.row(missing[0]) if missing else None,
+                      unseen=sorted({str(k) for k in set(eval_keys) - set(train_keys)}),
+                      negative=any(isinstance(k, int) and k < 0 for k in eval_keys))
     # Same key set as train, so this reproduces train's names and extends the mapping to eval.
     codes, names = encode_labels(train_keys + eval_keys, label_names=train.declared_labels)
     return codes[: len(train_keys)], codes[len(train_keys) :], names

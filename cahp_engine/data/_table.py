@@ -85,3 +85,35 @@ def too_many_rows(split: str, where: str, max_rows: int, found: str | None = Non
         f"most {max_rows} rows (a sample of the split serves pruning as well), or raise the limit "
         "(CAHP_MAX_DATASET_ROWS on a server, --max-dataset-rows for cahp prune)"
     )
+
+
+def check_classes(where: str, column: str, names: Sequence[str], empty: Sequence[str]) -> None:
+    """Refuse a training split with classes ``empty`` that have no samples, or with one class only."""
+    if empty:
+        raise DatasetError(
+            f"classes {list(empty)[:SHOWN]} have no samples in {where}; add samples of each class, "
+            "or drop the unused classes from the label list"
+        )
+    if len(names) < 2:
+        raise DatasetError(
+            f"{where} has one class only ({names[0]!r} in column {column!r}); a classifier needs "
+            "at least two. Check `label_column`, and that the file holds the whole split"
+        )
+
+
+def check_eval_labels(train_where: str, test_where: str, column: str, *, rows: int, missing: int,
+                      first_missing: object, unseen: Sequence[str], negative: bool) -> None:
+    """Refuse an evaluation split (of ``rows`` rows) with ``missing`` unlabelled rows, or labels ``unseen`` in
+    training (``negative``: some of them are negative, the mark of an unlabelled split)."""
+    if missing:
+        raise DatasetError(
+            f"{missing} of {rows} rows in {test_where} have no label in column {column!r} "
+            f"(the first at {first_missing}); fill or drop them"
+        )
+    if unseen:
+        hint = (
+            " The split looks unlabelled (negative labels); choose a labelled one with `eval_split`"
+            if negative
+            else " Add them to the train split, or drop those rows from the eval split"
+        )
+        raise DatasetError(f"{test_where} has labels {list(unseen)[:SHOWN]} that {train_where} does not have.{hint}")

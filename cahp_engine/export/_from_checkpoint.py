@@ -39,8 +39,8 @@ from cahp_engine.models import (
     neuron_record,
     neurons_per_layer,
 )
-from cahp_engine.recovery import count_parameters, evaluate
-from cahp_engine.results import ClassificationMetrics, JsonRecord
+from cahp_engine.recovery import ClassificationMetrics, count_parameters, evaluate
+from cahp_engine.results import JsonRecord
 
 #: What ``--format`` accepts.
 EXPORT_FORMATS: tuple[str, ...] = ("onnx", "onnx-int8")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cahp_engine.results import ClassificationMetrics, JsonRecord, Latency
+from cahp_engine.recovery import ClassificationMetrics, Latency
+from cahp_engine.results import JsonRecord
 
 
 @dataclass(frozen=True)

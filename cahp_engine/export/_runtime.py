@@ -29,6 +29,7 @@ from cahp_engine.data import EncodedDataset, collate, length_grouped_batches
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError, ModelLoadError
 from cahp_engine.export._records import RuntimeLatencies, RuntimeSpeed
 from cahp_engine.recovery import (
+    ClassificationMetrics,
     check_counts,
     classification_metrics,
     latency_of,
@@ -36,7 +37,6 @@ from cahp_engine.recovery import (
     random_inputs,
     speedup_interval,
 )
-from cahp_engine.results import ClassificationMetrics
 
 #: Name of the graph file in an exported directory, as Optimum names it.
 ONNX_FILE = "model.onnx"

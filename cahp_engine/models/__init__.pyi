@@ -1,7 +1,8 @@
 """The classifier a run prunes: family adapters, loading, physical head and neuron removal and pruned checkpoints.
 
 Reading order: ``_families`` and ``_adapters`` (where each family keeps its heads) -> ``_loading`` (``load_classifier``)
--> ``_surgery`` (``prune_heads``) -> ``_checkpoint`` (``save_pruned`` / ``load_pruned``)."""
+-> ``_kept`` (the original units each layer keeps) -> ``_surgery`` (``prune_heads``) and ``_neurons``
+-> ``_checkpoint`` (``save_pruned`` / ``load_pruned``)."""
 
 from ._adapters import eager_attention, export_attention, gate_heads, heads_per_layer
 from ._checkpoint import load_pruned, save_pruned

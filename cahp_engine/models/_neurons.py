@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import operator
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,17 +25,11 @@ import torch
 from torch import nn
 
 from cahp_engine._torch import num_parameters
-from cahp_engine.errors import InvalidInputError, ModelLoadError, PipelineError
+from cahp_engine.errors import ModelLoadError
 from cahp_engine.models._adapters import get_adapter
 from cahp_engine.models._families import FeedForwardParts
-from cahp_engine.models._surgery import (
-    NEURONS_FORMAT_VERSION,
-    RECORD_ATTR,
-    _as_index,
-    _keep_features,
-    _record,
-    current_kept_heads,
-)
+from cahp_engine.models._kept import NEURONS, current_kept, parse_kept, plan_kept
+from cahp_engine.models._surgery import NEURONS_FORMAT_VERSION, RECORD_ATTR, _keep_features, _record, current_kept_heads
 
 
 @dataclass(frozen=True)
@@ -104,7 +97,7 @@ def prune_neurons(model: nn.Module, kept: Mapping[int, Sequence[int]]) -> Neuron
     layers = adapter.layers(model)
     current = current_kept_neurons(model)
     heads = current_kept_heads(model)
-    plan = _plan(kept, current, adapter.num_neurons(config))
+    plan = plan_kept(NEURONS, kept, current, adapter.num_neurons(config))
 
     before = sum(len(n) for n in current)
     params_before = num_parameters(model)
@@ -134,22 +127,7 @@ def current_kept_neurons(model: nn.Module) -> list[tuple[int, ...]]:
     """
     adapter = get_adapter(model)
     shapes = neurons_per_layer(model)
-    recorded = neuron_record(model.config)
-    if recorded is None:
-        total = adapter.num_neurons(model.config)
-        if any(size != total for size in shapes):
-            raise PipelineError(
-                f"the model has {shapes} feed-forward neurons per layer but its config says {total} and "
-                "carries no `kept_neurons` record, so the original neuron indices are unknown"
-            )
-        return [tuple(range(total)) for _ in shapes]
-    kept = [recorded.get(index, ()) for index in range(len(shapes))]
-    if [len(n) for n in kept] != shapes:
-        raise PipelineError(
-            f"the model's `cahp` record keeps {[len(n) for n in kept]} neurons per layer but its "
-            f"feed-forward projections have {shapes}"
-        )
-    return kept
+    return current_kept(NEURONS, neuron_record(model.config), shapes, adapter.num_neurons(model.config))
 
 
 def neuron_record(config: Any) -> dict[int, tuple[int, ...]] | None:
@@ -177,22 +155,7 @@ def neuron_record(config: Any) -> dict[int, tuple[int, ...]] | None:
     kept = record["kept_neurons"]
     if not isinstance(kept, Mapping):
         raise ModelLoadError(f"{where} needs a `kept_neurons` mapping of layer -> neuron indices")
-    parsed: dict[int, tuple[int, ...]] = {}
-    for key, values in kept.items():
-        try:
-            layer = int(key)
-            indices = tuple(sorted(operator.index(v) for v in values))
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{where} has a non-integer neuron entry for layer {key!r}") from exc
-        if not 0 <= layer < layers or not all(0 <= n < total for n in indices) or len(set(indices)) < len(indices):
-            raise ModelLoadError(
-                f"{where} keeps neurons {list(indices)[:8]}... in layer {key!r}; layers must be in [0, {layers}) "
-                f"and neurons distinct and in [0, {total})"
-            )
-        parsed[layer] = indices
-    if set(parsed) != set(range(layers)):
-        raise ModelLoadError(f"{where} must list the neurons of all {layers} layers, got {sorted(parsed)}")
-    return parsed
+    return parse_kept(NEURONS, where, kept, layers=layers, total=total)
 
 
 @contextlib.contextmanager
@@ -229,34 +192,6 @@ def gate_neurons(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[No
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _plan(
-    kept: Mapping[int, Sequence[int]], current: list[tuple[int, ...]], total: int
-) -> list[tuple[int, ...]]:
-    """Validate ``kept`` against the current neurons and return those each layer will keep."""
-    if not isinstance(kept, Mapping):
-        raise InvalidInputError(f"`kept` must map layer index -> neuron indices, got {type(kept).__name__}")
-    plan = list(current)
-    for raw_layer, raw in kept.items():
-        layer = _as_index(raw_layer, "layer index")
-        if not 0 <= layer < len(current):
-            raise InvalidInputError(f"layer index must be in [0, {len(current)}), got {raw_layer!r}")
-        if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
-            raise InvalidInputError(f"neurons to keep in layer {layer} must be a sequence of ints, got {raw!r}")
-        neurons = [_as_index(n, f"neuron index in layer {layer}") for n in raw]
-        have = set(current[layer])
-        for neuron in neurons:
-            if not 0 <= neuron < total:
-                raise InvalidInputError(
-                    f"neuron index in layer {layer} must be in [0, {total}) (original numbering), got {neuron}"
-                )
-            if neuron not in have:
-                raise InvalidInputError(f"neuron {neuron} of layer {layer} was already removed by an earlier pruning")
-        if len(set(neurons)) != len(neurons):
-            raise InvalidInputError(f"neurons to keep in layer {layer} repeat an index")
-        plan[layer] = tuple(sorted(neurons))
-    return plan
 
 
 def _slice_feed_forward(parts: FeedForwardParts, positions: list[int]) -> None:

@@ -15,8 +15,7 @@ sliced architecture before loading weights.
 from __future__ import annotations
 
 import functools
-import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +23,9 @@ import torch
 from torch import nn
 
 from cahp_engine._torch import num_parameters
-from cahp_engine.errors import InvalidInputError, ModelLoadError, PipelineError
+from cahp_engine.errors import ModelLoadError
 from cahp_engine.models._adapters import AttentionParts, ModelAdapter, get_adapter
+from cahp_engine.models._kept import HEADS, current_kept, parse_kept, plan_kept
 
 RECORD_ATTR = "cahp"
 RECORD_FORMAT_VERSION = 1
@@ -90,7 +90,7 @@ def prune_heads(model: nn.Module, kept: Mapping[int, Sequence[int]]) -> SurgeryR
     head_dim = adapter.head_dim(config)
     layers = adapter.layers(model)
     current = current_kept_heads(model)
-    plan = _plan(kept, current, adapter.num_heads(config))
+    plan = plan_kept(HEADS, kept, current, adapter.num_heads(config))
 
     heads_before = sum(len(heads) for heads in current)
     params_before = num_parameters(model)
@@ -124,22 +124,7 @@ def current_kept_heads(model: nn.Module) -> list[tuple[int, ...]]:
     adapter = get_adapter(model)
     head_dim = adapter.head_dim(model.config)
     shapes = [adapter.attention(layer).output.in_features // head_dim for layer in adapter.layers(model)]
-    recorded = pruning_record(model.config)
-    if recorded is None:
-        total = adapter.num_heads(model.config)
-        if any(count != total for count in shapes):
-            raise PipelineError(
-                f"the model has {shapes} heads per layer but its config says {total} and carries no "
-                "`cahp` record, so the original head indices are unknown"
-            )
-        return [tuple(range(total)) for _ in shapes]
-    kept = [recorded.get(index, ()) for index in range(len(shapes))]
-    if [len(heads) for heads in kept] != shapes:
-        raise PipelineError(
-            f"the model's `cahp` record keeps {[len(h) for h in kept]} heads per layer but its "
-            f"attention modules have {shapes}"
-        )
-    return kept
+    return current_kept(HEADS, pruning_record(model.config), shapes, adapter.num_heads(model.config))
 
 
 def pruning_record(config: Any) -> dict[int, tuple[int, ...]] | None:
@@ -172,63 +157,7 @@ def pruning_record(config: Any) -> dict[int, tuple[int, ...]] | None:
     kept_heads = record.get("kept_heads")
     if not isinstance(kept_heads, Mapping):
         raise ModelLoadError(f"{where} needs a `kept_heads` mapping of layer -> head indices")
-    parsed: dict[int, tuple[int, ...]] = {}
-    for key, values in kept_heads.items():
-        try:
-            layer = int(key)
-            indices = tuple(sorted(operator.index(v) for v in values))
-        except (TypeError, ValueError) as exc:
-            raise ModelLoadError(f"{where} has a non-integer entry for layer {key!r}") from exc
-        in_range = 0 <= layer < layers and all(0 <= h < heads for h in indices)
-        if not in_range or len(set(indices)) < len(indices):
-            raise ModelLoadError(
-                f"{where} keeps heads {list(indices)} in layer {key!r}; layers must be in [0, {layers}) and "
-                f"heads distinct and in [0, {heads})"
-            )
-        parsed[layer] = indices
-    # A record lists every layer; a missing one would silently mean "no heads".
-    if set(parsed) != set(range(layers)):
-        raise ModelLoadError(f"{where} must list all {layers} layers, got {sorted(parsed)}")
-    return parsed
-
-
-def _plan(
-    kept: Mapping[int, Sequence[int]], current: list[tuple[int, ...]], num_heads: int
-) -> list[tuple[int, ...]]:
-    """Validate ``kept`` against the current heads and return the heads each layer will keep."""
-    if not isinstance(kept, Mapping):
-        raise InvalidInputError(f"`kept` must map layer index -> head indices, got {type(kept).__name__}")
-    plan = list(current)
-    for raw_layer, raw_heads in kept.items():
-        layer = _as_index(raw_layer, "layer index")
-        if not 0 <= layer < len(current):
-            raise InvalidInputError(f"layer index must be in [0, {len(current)}), got {raw_layer!r}")
-        if isinstance(raw_heads, str | bytes) or not isinstance(raw_heads, Iterable):
-            raise InvalidInputError(f"heads to keep in layer {layer} must be a sequence of ints, got {raw_heads!r}")
-        heads = [_as_index(h, f"head index in layer {layer}") for h in raw_heads]
-        for head in heads:
-            if not 0 <= head < num_heads:
-                raise InvalidInputError(
-                    f"head index in layer {layer} must be in [0, {num_heads}) (original numbering), got {head}"
-                )
-            if head not in current[layer]:
-                raise InvalidInputError(
-                    f"head {head} of layer {layer} was already removed by an earlier pruning; that layer "
-                    f"still has heads {list(current[layer])}"
-                )
-        if len(set(heads)) != len(heads):
-            raise InvalidInputError(f"heads to keep in layer {layer} repeat an index: {heads}")
-        plan[layer] = tuple(sorted(heads))
-    return plan
-
-
-def _as_index(value: Any, what: str) -> int:
-    if isinstance(value, bool):
-        raise InvalidInputError(f"{what} must be an int, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InvalidInputError(f"{what} must be an int, got {value!r}") from None
+    return parse_kept(HEADS, where, kept_heads, layers=layers, total=heads)
 
 
 def _record(

@@ -2,7 +2,8 @@
 
 Reading order: ``_distillation`` (the teacher's logits and loss) -> ``_recipe`` (checks, parameter groups,
 loss) -> ``_best`` (the best weights and early stopping) -> ``_training`` (``FineTuning``, ``finetune``)
--> ``_resume`` (a fine-tuning's state on disk) -> ``_evaluation`` (accuracy, size, speed)
+-> ``_training_records`` -> ``_resume`` (a fine-tuning's state on disk) -> ``_evaluation`` (accuracy, size,
+speed) and ``_evaluation_records``
 -> ``_bootstrap`` (the noise of a drop in score) -> ``_least_squares`` and ``_reconstruction`` (layer-wise
 reconstruction: recovery without gradient training)."""
 
@@ -22,6 +23,13 @@ from ._evaluation import (
     random_inputs,
     speedup_interval,
 )
+from ._evaluation_records import (
+    ClassificationMetrics,
+    Latency,
+    ParameterCounts,
+    SpeedComparison,
+    SpeedRow,
+)
 from ._recipe import AuxiliaryLoss, balanced_class_weights
 from ._reconstruction import (
     METHODS,
@@ -34,8 +42,11 @@ from ._reconstruction import (
 from ._reconstruction_records import LayerFit, Reconstruction
 from ._resume import TRAINING_FILES, load_training_state, save_training_state
 from ._training import FineTuning, finetune
+from ._training_records import TeacherRecord, TrainingResult
 
 __all__ = [
+    "TeacherRecord", "TrainingResult",
+    "ClassificationMetrics", "Latency", "ParameterCounts", "SpeedComparison", "SpeedRow",
     "AuxiliaryLoss", "balanced_class_weights", "BestWeights", "BOOTSTRAP_RESAMPLES", "check_counts",
     "classification_metrics", "compare_speed", "count_parameters", "default_rank", "distillation_loss",
     "drop_interval", "evaluate", "FineTuning", "finetune", "latency_of", "load_training_state", "max_positions",

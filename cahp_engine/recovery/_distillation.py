@@ -29,7 +29,7 @@ from torch import nn
 
 from cahp_engine._torch import as_device, model_inputs
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
-from cahp_engine.results import TeacherRecord
+from cahp_engine.recovery._training_records import TeacherRecord
 
 __all__ = ["TeacherLogits", "distillation_loss", "teacher_logits"]
 

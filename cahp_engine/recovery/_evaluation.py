@@ -2,7 +2,7 @@
 
 :func:`evaluate` scores a model on an encoded split, :func:`count_parameters` sizes it and its
 attention blocks, and :func:`measure_latency` / :func:`compare_speed` time its forward pass on random
-inputs of a fixed shape. Every result is a small frozen dataclass of :mod:`cahp_engine.results` with
+inputs of a fixed shape. Every result is a small frozen dataclass of :mod:`._evaluation_records` with
 a JSON-ready ``to_dict()``.
 """
 
@@ -22,7 +22,13 @@ from cahp_engine._validation import Interval, check
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError
 from cahp_engine.models import get_adapter, heads_per_layer
-from cahp_engine.results import ClassificationMetrics, Latency, ParameterCounts, SpeedComparison, SpeedRow
+from cahp_engine.recovery._evaluation_records import (
+    ClassificationMetrics,
+    Latency,
+    ParameterCounts,
+    SpeedComparison,
+    SpeedRow,
+)
 
 __all__ = [
     "ClassificationMetrics",
@@ -236,7 +242,7 @@ def speedup_interval(
     Returns
     -------
     (low, high) : the 2.5th and 97.5th percentiles of the resampled speed-ups. An interval that holds
-        1 means the two cannot be told apart at this noise (:func:`~cahp_engine.results.describe_speedup`).
+        1 means the two cannot be told apart at this noise (:func:`~cahp_engine.export.describe_speedup`).
     """
     base = np.asarray(baseline_s, dtype=np.float64)
     cand = np.asarray(candidate_s, dtype=np.float64)

@@ -16,7 +16,7 @@ from torch import nn
 
 from cahp_engine._validation import Interval, check
 from cahp_engine.recovery._distillation import TeacherLogits, distillation_loss
-from cahp_engine.results import TrainingResult
+from cahp_engine.recovery._training_records import TrainingResult
 
 __all__ = ["AuxiliaryLoss", "LossFn", "balanced_class_weights", "check_recipe", "described", "epoch_seed", "loss_fn",
            "param_groups", "precision_for"]

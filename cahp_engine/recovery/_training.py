@@ -41,7 +41,8 @@ from cahp_engine.recovery._recipe import (
     param_groups,
     precision_for,
 )
-from cahp_engine.results import TrainingResult, ValidationPoint
+from cahp_engine.recovery._training_records import TrainingResult
+from cahp_engine.results import ValidationPoint
 
 __all__ = ["FineTuning", "TrainingResult", "balanced_class_weights", "finetune"]
 

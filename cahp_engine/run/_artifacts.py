@@ -71,9 +71,9 @@ def verify_checkpoint(model: nn.Module, path: Path, data: EncodedDataset, device
 
 def write_curve(work: Path, result: SelectionResult, config: PruningConfig) -> None:
     """``mss_curve.json`` and ``mss_curve.png``."""
-    curve = result.curve
+    curve, knees_of = result.analysis.curve, result.analysis.knees
     ks, mss = curve.ks.tolist(), curve.mss.tolist()
-    knees = {str(d): k.k for d, k in sorted(result.knees.items())}
+    knees = {str(d): k.k for d, k in sorted(knees_of.items())}
     write_json(work / "mss_curve.json", {
         "k": ks,
         "mss": mss,
@@ -82,10 +82,10 @@ def write_curve(work: Path, result: SelectionResult, config: PruningConfig) -> N
         "knee_found": result.knee.found if result.knee else None,
         "fixed_heads_to_keep": config.heads_to_keep,
         "knees_by_degree": knees,
-        "knees_found_by_degree": {str(d): k.found for d, k in sorted(result.knees.items())},
+        "knees_found_by_degree": {str(d): k.found for d, k in sorted(knees_of.items())},
         "seed": config.seed,
     })
-    plot_mss_curve(ks, mss, {d: k.k for d, k in result.knees.items()}, int(result.k_star or 0),
+    plot_mss_curve(ks, mss, {d: k.k for d, k in knees_of.items()}, int(result.k_star or 0),
                    work / "mss_curve.png", chosen_degree=None if config.heads_to_keep else config.poly_degree)
 
 
@@ -93,7 +93,8 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
     """``head_map.json``, ``head_map.png`` and ``layer_retention.png``."""
     sel = result.selection
     stability = result.stability
-    consensus = result.consensus
+    consensus = sel.consensus
+    analysis = result.analysis
     shape = sel.kept_mask.shape
     cluster = (result.clustering.labels.reshape(shape) if result.clustering is not None
                else np.zeros(shape, dtype=np.int64))
@@ -104,13 +105,13 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
         "strategy": sel.strategy,
         "k_star": result.k_star,
         "kept": {str(layer): heads for layer, heads in sel.kept.items()},
-        "salience": result.salience.tolist(),
-        "salience_raw": result.salience_raw.tolist(),
+        "salience": analysis.salience.tolist(),
+        "salience_raw": analysis.salience_raw.tolist(),
         "cluster": cluster.tolist(),
         "medoids": [[m // shape[1], m % shape[1]] for m in medoids],
         "representatives": [list(h) for h in sel.representatives],
         "layer_safety_added": [list(h) for h in sel.layer_safety_added],
-        "graph_space": result.graph_space.points.tolist(),
+        "graph_space": analysis.graph_space.points.tolist(),
         "kept_frequency": None if stability is None else [list(row) for row in stability.kept_frequency],
         "consensus": None if consensus is None else consensus.to_dict(),
     })
@@ -118,7 +119,7 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
         f"kept in {stability.shards} leave-one-shard-out runs\n(mean Jaccard {stability.mean_jaccard:.2f})")
     consensus_title = None if consensus is None else (
         f"{consensus.method}: kept by CAHP in {consensus.runs} runs\n(mean Jaccard {consensus.mean_jaccard:.2f})")
-    plot_head_map(sel.kept_mask, result.salience, cluster, work / "head_map.png",
+    plot_head_map(sel.kept_mask, analysis.salience, cluster, work / "head_map.png",
                   representatives=sel.representatives, layer_safety_added=sel.layer_safety_added,
                   kept_frequency=None if stability is None else np.asarray(stability.kept_frequency),
                   stability_title=title,

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from cahp_engine.errors import AccuracyBudgetError
-from cahp_engine.results import BudgetCandidate, BudgetRecord, TrainingResult
+from cahp_engine.recovery import TrainingResult
+from cahp_engine.results import BudgetCandidate, BudgetRecord
 from cahp_engine.run._candidates import (
     CandidateResult,
     CandidateSpec,
@@ -295,24 +296,35 @@ def _end(entries: list[_Tried], keep: _Tried | None, status: str, why: str, exec
 
 def _record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep], tried: list[_Tried],
             search_s: float, final_s: float) -> BudgetRecord:
-    config = inputs.config
     candidates = tuple(_candidate_record(t) for t in tried if t.last is not None)
     chosen = next((t for t in tried if t.chosen), None)
     closest = chosen or min((t for t in tried if t.last is not None), key=lambda t: t.last.drop.drop if t.last
                             else math.inf, default=None)
     per_epoch = [t.last.seconds / t.last.epochs for t in tried if t.last is not None and t.last.epochs > 0]
+    return budget_record(
+        inputs, validation, steps, candidates, per_epoch=per_epoch, search_s=search_s, final_s=final_s,
+        chosen=None if chosen is None else chosen.selection.num_kept,
+        chosen_strategy=None if chosen is None else chosen.strategy,
+        strategy_margin=None if chosen is None else _margin(
+            chosen, [t for t in tried if t.round == chosen.round and t.k == chosen.k]),
+        noise_half_width=None if closest is None or closest.last is None else closest.last.drop.half_width)
+
+
+def budget_record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep],
+                  candidates: tuple[BudgetCandidate, ...], *, per_epoch: list[float], search_s: float, final_s: float,
+                  chosen: int | None, chosen_strategy: str | None, strategy_margin: float | None,
+                  noise_half_width: float | None) -> BudgetRecord:
+    """A search's :class:`BudgetRecord`: the settings, the ladder and the cost every search reports, with what it
+    chose (``per_epoch``: the candidates' seconds per recovery epoch, which price a single run)."""
+    config = inputs.config
     single = statistics.median(per_epoch) * float(config.epochs) if per_epoch else None
     return BudgetRecord(
         max_accuracy_drop=float(config.max_accuracy_drop or 0.0), metric=config.budget_metric, split=validation.split,
         carved=validation.carved, validation_rows=len(validation.validation),
         dense_validation=inputs.threshold + float(config.max_accuracy_drop or 0.0) / 100.0,
         threshold=inputs.threshold, strategies=tuple(config.budget_strategies), confidence=config.budget_confidence,
-        ladder=tuple(s.heads for s in steps), candidates=candidates,
-        chosen=None if chosen is None else chosen.selection.num_kept,
-        chosen_strategy=None if chosen is None else chosen.strategy,
-        strategy_margin=None if chosen is None else _margin(
-            chosen, [t for t in tried if t.round == chosen.round and t.k == chosen.k]),
-        noise_half_width=None if closest is None or closest.last is None else closest.last.drop.half_width,
+        ladder=tuple(s.heads for s in steps), candidates=candidates, chosen=chosen, chosen_strategy=chosen_strategy,
+        strategy_margin=strategy_margin, noise_half_width=noise_half_width,
         epochs_trained=sum(c.epochs for c in candidates), search_seconds=search_s, final_recovery_seconds=final_s,
         cost_vs_single_run=None if not single else (search_s + final_s) / single)
 

@@ -37,8 +37,8 @@ from torch import nn
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset
 from cahp_engine.models import prune_heads
-from cahp_engine.recovery import FineTuning, TeacherLogits, drop_interval
-from cahp_engine.results import ClassificationMetrics, DropInterval, JsonRecord, TrainingResult, ValidationPoint
+from cahp_engine.recovery import ClassificationMetrics, FineTuning, TeacherLogits, TrainingResult, drop_interval
+from cahp_engine.results import DropInterval, JsonRecord, ValidationPoint
 from cahp_engine.run._holdout import ValidationScorer
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned, reconstructs
 

@@ -47,8 +47,7 @@ from torch import nn
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, TrainRows
 from cahp_engine.errors import JobCancelledError, PipelineError
-from cahp_engine.recovery import FineTuning, load_training_state, save_training_state
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.recovery import ClassificationMetrics, FineTuning, load_training_state, save_training_state
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._live import LiveLog
 from cahp_engine.run._report import DenseFinetuneRecord

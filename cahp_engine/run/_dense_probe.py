@@ -9,7 +9,7 @@ is no more than :data:`MAJORITY_MARGIN` above always guessing the largest class.
 
 from __future__ import annotations
 
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.recovery import ClassificationMetrics
 from cahp_engine.run._quality import NEAR_CHANCE_SHARE, chance_macro_f1
 
 #: A head whose accuracy is not this much (a share) above the largest class's share does not read the text.

@@ -32,7 +32,7 @@ from cahp_engine.export import (
     quantize_int8,
     write_model_card,
 )
-from cahp_engine.results import SpeedComparison, SpeedRow
+from cahp_engine.recovery import SpeedComparison, SpeedRow
 from cahp_engine.run._steps import RunContext
 
 #: Directories written next to ``model/`` (when the run asks for them).

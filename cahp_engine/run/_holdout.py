@@ -20,8 +20,8 @@ from torch import nn
 
 from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions, DatasetSplits, EncodedDataset, LabelledTexts, load_splits
 from cahp_engine.errors import DatasetError
-from cahp_engine.recovery import classification_metrics, predict
-from cahp_engine.results import ClassificationMetrics, ValidationPoint
+from cahp_engine.recovery import ClassificationMetrics, classification_metrics, predict
+from cahp_engine.results import ValidationPoint
 
 __all__ = ["CARVE_FRACTION", "VALIDATION_SPLITS", "ValidationData", "ValidationScorer", "carve", "score_of",
            "validation_data"]

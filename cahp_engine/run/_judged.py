@@ -39,7 +39,7 @@ from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import prune_heads
 from cahp_engine.recovery import finetune
 from cahp_engine.results import BudgetCandidate, BudgetRecord, ValidationPoint
-from cahp_engine.run._budget import BudgetOutcome, LadderStep, failure_message
+from cahp_engine.run._budget import BudgetOutcome, LadderStep, budget_record, failure_message
 from cahp_engine.run._candidates import CandidateResult, CandidateSpec, SearchInputs, finish_run, recover_candidate
 from cahp_engine.run._executors import CandidateExecutor, InTurn
 from cahp_engine.run._holdout import ValidationData, ValidationScorer
@@ -234,20 +234,12 @@ def _candidate(entry: _Judged, inputs: SearchInputs) -> BudgetCandidate:
 
 def _record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep], judged: list[_Judged],
             search_s: float, final_s: float) -> BudgetRecord:
-    config = inputs.config
     candidates = tuple(_candidate(j, inputs) for j in judged)
     chosen = next((j for j in judged if j.chosen), None)
     closest = chosen or max(judged, key=_Judged.rank, default=None)
     per_epoch = [j.last.seconds / j.last.epochs for j in judged if j.last is not None and j.last.epochs > 0]
-    single = statistics.median(per_epoch) * float(config.epochs) if per_epoch else None
-    return BudgetRecord(
-        max_accuracy_drop=float(config.max_accuracy_drop or 0.0), metric=config.budget_metric, split=validation.split,
-        carved=validation.carved, validation_rows=len(validation.validation),
-        dense_validation=inputs.threshold + float(config.max_accuracy_drop or 0.0) / 100.0,
-        threshold=inputs.threshold, strategies=tuple(config.budget_strategies), confidence=config.budget_confidence,
-        ladder=tuple(s.heads for s in steps), candidates=candidates,
+    return budget_record(
+        inputs, validation, steps, candidates, per_epoch=per_epoch, search_s=search_s, final_s=final_s,
         chosen=None if chosen is None else chosen.selection.num_kept,
         chosen_strategy=None if chosen is None else chosen.strategy, strategy_margin=None,
-        noise_half_width=None if closest is None else inputs.drop(closest.predictions).half_width,
-        epochs_trained=sum(c.epochs for c in candidates), search_seconds=search_s, final_recovery_seconds=final_s,
-        cost_vs_single_run=None if not single else (search_s + final_s) / single)
+        noise_half_width=None if closest is None else inputs.drop(closest.predictions).half_width)

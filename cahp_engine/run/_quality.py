@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cahp_engine.results import ClassificationMetrics, JsonRecord
+from cahp_engine.recovery import ClassificationMetrics
+from cahp_engine.results import JsonRecord
 
 #: "Near chance" ends this share of the way from chance macro-F1 to a perfect 1.
 NEAR_CHANCE_SHARE = 0.10

@@ -21,7 +21,7 @@ import torch
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.errors import AccuracyBudgetError
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.recovery import ClassificationMetrics
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._artifacts import write_budget_plot, write_curve, write_head_map, write_json
 from cahp_engine.run._completion import complete_failed_report
@@ -129,26 +129,26 @@ def _dataset_info(inputs: steps.Inputs, request: RunRequest) -> DatasetInfo:
 
 
 def _selection_record(result: SelectionResult, config: PruningConfig) -> SelectionRecord:
-    sel = result.selection
+    sel, analysis = result.selection, result.analysis
     return SelectionRecord(
         strategy=sel.strategy,
         k_star=result.k_star,
         poly_degree=config.poly_degree,
         knee_found=result.knee.found if result.knee else None,
-        knees_by_degree={d: k.k for d, k in sorted(result.knees.items())},
+        knees_by_degree={d: k.k for d, k in sorted(analysis.knees.items())},
         heads_total=int(sel.kept_mask.size),
         heads_kept=sel.num_kept,
         retention=sel.retention,
         kept={layer: tuple(heads) for layer, heads in sel.kept.items()},
         layer_safety_added=tuple(sel.layer_safety_added),
-        resolution=result.resolution,
-        signature_samples=result.signature_samples,
-        calibration_samples=result.calibration_samples,
-        perplexity=result.perplexity,
-        signature_sampling=result.signature_sampling,
-        calibration_sampling=result.calibration_sampling,
+        resolution=analysis.resolution,
+        signature_samples=analysis.signature_samples,
+        calibration_samples=analysis.calibration_samples,
+        perplexity=analysis.graph_space.perplexity,
+        signature_sampling=analysis.signature_sampling,
+        calibration_sampling=analysis.calibration_sampling,
         stability=result.stability,
-        consensus=result.consensus,
+        consensus=sel.consensus,
     )
 
 

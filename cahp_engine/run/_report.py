@@ -14,20 +14,11 @@ from typing import Literal
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.export import ExportRecord
-from cahp_engine.recovery import Reconstruction
-from cahp_engine.results import (
-    BudgetRecord,
-    ClassificationMetrics,
-    ConsensusRecord,
-    JsonRecord,
-    ParameterCounts,
-    SamplingRecord,
-    SpeedComparison,
-    StabilityRecord,
-    TrainingResult,
-)
+from cahp_engine.recovery import ClassificationMetrics, ParameterCounts, Reconstruction, SpeedComparison, TrainingResult
+from cahp_engine.results import BudgetRecord, JsonRecord
 from cahp_engine.run._identity import Identity, Recipe
 from cahp_engine.run._quality import QualityRecord
+from cahp_engine.selection import ConsensusRecord, SamplingRecord, StabilityRecord
 
 #: ``format_version`` of the reports this engine writes.
 REPORT_FORMAT_VERSION = 1

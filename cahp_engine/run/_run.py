@@ -21,8 +21,8 @@ from cahp_engine._output_dir import prepare_output_dir, staged_output
 from cahp_engine._torch import resolve_device
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.progress import Monitor, RunProgress, skipped_stages, stage_spans
-from cahp_engine.recovery import Reconstruction, TeacherLogits, count_parameters
-from cahp_engine.results import BudgetRecord, ClassificationMetrics, TrainingResult
+from cahp_engine.recovery import ClassificationMetrics, Reconstruction, TeacherLogits, TrainingResult, count_parameters
+from cahp_engine.results import BudgetRecord
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._artifacts import write_artifacts, write_budget_plot, write_json
 from cahp_engine.run._budget import budget_warnings
@@ -225,9 +225,9 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: Selec
     model = inputs.loaded.model
     outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
                                   dense_validation=held[0].dense, dense_predictions=held[1])
-    assert result.analysis is not None
-    result = dataclasses.replace(result, selection=outcome.selection, k_star=outcome.k, knee=None,
-                                 clustering=result.analysis.partition(outcome.k))
+    # The report's consensus record stays the one of the configured strategy's choice.
+    chosen = dataclasses.replace(outcome.selection, consensus=result.selection.consensus)
+    result = dataclasses.replace(result, selection=chosen, k_star=outcome.k, knee=None)
     # Only now is the evaluation split read: the search itself never touched it.
     fresh, _ = steps.prune(run, model=model, selection=outcome.selection)
     before = steps.evaluate_pruned(run, model=fresh, evaluation=inputs.evaluation)

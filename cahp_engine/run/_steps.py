@@ -30,8 +30,10 @@ from cahp_engine.data import (
 from cahp_engine.models import LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
 from cahp_engine.recovery import (
+    ClassificationMetrics,
     Reconstruction,
     TeacherLogits,
+    TrainingResult,
     Validator,
     balanced_class_weights,
     count_parameters,
@@ -39,7 +41,6 @@ from cahp_engine.recovery import (
     finetune,
     teacher_logits,
 )
-from cahp_engine.results import ClassificationMetrics, TrainingResult
 from cahp_engine.run._budget import BudgetOutcome, ladder, search
 from cahp_engine.run._candidates import SearchInputs
 from cahp_engine.run._dense_probe import untrained_in_effect
@@ -220,7 +221,8 @@ def select(run: RunContext, *, model: nn.Module, train: TrainRows) -> SelectionR
     run.monitor.timings.update(result.timings)
     sel = result.selection
     run.say(f"k* = {result.k_star}; keeping {sel.num_kept} of {sel.kept_mask.size} heads ({sel.retention:.1%})")
-    for what, record in (("signature", result.signature_sampling), ("calibration", result.calibration_sampling)):
+    for what, record in (("signature", result.analysis.signature_sampling),
+                         ("calibration", result.analysis.calibration_sampling)):
         if record is not None:
             run.say(f"{what} samples: {record.samples} of {record.available} ({record.reason})")
     if result.stability is not None:
@@ -372,7 +374,7 @@ def budget_search(
     Reads the validation split and the training rows only, never the evaluation split.
     """
     config = run.config
-    assert inputs.held_out is not None and result.analysis is not None
+    assert inputs.held_out is not None
     steps = ladder(result.analysis, tuple(config.budget_strategies), seed=config.seed)
     train = inputs.train
     batches = -(-len(train) // config.batch_size)

@@ -15,6 +15,7 @@ from ._convergence import PLATEAU_GAIN, class_difference_noise, is_plateau, sali
 from ._graph_space import default_perplexity, embed_heads
 from ._head_structure import head_structure
 from ._knee import chord_knee, find_knee, knees_by_degree
+from ._records import ConsensusRecord, SamplingRecord, StabilityRecord
 from ._salience import gradient_salience, minmax
 from ._sampling import checkpoint_sizes, resolve_amount, stratified_order
 from ._select_heads import SelectionResult, select_heads
@@ -34,6 +35,7 @@ from ._strategies import choose, get_strategy
 from ._sweep import cluster, mean_simplified_silhouette, mss_sweep
 
 __all__ = [
+    "ConsensusRecord", "SamplingRecord", "StabilityRecord",
     "PLATEAU_GAIN",
     "analyze_heads", "bhattacharyya_normal", "checkpoint_sizes",
     "choose", "chord_knee", "class_difference_noise", "ClassMoments", "cluster", "co_association",

@@ -24,7 +24,6 @@ from cahp_engine.data import LazyEncodedDataset, TrainRows, row_lengths
 from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError
 from cahp_engine.models import get_adapter, heads_per_layer
 from cahp_engine.progress import CancelFn, Monitor, ProgressFn
-from cahp_engine.results import SamplingRecord
 from cahp_engine.selection._convergence import (
     CALIBRATION_CLASS_FLOOR,
     CALIBRATION_FIRST,
@@ -37,6 +36,7 @@ from cahp_engine.selection._convergence import (
 from cahp_engine.selection._graph_space import GraphSpace
 from cahp_engine.selection._head_structure import HeadStructure, head_structure
 from cahp_engine.selection._knee import Knee
+from cahp_engine.selection._records import SamplingRecord
 from cahp_engine.selection._salience import HeadImportance, gradient_salience, minmax
 from cahp_engine.selection._sampling import SampleOrder, resolve_amount, stratified_order
 from cahp_engine.selection._signatures import Signatures, default_resolution

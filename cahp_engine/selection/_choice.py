@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cahp_engine.errors import ConfigError
-from cahp_engine.results import ConsensusRecord
+from cahp_engine.selection._records import ConsensusRecord
 
 Head = tuple[int, int]
 

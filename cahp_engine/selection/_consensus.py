@@ -41,9 +41,9 @@ from collections.abc import Callable
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from cahp_engine.results import ConsensusRecord
 from cahp_engine.selection._analysis import HeadAnalysis
 from cahp_engine.selection._choice import Selection, select_representatives
+from cahp_engine.selection._records import ConsensusRecord
 from cahp_engine.selection._stability import jaccard
 from cahp_engine.selection._sweep import cluster
 

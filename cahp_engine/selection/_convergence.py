@@ -43,7 +43,7 @@ from torch import nn
 from cahp_engine.data import TrainRows, iterate_batches, length_grouped_batches, take_rows
 from cahp_engine.errors import PipelineError
 from cahp_engine.progress import Monitor
-from cahp_engine.results import SamplingRecord
+from cahp_engine.selection._records import SamplingRecord
 from cahp_engine.selection._salience import HeadImportance
 from cahp_engine.selection._sampling import SampleOrder, checkpoint_sizes, class_floor_size
 from cahp_engine.selection._signatures import ShardedSignatures, SignatureProfiler, Signatures

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from cahp_engine._torch import frozen_in_eval
 from cahp_engine.errors import PipelineError
 from cahp_engine.models import gate_heads, get_adapter, heads_per_layer
 
@@ -62,24 +63,14 @@ def gradient_salience(model: nn.Module, batches: Iterable[dict[str, torch.Tensor
     gates = torch.ones(len(heads), heads[0], device=device, requires_grad=True)
     total = torch.zeros(len(heads), heads[0], dtype=torch.float64, device=device)
     seen = 0
-    was_training = model.training
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    model.eval()
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        with gate_heads(model, list(gates.unbind(0))), torch.enable_grad():
-            for batch in batches:
-                out = model(**batch)
-                if out.loss is None:
-                    raise PipelineError("the model returned no loss; batches must carry `labels`")
-                (grad,) = torch.autograd.grad(out.loss, gates)
-                total += grad.abs().to(torch.float64)
-                seen += 1
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        model.train(was_training)
+    with frozen_in_eval(model), gate_heads(model, list(gates.unbind(0))), torch.enable_grad():
+        for batch in batches:
+            out = model(**batch)
+            if out.loss is None:
+                raise PipelineError("the model returned no loss; batches must carry `labels`")
+            (grad,) = torch.autograd.grad(out.loss, gates)
+            total += grad.abs().to(torch.float64)
+            seen += 1
     if seen == 0:
         raise PipelineError("no calibration batches: cannot compute salience")
     return (total / seen).cpu()

@@ -10,86 +10,59 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 from torch import nn
 
 from cahp_engine._strategy_names import CONSENSUS_STRATEGIES
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import TrainRows
 from cahp_engine.progress import CancelFn, Monitor, ProgressFn
-from cahp_engine.results import ConsensusRecord, SamplingRecord, StabilityRecord
 from cahp_engine.selection._analysis import HeadAnalysis, analyze_heads
 from cahp_engine.selection._choice import Selection
-from cahp_engine.selection._graph_space import GraphSpace
 from cahp_engine.selection._knee import Knee
+from cahp_engine.selection._records import StabilityRecord
 from cahp_engine.selection._stability import selection_stability
 from cahp_engine.selection._strategies import choose
-from cahp_engine.selection._sweep import Clustering, MssCurve
+from cahp_engine.selection._sweep import Clustering
 
 
 @dataclass(frozen=True)
 class SelectionResult:
-    """Everything head selection decided, and why.
+    """Everything head selection decided, and why: the choice, and the analysis it was made from.
+
+    The curve, its knees, the graph space, the salience and the samples read are the analysis's
+    (``result.analysis.curve``...); this record holds what the choice added.
 
     Attributes
     ----------
     selection : Selection
-        The kept heads.
+        The kept heads (``selection.consensus``: for a consensus strategy, how its K + 1 analyses agreed).
     k_star : int
         Number of clusters used: the knee, or ``heads_to_keep``.
     knee : Knee or None
         The knee at ``config.poly_degree`` (None when ``heads_to_keep`` fixed the count).
-    knees : dict of int to Knee
-        The knee for each reported degree, from the same curve.
-    curve : MssCurve
-    clustering : Clustering or None
-        The partition at ``k_star`` (None for ``k_star`` = 1: one cluster).
-    graph_space : GraphSpace
-    salience_raw : ndarray of shape (L, H)
-        Mean absolute gate gradient.
-    salience : ndarray of shape (L, H)
-        ``salience_raw`` min-max normalised to [0, 1].
-    resolution : int
-    signature_samples, calibration_samples : int
+    analysis : HeadAnalysis
+        What the choice was made from; the accuracy budget chooses again from it at other k.
     timings : dict of str to float
-        Seconds per stage.
+        Seconds per stage, the analysis's and the choice's.
     warnings : tuple of str
-    signature_sampling, calibration_sampling : SamplingRecord or None
-        How many samples each pass read and why it stopped.
+        The analysis's warnings, and the choice's.
     stability : StabilityRecord or None
         The same choice from the statistics of every shard but one (None when
         ``stability_shards`` is 0 or the shards were too thin).
-    analysis : HeadAnalysis or None
-        What the choice was made from; the accuracy budget chooses again from it at other k.
-    consensus : ConsensusRecord or None
-        For a consensus strategy, how its K + 1 analyses agreed (None for the others, and when there
-        were no leave-one-shard-out analyses to combine).
     """
 
     selection: Selection
     k_star: int
     knee: Knee | None
-    knees: dict[int, Knee]
-    curve: MssCurve
-    clustering: Clustering | None
-    graph_space: GraphSpace
-    salience_raw: np.ndarray
-    salience: np.ndarray
-    resolution: int
-    signature_samples: int
-    calibration_samples: int
+    analysis: HeadAnalysis
     timings: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
-    signature_sampling: SamplingRecord | None = None
-    calibration_sampling: SamplingRecord | None = None
     stability: StabilityRecord | None = None
-    analysis: HeadAnalysis | None = None
-    consensus: ConsensusRecord | None = None
 
     @property
-    def perplexity(self) -> float:
-        """The t-SNE perplexity the graph space was computed with."""
-        return self.graph_space.perplexity
+    def clustering(self) -> Clustering | None:
+        """The partition at ``k_star`` (None for ``k_star`` = 1: one cluster)."""
+        return self.analysis.partition(self.k_star)
 
 
 def select_heads(
@@ -152,22 +125,10 @@ def select_heads(
         selection=selection,
         k_star=k_star,
         knee=knee,
-        knees=analysis.knees,
-        curve=analysis.curve,
-        clustering=analysis.partition(k_star),
-        graph_space=analysis.graph_space,
-        salience_raw=analysis.salience_raw,
-        salience=analysis.salience,
-        resolution=analysis.resolution,
-        signature_samples=analysis.signature_samples,
-        calibration_samples=analysis.calibration_samples,
+        analysis=analysis,
         timings=_merged_timings(analysis.timings, monitor.timings),
         warnings=warnings,
-        signature_sampling=analysis.signature_sampling,
-        calibration_sampling=analysis.calibration_sampling,
         stability=stability,
-        analysis=analysis,
-        consensus=selection.consensus,
     )
 
 

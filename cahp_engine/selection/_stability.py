@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from cahp_engine.results import StabilityRecord
 from cahp_engine.selection._analysis import HeadAnalysis
 from cahp_engine.selection._choice import Selection
+from cahp_engine.selection._records import StabilityRecord
 from cahp_engine.selection._strategies import choose
 
 

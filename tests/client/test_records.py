@@ -22,10 +22,10 @@ from app.client import (
     Artifact,
     DatasetSpec,
     InvalidResponseError,
-    Job,
     JobCheck,
     JobError,
     JobResult,
+    JobSnapshot,
     LogLine,
     ModelSpec,
     Page,
@@ -33,11 +33,11 @@ from app.client import (
 )
 
 #: Each record and the schema component it reads.
-SCHEMA_OF: dict[type, str] = {Job: "JobPublic", JobError: "JobError", JobResult: "JobResult", ModelSpec: "ModelSpec",
-                              DatasetSpec: "DatasetSpec", Artifact: "ArtifactPublic", Upload: "UploadPublic",
-                              LogLine: "LogLine", JobCheck: "JobCheck"}
+SCHEMA_OF: dict[type, str] = {JobSnapshot: "JobPublic", JobError: "JobError", JobResult: "JobResult",
+                              ModelSpec: "ModelSpec", DatasetSpec: "DatasetSpec", Artifact: "ArtifactPublic",
+                              Upload: "UploadPublic", LogLine: "LogLine", JobCheck: "JobCheck"}
 #: The fields app/cli/client_commands.py reads from each record.
-USED_BY_THE_CLI: dict[type, set[str]] = {Job: {"id", "status", "stage", "progress", "error", "labels"},
+USED_BY_THE_CLI: dict[type, set[str]] = {JobSnapshot: {"id", "status", "stage", "progress", "error", "labels"},
                                          JobError: {"code", "message"}, Artifact: {"name", "size", "sha256"},
                                          Upload: {"uri"}, LogLine: {"message"}}
 
@@ -108,7 +108,7 @@ def test_the_result_has_every_field_of_the_schema_in_its_order(components: dict[
     assert list(_fields(JobResult)) == list(components["JobResult"]["properties"])
 
 
-@pytest.mark.parametrize(("item", "page"), [(Job, "Page_JobPublic_"), (Artifact, "Page_ArtifactPublic_")])
+@pytest.mark.parametrize(("item", "page"), [(JobSnapshot, "Page_JobPublic_"), (Artifact, "Page_ArtifactPublic_")])
 def test_a_page_reads_the_lists_envelope(item: type, page: str, components: dict[str, Any]) -> None:
     schema = components[page]
     assert set(_fields(Page)) == set(schema["properties"]) and _required(Page) <= set(schema["required"])
@@ -142,7 +142,7 @@ FULL_JOB = {
 
 
 def test_a_job_is_read_whole_and_unknown_fields_are_kept_only_in_raw() -> None:
-    job = Job.from_json({**FULL_JOB, "a_field_from_a_newer_server": {"x": 1}})
+    job = JobSnapshot.from_json({**FULL_JOB, "a_field_from_a_newer_server": {"x": 1}})
     assert job.error == JobError(code="oom", message="out of memory")
     assert job.model == ModelSpec(uri="hf://org/m") and job.dataset == DatasetSpec(uri="upload://abc")
     assert job.result == JobResult(heads_total=8, retention=0.5)
@@ -156,7 +156,7 @@ def test_a_job_is_read_whole_and_unknown_fields_are_kept_only_in_raw() -> None:
 
 
 def test_an_older_servers_answer_builds_with_defaults() -> None:
-    job = Job.from_json({"id": "j1", "status": "queued"})
+    job = JobSnapshot.from_json({"id": "j1", "status": "queued"})
     assert (job.stage, job.progress, job.error, job.result, dict(job.labels), job.finished) == \
         (None, 0.0, None, None, {}, False)
     assert Artifact.from_json({"name": "report.json", "size": 3, "sha256": "ab"}).url is None
@@ -164,13 +164,13 @@ def test_an_older_servers_answer_builds_with_defaults() -> None:
 
 
 @pytest.mark.parametrize(("record", "data", "words"), [
-    (Job, {"status": "running"}, "the answer has no `id`"),
-    (Job, {"id": "j1", "status": "running", "progress": "half"}, "`progress` is not what the API documents"),
-    (Job, {"id": "j1", "status": "running", "created_at": "yesterday"}, "`created_at`"),
-    (Job, {"id": "j1", "status": "running", "labels": {"a": 1}}, "`labels`"),
-    (Job, {"id": "j1", "status": "running", "error": "oom"}, "JobError: expected a JSON object"),
+    (JobSnapshot, {"status": "running"}, "the answer has no `id`"),
+    (JobSnapshot, {"id": "j1", "status": "running", "progress": "half"}, "`progress` is not what the API documents"),
+    (JobSnapshot, {"id": "j1", "status": "running", "created_at": "yesterday"}, "`created_at`"),
+    (JobSnapshot, {"id": "j1", "status": "running", "labels": {"a": 1}}, "`labels`"),
+    (JobSnapshot, {"id": "j1", "status": "running", "error": "oom"}, "JobError: expected a JSON object"),
     (Artifact, {"name": "m.bin", "size": True, "sha256": "ab"}, "`size`"),
-    (Job, ["not", "an", "object"], "Job: expected a JSON object, got list"),
+    (JobSnapshot, ["not", "an", "object"], "JobSnapshot: expected a JSON object, got list"),
 ])
 def test_an_answer_that_is_not_the_record_is_an_invalid_response(record: type, data: Any, words: str) -> None:
     with pytest.raises(InvalidResponseError, match=words.replace("(", r"\(")):
@@ -178,10 +178,11 @@ def test_an_answer_that_is_not_the_record_is_an_invalid_response(record: type, d
 
 
 def test_a_page_keeps_its_cursor_and_reads_each_item() -> None:
-    page = Page.from_json({"data": [FULL_JOB, {"id": "j2", "status": "queued"}], "next_cursor": "c2"}, Job.from_json)
+    page = Page.from_json({"data": [FULL_JOB, {"id": "j2", "status": "queued"}], "next_cursor": "c2"},
+                          JobSnapshot.from_json)
     assert [job.id for job in page.data] == ["j1", "j2"] and page.next_cursor == "c2"
     assert Page.from_json({"data": [], "next_cursor": None}, Artifact.from_json) == Page(data=())
     with pytest.raises(InvalidResponseError, match="`data`"):
-        Page.from_json({"data": {"j1": {}}}, Job.from_json)
+        Page.from_json({"data": {"j1": {}}}, JobSnapshot.from_json)
     line = LogLine.from_json({"offset": 3, "time": "2025-01-02T03:04:05Z", "message": "epoch 1"})
     assert (line.offset, line.message) == (3, "epoch 1")

@@ -10,7 +10,7 @@ import boto3
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.errors import NotFoundError
+from app.core.errors import ResourceNotFoundError
 from app.core.settings import Settings
 from app.core.storage import S3Store, open_store
 from tests.support.helpers import migrated_engine, moto_s3_server, new_key, service_settings
@@ -47,7 +47,7 @@ def test_objects_round_trip_under_the_prefix(s3_settings: Settings, tmp_path: Pa
     raw = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     head = raw.head_object(Bucket="cahp-artifacts", Key="team-a/jobs/j1/1/report.json")
     assert head["ContentType"] == "application/json"
-    with pytest.raises(NotFoundError):
+    with pytest.raises(ResourceNotFoundError):
         store.iter_bytes("jobs/j1/1/missing.json")
     store.delete("jobs/j1/1/report.json")
     assert not store.exists("jobs/j1/1/report.json")

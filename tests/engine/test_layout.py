@@ -44,7 +44,10 @@ LIGHT = (
     ("cahp_engine.config", "STRATEGIES"),
     ("cahp_engine.run", "RunReport"),
     ("cahp_engine.run", "RunSummary"),
-    ("cahp_engine.results", "ClassificationMetrics"),
+    ("cahp_engine.recovery", "ClassificationMetrics"),
+    ("cahp_engine.recovery", "TrainingResult"),
+    ("cahp_engine.selection", "SamplingRecord"),
+    ("cahp_engine.results", "BudgetRecord"),
     ("cahp_engine.errors", "CahpError"),
     ("cahp_engine.progress", "STAGE_SPAN"),
 )
@@ -201,7 +204,8 @@ def test_light_names_load_no_torch_numpy_or_transformers(module, name):
         ("cahp_engine.run", ("ARTIFACT_FILES", "run_pruning", "RunReport", "RunSummary")),
         ("cahp_engine.config", ("PruningConfig", "REPORTED_DEGREES", "DENSE_FINETUNE_MODES", "STRATEGIES",
                                 "CONSENSUS_STRATEGIES")),
-        ("cahp_engine.results", ("ClassificationMetrics", "ParameterCounts", "Latency", "TrainingResult")),
+        ("cahp_engine.recovery", ("ClassificationMetrics", "ParameterCounts", "Latency", "TrainingResult")),
+        ("cahp_engine.results", ("JsonRecord",)),
         ("cahp_engine.progress", ("STAGE_SPAN",)),
     ],
 )

@@ -72,9 +72,10 @@ def test_selection_with_the_stopping_rules_runs_on_the_device(device, data):
     config = PruningConfig(resolution=6, seed=2, device=str(device))
     cpu = select_heads(model, data, config)
     on = select_heads(copy.deepcopy(model).to(device), data, config)
-    assert on.signature_sampling.samples == cpu.signature_sampling.samples
-    np.testing.assert_allclose(on.signature_sampling.measures, cpu.signature_sampling.measures, rtol=1e-4)
-    assert on.calibration_sampling.samples == cpu.calibration_sampling.samples
+    assert on.analysis.signature_sampling.samples == cpu.analysis.signature_sampling.samples
+    np.testing.assert_allclose(on.analysis.signature_sampling.measures, cpu.analysis.signature_sampling.measures,
+                               rtol=1e-4)
+    assert on.analysis.calibration_sampling.samples == cpu.analysis.calibration_sampling.samples
     assert on.stability is not None and on.stability.shards == 5
     assert on.selection.kept_mask.shape == (3, 4)
 

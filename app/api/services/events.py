@@ -61,7 +61,7 @@ def _read(sessions: sessionmaker[Session], *, owner_id: str, job_id: str, offset
 
 
 def check_job(session: Session, *, owner_id: str, job_id: str) -> None:
-    """NotFoundError before the stream starts, so a wrong id is a 404 rather than an empty stream."""
+    """ResourceNotFoundError before the stream starts, so a wrong id is a 404 rather than an empty stream."""
     get_job(session=session, owner_id=owner_id, job_id=job_id)
     session.commit()
 

@@ -45,7 +45,7 @@ from app.core.errors import (
     InvalidRequestError,
     JobFinishedError,
     JobNotFinishedError,
-    NotFoundError,
+    ResourceNotFoundError,
     UnavailableError,
 )
 from app.core.inputs import PreflightReport, reference_name
@@ -191,14 +191,14 @@ async def job_json(*, reader: JobReader, owner_id: str, job_id: str) -> bytes:
     """The job as JSON (:class:`JobPublic`): one prepared read of its row, no ORM, no thread hand-off."""
     row = await reader.job_row(job_id=job_id, owner_id=owner_id)
     if row is None:
-        raise NotFoundError(f"no job {job_id!r} for this API key")
+        raise ResourceNotFoundError(f"no job {job_id!r} for this API key")
     return to_public(row).model_dump_json().encode()
 
 
 def get_job(*, session: Session, owner_id: str, job_id: str) -> Job:
     job = repository.get_job(session, job_id=job_id, owner_id=owner_id)
     if job is None:
-        raise NotFoundError(f"no job {job_id!r} for this API key")
+        raise ResourceNotFoundError(f"no job {job_id!r} for this API key")
     return job
 
 
@@ -272,7 +272,7 @@ def delete_job(*, session: Session, store: ArtifactStore, owner_id: str, job_id:
 
     Raises
     ------
-    NotFoundError
+    ResourceNotFoundError
         No such job for this key (also on a second delete).
     JobNotFinishedError
         The job is queued or running: cancel it and delete it once it has stopped.
@@ -284,7 +284,7 @@ def delete_job(*, session: Session, store: ArtifactStore, owner_id: str, job_id:
     session.commit()
     store.delete_prefix(job_prefix(job_id))
     if not repository.delete_finished_job(session, job_id=job_id, owner_id=owner_id):
-        raise NotFoundError(f"no job {job_id!r} for this API key")
+        raise ResourceNotFoundError(f"no job {job_id!r} for this API key")
     session.commit()
 
 
@@ -334,7 +334,8 @@ def open_artifact(
     _kept_artifacts(session, owner_id, job_id)
     artifact = repository.get_artifact(session, job_id=job_id, name=name)
     if artifact is None:
-        raise NotFoundError(f"job {job_id} has no artifact {name!r}; GET /v1/jobs/{job_id}/artifacts lists them")
+        raise ResourceNotFoundError(
+            f"job {job_id} has no artifact {name!r}; GET /v1/jobs/{job_id}/artifacts lists them")
     span = requested_range(range_header, size=artifact.size, etag=etag_of(artifact), if_range=if_range)
     stream = (store.iter_bytes(artifact.storage_key) if span is None
               else store.iter_bytes(artifact.storage_key, span.start, span.end))

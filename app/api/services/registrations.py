@@ -46,7 +46,7 @@ def register_job(*, session: Session, store: ArtifactStore, settings: Settings, 
 
     Raises
     ------
-    NotFoundError, ArtifactsExpiredError
+    ResourceNotFoundError, ArtifactsExpiredError
         No such job for this key; or its artifacts are gone.
     JobNotFinishedError, InvalidRequestError
         The job has no model to register (not succeeded), or no model name was given.

@@ -31,8 +31,8 @@ from app.core.db import Upload, repository
 from app.core.errors import (
     InvalidRequestError,
     InvalidUploadError,
-    NotFoundError,
     PayloadTooLargeError,
+    ResourceNotFoundError,
     UnavailableError,
 )
 from app.core.inputs import ARCHIVE_SUFFIXES, archive_suffix, storage_error
@@ -192,7 +192,7 @@ def find_by_digest(*, session: Session, owner_id: str, digest: str) -> Upload:
     ------
     InvalidRequestError
         For a digest not written ``sha256:`` and 64 lower-case hex digits.
-    NotFoundError
+    ResourceNotFoundError
         When this key has no such upload (another key's never counts).
     """
     algorithm, _, hexdigest = digest.partition(":")
@@ -200,7 +200,8 @@ def find_by_digest(*, session: Session, owner_id: str, digest: str) -> Upload:
         raise InvalidRequestError(f"{digest[:80]!r} is not a digest; write sha256: and the 64 lower-case hex digits")
     upload = repository.find_upload_by_digest(session, owner_id=owner_id, sha256=hexdigest)
     if upload is None:
-        raise NotFoundError(f"this API key has no upload with {algorithm}:{hexdigest}; POST /v1/uploads to add it")
+        raise ResourceNotFoundError(
+            f"this API key has no upload with {algorithm}:{hexdigest}; POST /v1/uploads to add it")
     return upload
 
 

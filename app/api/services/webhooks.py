@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from app.api.schemas import DeliveryAttempt, DeliveryPublic, Page, WebhookCreate, WebhookCreated, WebhookPublic
 from app.api.services.jobs import get_job
 from app.core.db import Webhook, repository
-from app.core.errors import InvalidRequestError, NotFoundError
+from app.core.errors import InvalidRequestError, ResourceNotFoundError
 from app.core.security import check_webhook_url, generate_webhook_secret
 from app.core.settings import Settings
 
@@ -42,7 +42,7 @@ def list_webhooks(*, session: Session, owner_id: str) -> Page[WebhookPublic]:
 
 def delete_webhook(*, session: Session, owner_id: str, webhook_id: str) -> None:
     if not repository.delete_webhook(session, webhook_id=webhook_id, owner_id=owner_id):
-        raise NotFoundError(f"no webhook {webhook_id!r} for this API key")
+        raise ResourceNotFoundError(f"no webhook {webhook_id!r} for this API key")
     session.commit()
 
 

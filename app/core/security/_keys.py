@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from app.core.db import ApiKey, repository, utcnow
-from app.core.errors import AuthenticationError, InvalidRequestError, NotFoundError
+from app.core.errors import AuthenticationError, InvalidRequestError, ResourceNotFoundError
 from app.core.security._hashing import LOCAL_PRINCIPAL_ID, generate_key, hash_key, key_id_of, key_matches
 
 #: Compared against when a presented key names no stored key.
@@ -48,7 +48,7 @@ def revoke_key(*, session: Session, name_or_id: str) -> KeyInfo:
 
     Raises
     ------
-    NotFoundError
+    ResourceNotFoundError
         When no key has this id or name.
     InvalidRequestError
         When several live keys share the name (their ids are listed: revoke one by id).
@@ -65,7 +65,7 @@ def revoke_key(*, session: Session, name_or_id: str) -> KeyInfo:
             )
         chosen = live or named
     if not chosen:
-        raise NotFoundError(f"no API key has the id or name {name_or_id!r}; `cahp keys list` shows them")
+        raise ResourceNotFoundError(f"no API key has the id or name {name_or_id!r}; `cahp keys list` shows them")
     key = chosen[0]
     repository.revoke_api_key(session, key_id=key.id)
     cancelled, stopping = repository.cancel_key_jobs(session, owner_id=key.id)

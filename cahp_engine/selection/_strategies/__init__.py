@@ -42,7 +42,7 @@ class Strategy(Protocol):
 
 
 def get_strategy(name: str) -> Strategy:
-    """The ``choose`` function registered under ``name``."""
+    """The ``choose`` function of the strategy ``name`` (its module in ``STRATEGY_MODULES``)."""
     if name not in STRATEGY_MODULES:
         raise ConfigError(f"`strategy` must be one of {', '.join(STRATEGIES)}, got {name!r}")
     return cast(Strategy, importlib.import_module(STRATEGY_MODULES[name]).choose)

@@ -2,7 +2,7 @@
 
 ``python -m tests.engine.golden.make_golden`` rewrites the committed files in this directory from the
 code as it is now; ``python -m tests.engine.golden.make_golden --out DIR`` writes them to ``DIR``
-instead (what :mod:`tests.engine.test_golden_report` does, in a subprocess so that torch runs on one
+instead (what :mod:`tests.engine.run.test_golden_report` does, in a subprocess so that torch runs on one
 thread and no test's global state reaches the run).
 
 The files were committed from the code before the run report became typed and the selection a
@@ -115,14 +115,14 @@ def _selections() -> list[dict[str, Any]]:
             "strategy": sel.strategy,
             "k_star": result.k_star,
             "knee": None if result.knee is None else {"k": result.knee.k, "found": result.knee.found},
-            "knees": {str(d): k.k for d, k in sorted(result.knees.items())},
+            "knees": {str(d): k.k for d, k in sorted(result.analysis.knees.items())},
             "kept": {str(layer): heads for layer, heads in sel.kept.items()},
             "representatives": [list(h) for h in sel.representatives],
             "layer_safety_added": [list(h) for h in sel.layer_safety_added],
             "cluster": None if result.clustering is None else result.clustering.labels.tolist(),
-            "salience": result.salience.tolist(),
-            "salience_raw": result.salience_raw.tolist(),
-            "mss": result.curve.mss.tolist(),
+            "salience": result.analysis.salience.tolist(),
+            "salience_raw": result.analysis.salience_raw.tolist(),
+            "mss": result.analysis.curve.mss.tolist(),
         })
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path, PurePosixPath
 
-from app.core.errors import InvalidReferenceError, NotFoundError
+from app.core.errors import InvalidReferenceError, ResourceNotFoundError
 from app.core.inputs._archives import archive_suffix
 from app.core.inputs._dataset_checks import MAX_CARD_BYTES, check_card_bytes, check_dataset_archive, ranged_file
 from app.core.inputs.sources._base import Fetched, Reference, Role, Shape, SourceContext, shape_of_name
@@ -85,7 +85,7 @@ def fetch(ref: Reference, *, dest: Path, context: SourceContext) -> Fetched:
         local = dest.with_name(dest.name + (archive_suffix(key) or PurePosixPath(key).suffix))
         try:
             download_s3_object(client, bucket, key, local)
-        except NotFoundError as exc:
+        except ResourceNotFoundError as exc:
             raise InvalidReferenceError(str(exc)) from exc
         return Fetched(str(local), shape)
     _download_prefix(client, ref, bucket, key.rstrip("/") + "/", dest, settings)

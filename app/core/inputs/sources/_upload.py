@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from app.core.db import repository
-from app.core.errors import InvalidReferenceError, NotFoundError
+from app.core.errors import InvalidReferenceError, ResourceNotFoundError
 from app.core.inputs._dataset_checks import check_dataset_archive, ranged_file
 from app.core.inputs.sources._base import Fetched, Reference, Role, Shape, SourceContext, UploadInfo
 from app.core.storage import open_store
@@ -49,7 +49,7 @@ def check(ref: Reference, *, role: Role, context: SourceContext) -> Shape:
         try:
             with ranged_file(read_range, upload.size) as archive:
                 check_dataset_archive(archive, shown=ref.uri, max_members=context.settings.max_archive_members)
-        except NotFoundError as exc:
+        except ResourceNotFoundError as exc:
             raise InvalidReferenceError(f"{ref.uri}: the uploaded file is missing from the store") from exc
     return _shape(upload)
 
@@ -63,7 +63,7 @@ def fetch(ref: Reference, *, dest: Path, context: SourceContext) -> Fetched:
     local = dest.with_name(dest.name + upload.suffix)
     try:
         context.store.download(upload.storage_key, local)
-    except NotFoundError as exc:
+    except ResourceNotFoundError as exc:
         raise InvalidReferenceError(f"{ref.uri}: the uploaded file is missing from the store") from exc
     return Fetched(str(local), _shape(upload))
 

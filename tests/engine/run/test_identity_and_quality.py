@@ -13,8 +13,7 @@ from huggingface_hub import ModelCard
 from cahp_engine.config import PruningConfig
 from cahp_engine.errors import InvalidInputError
 from cahp_engine.export import describe_speedup
-from cahp_engine.recovery import speedup_interval
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.recovery import ClassificationMetrics, speedup_interval
 from cahp_engine.run import FailedRunMetrics, FailedRunReport, RunError, RunIdentity, RunReport, RunRequest, run_pruning
 from cahp_engine.run._completion import complete_failed_report
 from cahp_engine.run._identity import identity_of

@@ -14,8 +14,8 @@ from cahp_engine.data import DatasetOptions, DatasetSplits, load_splits
 from cahp_engine.errors import DatasetError, InvalidInputError
 from tests.support.datasets import write_csv, write_glue_like_dataset
 
-# tests/engine/<this file> -> parents[2] is the repository, parents[3] the folder that holds shared/.
-SST5 = Path(__file__).resolve().parents[3] / "shared/data/sst5"
+# tests/engine/data/<this file> -> parents[3] is the repository, parents[4] the folder that holds shared/.
+SST5 = Path(__file__).resolve().parents[4] / "shared/data/sst5"
 
 TRAIN = [("a fine film", 1), ("a dull film", 0), ("fine acting", 1), ("dull plot", 0), ("so fine", 1)]
 TEST = [("fine ending", 1), ("dull ending", 0)]

@@ -192,7 +192,7 @@ def test_plotting_leaves_the_global_backend_and_pyplot_alone(tmp_path: Path) -> 
         print("ok")
         """
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120, check=False
     )

@@ -14,7 +14,7 @@ from cahp_engine.errors import ConfigError, DatasetError, InvalidInputError, Job
 from cahp_engine.selection import select_heads
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _encoded(n=120, num_classes=3, seed=0):
@@ -34,22 +34,22 @@ def test_selection_is_complete_and_consistent(model):
     result = select_heads(model, data, PruningConfig(resolution=6), progress=lambda s, f: stages.append(s))
     sel = result.selection
     assert result.k_star == result.knee.k and result.knee.degree == 2
-    assert set(result.knees) == {2, 3, 4, 5, 6}
+    assert set(result.analysis.knees) == {2, 3, 4, 5, 6}
     assert len(sel.representatives) == result.k_star
     assert sel.num_kept == result.k_star + len(sel.layer_safety_added)
     assert all(sel.kept[layer] for layer in range(3))  # layer safety
-    assert result.curve.ks.tolist() == list(range(2, 12))
-    assert result.graph_space.points.shape == (12, 2)
-    assert result.salience.min() == 0 and result.salience.max() == 1
+    assert result.analysis.curve.ks.tolist() == list(range(2, 12))
+    assert result.analysis.graph_space.points.shape == (12, 2)
+    assert result.analysis.salience.min() == 0 and result.analysis.salience.max() == 1
     assert result.clustering.k == result.k_star
     # Each representative is the most salient head of its cluster.
-    flat = result.salience.reshape(-1)
+    flat = result.analysis.salience.reshape(-1)
     for layer, head in sel.representatives:
         members = np.flatnonzero(result.clustering.labels == result.clustering.labels[layer * 4 + head])
         assert flat[layer * 4 + head] == flat[members].max()
     # 120 rows are fewer than the first checkpoint of either stopping rule: both read every row.
-    assert result.signature_samples == 120 and result.calibration_samples == 120
-    assert result.signature_sampling.stopped == result.calibration_sampling.stopped == "cap"
+    assert result.analysis.signature_samples == 120 and result.analysis.calibration_samples == 120
+    assert result.analysis.signature_sampling.stopped == result.analysis.calibration_sampling.stopped == "cap"
     assert {"signatures", "separation", "graph_space", "sweep", "knee", "salience", "stability",
             "selection"} <= set(result.timings)
     assert stages[0] == "signatures" and stages[-1] == "selection"
@@ -60,8 +60,8 @@ def test_same_inputs_and_seed_give_the_same_selection(model):
     config = PruningConfig(resolution=6, seed=3, signature_samples=0.5)
     a, b = select_heads(model, data, config), select_heads(model, data, config)
     np.testing.assert_array_equal(a.selection.kept_mask, b.selection.kept_mask)
-    np.testing.assert_array_equal(a.curve.mss, b.curve.mss)
-    np.testing.assert_array_equal(a.graph_space.points, b.graph_space.points)
+    np.testing.assert_array_equal(a.analysis.curve.mss, b.analysis.curve.mss)
+    np.testing.assert_array_equal(a.analysis.graph_space.points, b.analysis.graph_space.points)
 
 
 def test_fixed_head_count_skips_the_knee_and_baselines_match_it(model):
@@ -72,7 +72,7 @@ def test_fixed_head_count_skips_the_knee_and_baselines_match_it(model):
     for strategy in ("salience", "random"):
         base = select_heads(model, data, PruningConfig(resolution=6, heads_to_keep=5, strategy=strategy))
         assert base.selection.num_kept == 5 and base.selection.strategy == strategy
-        assert base.graph_space.points.shape == (12, 2)
+        assert base.analysis.graph_space.points.shape == (12, 2)
     cahp = select_heads(model, data, PruningConfig(resolution=6))
     same_count = select_heads(model, data, PruningConfig(resolution=6, strategy="salience"))
     assert same_count.selection.num_kept == cahp.selection.num_kept
@@ -123,8 +123,8 @@ SCRIPT = textwrap.dedent(
     data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
     model = make_classifier("bert", layers=4, heads=6, seed=2)
     r = select_heads(model, data, PruningConfig(seed=11))
-    print(json.dumps({"k": r.k_star, "kept": r.selection.kept, "mss": r.curve.mss.round(9).tolist(),
-                      "samples": [r.signature_samples, r.calibration_samples],
+    print(json.dumps({"k": r.k_star, "kept": r.selection.kept, "mss": r.analysis.curve.mss.round(9).tolist(),
+                      "samples": [r.analysis.signature_samples, r.analysis.calibration_samples],
                       "stability": r.stability.kept_frequency}))
     """
 )

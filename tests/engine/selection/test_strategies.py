@@ -57,8 +57,8 @@ def test_select_heads_is_the_analysis_then_the_choice(setup):
         chosen = choose(analysis, k, config.strategy, count=config.heads_to_keep, seed=config.seed)
         np.testing.assert_array_equal(result.selection.kept_mask, chosen.kept_mask)
         assert result.selection.representatives == chosen.representatives
-        np.testing.assert_array_equal(result.salience, analysis.salience)
-        np.testing.assert_array_equal(result.curve.mss, analysis.curve.mss)
+        np.testing.assert_array_equal(result.analysis.salience, analysis.salience)
+        np.testing.assert_array_equal(result.analysis.curve.mss, analysis.curve.mss)
 
 
 def test_baselines_keep_cahps_count_at_the_same_k_unless_told(setup):

@@ -16,8 +16,13 @@ import torch.nn.functional as F
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts
 from cahp_engine.errors import ConfigError
-from cahp_engine.recovery import classification_metrics, distillation_loss, finetune, teacher_logits
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.recovery import (
+    ClassificationMetrics,
+    classification_metrics,
+    distillation_loss,
+    finetune,
+    teacher_logits,
+)
 from cahp_engine.run import RunRequest, carve, run_pruning
 from cahp_engine.run import _steps as steps
 from tests.support.recovery import FAST, encoded_texts, write_three_class_dataset

@@ -92,7 +92,7 @@ def test_without_leave_one_out_analyses_a_consensus_is_the_single_run(setup, met
     result = select_heads(model, data, CONFIG.replace(strategy=method, stability_shards=0))
     single = select_heads(model, data, CONFIG.replace(stability_shards=0))
     np.testing.assert_array_equal(result.selection.kept_mask, single.selection.kept_mask)
-    assert result.consensus is None and result.stability is None
+    assert result.selection.consensus is None and result.stability is None
     assert any(f"`{method}` consensus" in w and "stability_shards" in w for w in result.warnings)
     assert not any("consensus" in w for w in single.warnings)
 
@@ -115,7 +115,7 @@ def test_the_consensus_record_describes_the_runs_it_combined(setup):
     # select_heads carries the record next to the stability measure of CAHP's single-run rule.
     result = select_heads(model, data, CONFIG.replace(strategy="coassociation"))
     np.testing.assert_array_equal(result.selection.kept_mask, chosen.kept_mask)
-    assert result.consensus == dataclasses.replace(record, seconds=result.consensus.seconds)
+    assert result.selection.consensus == dataclasses.replace(record, seconds=result.selection.consensus.seconds)
     assert result.stability is not None and result.selection.strategy == "coassociation"
 
 

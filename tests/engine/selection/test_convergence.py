@@ -211,7 +211,7 @@ def test_leave_one_shard_out_selections(model, separated):
     assert freq.sum() == pytest.approx(sum(stability.heads_kept) / 5)
     assert 0 <= stability.min_jaccard <= stability.mean_jaccard <= 1
     assert stability.seconds > 0 and result.timings["stability"] > 0
-    assert result.perplexity == pytest.approx(11 / 3)
+    assert result.analysis.graph_space.perplexity == pytest.approx(11 / 3)
     # The leave-one-out analyses are whole analyses of 4/5 of the samples each.
     config = PruningConfig(resolution=6, seed=2, signature_samples=600)
     analysis = analyze_heads(model, separated, config)

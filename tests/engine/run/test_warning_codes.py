@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.recovery import ClassificationMetrics
 from cahp_engine.run import WARNING_CODES
 from cahp_engine.run._quality import assess_quality
 from cahp_engine.run._steps import recall_warnings

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.results import ClassificationMetrics
+from cahp_engine.recovery import ClassificationMetrics
 from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._dense_probe import untrained_in_effect
 from tests.support.helpers import write_tiny_dataset

@@ -10,7 +10,8 @@ import pytest
 from pydantic import TypeAdapter
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.results import ClassificationMetrics, TeacherRecord, TrainingResult, ValidationPoint
+from cahp_engine.recovery import ClassificationMetrics, TeacherRecord, TrainingResult
+from cahp_engine.results import ValidationPoint
 from cahp_engine.run import RunReport, RunRequest, RunSummary, run_pruning
 from tests.engine.golden.make_golden import HERE, write_inputs
 

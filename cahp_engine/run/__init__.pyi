@@ -21,6 +21,7 @@ from ._plots import plot_head_map, plot_layer_retention, plot_mss_curve
 from ._quality import QualityFlag, QualityRecord
 from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, RunSummary
 from ._run import run_pruning
+from ._target_record import TargetRecord
 from ._warning_codes import WARNING_CODES
 
 __all__ = [
@@ -30,5 +31,5 @@ __all__ = [
     "FailedRunMetrics", "FailedRunReport", "Identity", "InTurn", "load_candidate",
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
     "recover_candidate", "run_pruning", "RunError", "RunIdentity", "RunReport", "RunSummary", "save_candidate",
-    "SearchInputs", "WARNING_CODES",
+    "SearchInputs", "TargetRecord", "WARNING_CODES",
 ]

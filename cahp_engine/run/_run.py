@@ -34,13 +34,7 @@ from cahp_engine.progress import Monitor, RunProgress, skipped_stages, stage_spa
 from cahp_engine.recovery import Reconstruction, TeacherLogits, count_parameters
 from cahp_engine.results import BudgetRecord, ClassificationMetrics, TrainingResult
 from cahp_engine.run import _steps as steps
-from cahp_engine.run._artifacts import (
-    write_artifacts,
-    write_budget_plot,
-    write_curve,
-    write_head_map,
-    write_json,
-)
+from cahp_engine.run._artifacts import write_artifacts, write_budget_plot, write_curve, write_head_map, write_json
 from cahp_engine.run._budget import budget_warnings
 from cahp_engine.run._checkpoints import Checkpointer, CheckpointStore
 from cahp_engine.run._completion import complete_failed_report, complete_report
@@ -71,8 +65,10 @@ from cahp_engine.run._report import (
     RunReport,
     RunSummary,
     SelectionRecord,
+    TargetRecord,
     ValidationRecord,
 )
+from cahp_engine.run._target_stage import prune_for_run
 from cahp_engine.selection import SelectionResult
 
 _VERSIONED = ("torch", "transformers", "scikit-learn", "kmedoids", "kneed", "numpy", "safetensors", "cahp")
@@ -204,6 +200,7 @@ class _Recovered:
     parameters: RunParameters
     budget: BudgetRecord | None = None
     reconstruction: Reconstruction | None = None
+    target: TargetRecord | None = None
 
 
 def _run(
@@ -241,7 +238,7 @@ def _run(
     teacher = steps.teacher(run, model=model, train=inputs.train)
     held = _dense_on_validation(run, inputs, model)
     if config.max_accuracy_drop is None:
-        pruned, parameters = steps.prune(run, model=model, selection=result.selection)
+        pruned, parameters, result, target = prune_for_run(run, model=model, result=result, rows=inputs.rows)
         before = resumed.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
         reconstruction = steps.reconstruct_layers(run, dense=model, pruned=pruned, rows=inputs.rows) \
             if reconstructs(config) else None
@@ -250,7 +247,7 @@ def _run(
         with resumed.training("recovery"):
             recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher, validate=validate)
         done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters,
-                          reconstruction=reconstruction)
+                          reconstruction=reconstruction, target=target)
     else:
         assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
         try:
@@ -303,7 +300,7 @@ def _run(
         wall_time_s=0.0,
         budget=done.budget,
         validation=None if held is None else held[0],
-        reconstruction=done.reconstruction,
+        reconstruction=done.reconstruction, target=done.target,
     )
 
 

@@ -37,6 +37,8 @@ from cahp_engine.config import (
     SampleAmount,
     Strategy,
     SubsetOf,
+    TargetLength,
+    TargetRuntime,
     TupleOf,
     settings_for,
 )
@@ -187,6 +189,11 @@ class JobParams(BaseModel):
     budget_strategies: list[Strategy] | None = param_field("budget_strategies")
     budget_confidence: float | None = param_field("budget_confidence")
     budget_parallel: int | None = param_field("budget_parallel")
+    target_speedup: float | None = param_field("target_speedup")
+    target_flops: float | None = param_field("target_flops")
+    target_runtime: TargetRuntime | None = param_field("target_runtime")
+    target_batch: int | None = param_field("target_batch")
+    target_seq_len: TargetLength | None = param_field("target_seq_len")
     latency_warmup: int | None = param_field("latency_warmup")
     latency_repeats: int | None = param_field("latency_repeats")
     export: ExportFormat | None = param_field("export")

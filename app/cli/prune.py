@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from cahp_engine.run import RunIdentity, RunReport
 
 #: The ``--help`` sections of the settings, in order (a setting without a group is a general option).
-GROUPS = ("selection", "fine-tuning", "accuracy budget", "deployment")
+GROUPS = ("selection", "fine-tuning", "accuracy budget", "speed target", "deployment")
 
 
 def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -263,6 +263,8 @@ def format_summary(report: RunReport, output: Path) -> str:
             f"({describe_speedup(row.speedup, row.speedup_low, row.speedup_high)})"
         )
     lines += _budget_lines(report)
+    if report.target is not None:
+        lines += ["  " + report.target.headline(), *("    " + line for line in report.target.layer_lines())]
     lines += _export_lines(report)
     lines.append(f"  wall time {report.wall_time_s:.1f} s; artifacts in {output}")
     flagged = report.quality.messages if report.quality is not None else ()

@@ -62,6 +62,9 @@ def test_a_flops_target_removes_heads_and_neurons_and_reports_them_per_layer(fam
     assert report.reconstruction is not None
     assert {fit.sublayer for fit in report.reconstruction.fits} == {"attention", "ffn"}
     assert any(line.startswith("FLOPs target 0.4: kept") for line in lines)
+    card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
+    assert "FLOPs target 0.4: kept" in card and "feed-forward neurons per layer [" in card
+    assert "attention and feed-forward output projections of each layer refit" in card
     header = f"layer  heads (of {HEADS})  neurons (of {target.neurons_total})"
     assert any(line.strip() == header for line in lines)
 

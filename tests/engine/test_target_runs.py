@@ -56,6 +56,7 @@ def test_a_flops_target_removes_heads_and_neurons_and_reports_them_per_layer(fam
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert written["target"]["neurons_per_layer"] == list(target.neurons_per_layer)
     assert RunReport.from_dict(written).target == target
+    assert (tmp_path / "out" / "layer_units.png").stat().st_size > 0  # the map beside the head map
     head_map = json.loads((tmp_path / "out" / "head_map.json").read_text())
     assert [len(head_map["kept"][str(layer)]) for layer in range(LAYERS)] == list(target.heads_per_layer)
     # Reconstruction refit the feed-forward blocks too, and the log shows the table.

@@ -24,8 +24,8 @@ class TargetRecord(JsonRecord):
     target : float
         ``target_speedup`` (x dense), or ``target_flops`` (a fraction of the dense encoder's FLOPs).
     runtime : str
-        ``target_runtime`` as the user named it (``pytorch``, ``ort-fp32``, ``ort-int8``); for a FLOPs
-        target the runtime is not timed.
+        ``target_runtime`` as the user named it (``pytorch``, ``ort-fp32``, ``ort-int8``); ``analytic``
+        for a FLOPs target, which is counted, not timed.
     batch_size, seq_len : int
         The serving shape the costs were fitted and the speed-up measured at (``seq_len``: resolved
         from ``p95`` when asked).

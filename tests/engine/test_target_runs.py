@@ -68,6 +68,10 @@ def test_a_flops_target_removes_heads_and_neurons_and_reports_them_per_layer(fam
     assert "attention and feed-forward output projections of each layer refit" in card
     header = f"layer  heads (of {HEADS})  neurons (of {target.neurons_total})"
     assert any(line.strip() == header for line in lines)
+    from app.cli.prune import format_summary
+
+    summary = format_summary(report, tmp_path / "out")
+    assert target.headline() in summary and f"    {header}" in summary
 
 
 def test_a_target_beyond_what_the_flops_allow_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -230,9 +230,11 @@ def format_summary(report: RunReport, output: Path) -> str:
     s, sel, m, speed = report.summary, report.selection, report.metrics, report.speed
     lines = [
         f"CAHP ({sel.strategy}) on {report.model.ref} — {report.dataset.ref}",
-        f"  k* = {s.k_star} ("
-        + ("chosen by the accuracy budget" if report.budget is not None else f"polynomial degree {sel.poly_degree}")
-        + "; knees by degree: " + ", ".join(f"d{d}={k}" for d, k in sel.knees_by_degree.items()) + ")",
+        (f"  k* = {s.k_star} ("
+         + ("chosen by the accuracy budget" if report.budget is not None else f"polynomial degree {sel.poly_degree}")
+         if report.target is None else f"  {s.k_star} heads chosen within the target's per-layer counts (")
+        + ("; knees by degree: " if report.target is None else "the knees, not used: ")
+        + ", ".join(f"d{d}={k}" for d, k in sel.knees_by_degree.items()) + ")",
         f"  heads kept: {s.heads_kept} of {s.heads_total} ({s.retention:.1%})",
     ]
     ident = report.identity

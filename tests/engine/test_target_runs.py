@@ -72,6 +72,8 @@ def test_a_flops_target_removes_heads_and_neurons_and_reports_them_per_layer(fam
 
     summary = format_summary(report, tmp_path / "out")
     assert target.headline() in summary and f"    {header}" in summary
+    assert f"  {sum(target.heads_per_layer)} heads chosen within the target's per-layer counts (the knees, " \
+           "not used: d2=" in summary
 
 
 def test_a_target_beyond_what_the_flops_allow_is_refused_before_any_work(tmp_path: Path) -> None:

@@ -66,6 +66,8 @@ def test_a_flops_target_removes_heads_and_neurons_and_reports_them_per_layer(fam
     card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
     assert "FLOPs target 0.4: kept" in card and "feed-forward neurons per layer [" in card
     assert "attention and feed-forward output projections of each layer refit" in card
+    assert "| layer | heads kept | original indices | feed-forward neurons kept |" in card
+    assert f"| 0 | {target.heads_per_layer[0]} / {HEADS} |" in card and "Kneedle" not in card
     header = f"layer  heads (of {HEADS})  neurons (of {target.neurons_total})"
     assert any(line.strip() == header for line in lines)
     from app.cli.prune import format_summary

@@ -39,12 +39,17 @@ RecoveryLoss = Literal["ce", "distill"]
 #: reconstruction and then fine-tuning from the reconstructed weights.
 RecoveryMode = Literal["finetune", "reconstruct", "reconstruct+finetune"]
 BudgetMetric = Literal["accuracy", "macro_f1"]
+#: ``target_runtime``: the serving runtime a speed target is measured on (PyTorch fp32, onnxruntime fp32 or int8).
+TargetRuntime = Literal["pytorch", "ort-fp32", "ort-int8"]
+#: ``target_seq_len``: the serving length in tokens, or the 95th percentile of the calibration rows' lengths.
+TargetLength = int | Literal["p95"]
 ClassWeight = Literal["none", "balanced"]
 
 DENSE_FINETUNE_MODES: tuple[str, ...] = get_args(DenseFinetune)
 RECOVERY_LOSSES: tuple[str, ...] = get_args(RecoveryLoss)
 RECOVERY_MODES: tuple[str, ...] = get_args(RecoveryMode)
 BUDGET_METRICS: tuple[str, ...] = get_args(BudgetMetric)
+TARGET_RUNTIMES: tuple[str, ...] = get_args(TargetRuntime)
 CLASS_WEIGHTS: tuple[str, ...] = get_args(ClassWeight)
 #: The strategies whose choices are an accuracy budget's candidates unless the user names others.
 BUDGET_STRATEGIES: tuple[str, ...] = ("cahp", "salience")
@@ -149,6 +154,16 @@ def parse_name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(","))
 
 
+def parse_length(text: str) -> int | str:
+    """``p95`` or a number of tokens (``64``)."""
+    if text == "p95":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected p95 or a number of tokens like 64, got {text!r}") from None
+
+
 def parse_int_list(text: str) -> tuple[int, ...]:
     """Integers separated by commas (``2,3,4``)."""
     try:
@@ -251,6 +266,23 @@ SETTINGS: tuple[Setting, ...] = (
             "head counts the budget's search tries per round (1: bisection; W: a k-ary search whose W x "
             "strategies candidates a pool of W workers runs side by side; the answer depends on this, never on "
             "the number of workers)", group="accuracy budget", metavar="W"),
+    Setting("target_speedup", None, Interval("real", 1.0, 1000.0),
+            "prune heads and feed-forward neurons until the model measures this many times faster than the dense one "
+            "on target_runtime, e.g. 2.0 (the strategy picks which heads; no knee, no head count)",
+            nullable=True, group="speed target", metavar="X"),
+    Setting("target_flops", None, Interval("real", 0.0, 1.0, closed="right"),
+            "prune heads and feed-forward neurons until the encoder keeps at most this fraction of its FLOPs, e.g. 0.5",
+            nullable=True, group="speed target", metavar="F"),
+    Setting("target_runtime", "pytorch", Options(TARGET_RUNTIMES),
+            "the serving runtime a speed target is timed on: PyTorch fp32, onnxruntime fp32 or onnxruntime int8",
+            group="speed target"),
+    Setting("target_batch", 32, Interval("integer", 1, 4096), "the serving batch a speed target is timed at",
+            group="speed target", metavar="B"),
+    Setting("target_seq_len", "p95",
+            Amount(Interval("integer", 1, 8192), ("p95",), "an integer between 1 and 8192 or 'p95'",
+                   count=Interval("integer", 1, 8192)),
+            "the serving length in tokens a target is costed at", "the 95th percentile of the training rows' lengths",
+            group="speed target", metavar="T", parse=parse_length),
     Setting("device", "auto", Device(), "auto, cpu, cuda or cuda:N", surfaces=frozenset({"cli"})),
     Setting("latency_warmup", 3, Interval("integer", 0, 1000),
             "untimed passes per model and batch size before the latency is measured"),

@@ -26,6 +26,7 @@ from cahp_engine._spec import (
     RECOVERY_MODES,
     REPORTED_DEGREES,
     SETTINGS,
+    TARGET_RUNTIMES,
     BudgetMetric,
     CalibrationAmount,
     ClassWeight,
@@ -37,6 +38,8 @@ from cahp_engine._spec import (
     SampleAmount,
     Setting,
     Strategy,
+    TargetLength,
+    TargetRuntime,
     settings_for,
 )
 from cahp_engine._strategy_names import CONSENSUS_STRATEGIES, STRATEGIES
@@ -61,7 +64,8 @@ __all__ = [
     "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES", "RECOVERY_MODES", "RecoveryMode",
     "REPORTED_DEGREES", "SETTINGS", "Amount", "BudgetMetric", "CalibrationAmount", "Constraint", "DenseFinetune",
     "Device", "ExportFormat", "Interval", "OffOr", "Options", "PruningConfig", "Quantize", "RecoveryLoss",
-    "SampleAmount", "Setting", "Strategy", "TupleOf", "did_you_mean", "parse_device", "settings_for",
+    "SampleAmount", "Setting", "Strategy", "TARGET_RUNTIMES", "TargetLength", "TargetRuntime",
+    "TupleOf", "did_you_mean", "parse_device", "settings_for",
 ]
 
 
@@ -166,6 +170,22 @@ class PruningConfig:
         Head counts the search tries per round: 1 is bisection; W > 1 a k-ary search whose candidates
         a pool of workers runs side by side (:mod:`cahp_engine.run._budget`). The answer depends on
         this setting only, never on how many workers ran the candidates.
+    target_speedup : float >= 1 or None
+        A speed target: heads and feed-forward neurons are allocated per layer, by importance per unit of
+        latency measured on ``target_runtime`` (a table fitted once per machine and cached), until the
+        pruned model is predicted, then measured, this many times faster than the dense one at
+        ``target_batch`` x ``target_seq_len`` (:func:`cahp_engine.allocation.prune_to_target`); the
+        strategy chooses which heads within each layer's count. Excludes ``heads_to_keep``,
+        ``max_accuracy_drop`` and ``target_flops``.
+    target_flops : float in (0, 1] or None
+        A FLOPs target: the same allocation by importance per FLOP, keeping at most this fraction of the
+        encoder's FLOPs.
+    target_runtime : {"pytorch", "ort-fp32", "ort-int8"}, default "pytorch"
+        The serving runtime a speed target's latency table and measured speed-up are timed on.
+    target_batch : int, default 32
+        The serving batch a target is costed and timed at.
+    target_seq_len : int or "p95", default "p95"
+        The serving length in tokens; ``"p95"``: the 95th percentile of the calibration rows' lengths.
     device : str
         ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     export : {"onnx", "none"}, default "onnx"
@@ -215,6 +235,11 @@ class PruningConfig:
     budget_strategies: tuple[Strategy, ...] = DEFAULTS["budget_strategies"]
     budget_confidence: float | None = DEFAULTS["budget_confidence"]
     budget_parallel: int = DEFAULTS["budget_parallel"]
+    target_speedup: float | None = DEFAULTS["target_speedup"]
+    target_flops: float | None = DEFAULTS["target_flops"]
+    target_runtime: TargetRuntime = DEFAULTS["target_runtime"]
+    target_batch: int = DEFAULTS["target_batch"]
+    target_seq_len: TargetLength = DEFAULTS["target_seq_len"]
     device: str = DEFAULTS["device"]
     latency_warmup: int = DEFAULTS["latency_warmup"]
     latency_repeats: int = DEFAULTS["latency_repeats"]
@@ -228,6 +253,7 @@ class PruningConfig:
         if self.max_accuracy_drop is not None and self.heads_to_keep is not None:
             raise ConfigError("`max_accuracy_drop` searches for the head count and `heads_to_keep` fixes it; "
                               "set one of them")
+        _check_target(self)
         if self.quantize != "none" and self.export == "none":
             raise ConfigError(f"`quantize` {self.quantize!r} quantizes the ONNX export; set `export` to 'onnx' or "
                               "`quantize` to 'none'")
@@ -256,3 +282,17 @@ class PruningConfig:
                 values[name] = tuple(values[name])
         return cls(**values)
 
+
+def _check_target(config: PruningConfig) -> None:
+    """The rules a speed or FLOPs target sets on the other settings (its own range is in its rule)."""
+    if config.target_speedup is not None and config.target_flops is not None:
+        raise ConfigError("`target_speedup` and `target_flops` each set the size of the model; set one of them")
+    named = "`target_speedup`" if config.target_speedup is not None else "`target_flops`"
+    if config.target_speedup is None and config.target_flops is None:
+        return
+    if config.heads_to_keep is not None:
+        raise ConfigError(f"{named} decides how many heads each layer keeps and `heads_to_keep` fixes the count; "
+                          "set one of them")
+    if config.max_accuracy_drop is not None:
+        raise ConfigError(f"{named} with `max_accuracy_drop` (the fastest model within an accuracy budget) is not "
+                          "supported yet; set one of them")

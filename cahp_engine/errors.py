@@ -7,7 +7,9 @@
     │   ├── ConfigError            a PruningConfig value is out of range
     │   ├── DatasetError           a dataset is missing, empty, mislabelled or lacks a column/split
     │   ├── ModelLoadError         a model path or hub id that cannot be loaded, or is not a classifier
-    │   └── UnsupportedModelError  a model family with no adapter in the adapter table
+    │   ├── UnsupportedModelError  a model family with no adapter in the adapter table
+    │   └── TargetUnreachableError a speed or FLOPs target beyond what the model reaches
+    │                              (``cahp_engine.allocation``; the best reachable named)
     ├── JobCancelledError          a cancellation request was seen between two steps
     ├── AccuracyBudgetError        no candidate met ``max_accuracy_drop`` (the report is still written)
     └── PipelineError              a stage could not produce its result (a bug or an environment fault)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from cahp_engine.run import RunIdentity, RunReport
 
 #: The ``--help`` sections of the settings, in order (a setting without a group is a general option).
-GROUPS = ("selection", "fine-tuning", "accuracy budget", "deployment")
+GROUPS = ("selection", "fine-tuning", "accuracy budget", "speed target", "deployment")
 
 
 def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -232,9 +232,11 @@ def format_summary(report: RunReport, output: Path) -> str:
     s, sel, m, speed = report.summary, report.selection, report.metrics, report.speed
     lines = [
         f"CAHP ({sel.strategy}) on {report.model.ref} — {report.dataset.ref}",
-        f"  k* = {s.k_star} ("
-        + ("chosen by the accuracy budget" if report.budget is not None else f"polynomial degree {sel.poly_degree}")
-        + "; knees by degree: " + ", ".join(f"d{d}={k}" for d, k in sel.knees_by_degree.items()) + ")",
+        (f"  k* = {s.k_star} ("
+         + ("chosen by the accuracy budget" if report.budget is not None else f"polynomial degree {sel.poly_degree}")
+         if report.target is None else f"  {s.k_star} heads chosen within the target's per-layer counts (")
+        + ("; knees by degree: " if report.target is None else "the knees, not used: ")
+        + ", ".join(f"d{d}={k}" for d, k in sel.knees_by_degree.items()) + ")",
         f"  heads kept: {s.heads_kept} of {s.heads_total} ({s.retention:.1%})",
     ]
     ident = report.identity
@@ -265,6 +267,8 @@ def format_summary(report: RunReport, output: Path) -> str:
             f"({describe_speedup(row.speedup, row.speedup_low, row.speedup_high)})"
         )
     lines += _budget_lines(report)
+    if report.target is not None:
+        lines += ["  " + report.target.headline(), *("    " + line for line in report.target.layer_lines())]
     lines += _export_lines(report)
     lines.append(f"  wall time {report.wall_time_s:.1f} s; artifacts in {output}")
     flagged = report.quality.messages if report.quality is not None else ()

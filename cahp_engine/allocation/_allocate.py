@@ -24,8 +24,10 @@ class TargetUnreachableError(InvalidInputError):
     """The target asks for more than keeping one head and one neuron per layer gives.
 
     ``best`` is the most that is reachable, in the target's own terms (a speed-up, or a fraction of
-    the dense FLOPs).
+    the dense FLOPs). Its ``code``, ``target_unreachable``, is what a failed job records.
     """
+
+    code = "target_unreachable"
 
     def __init__(self, message: str, *, best: float) -> None:
         super().__init__(message)

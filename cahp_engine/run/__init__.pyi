@@ -24,6 +24,7 @@ from ._quality import QualityFlag, QualityRecord
 from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, RunSummary
 from ._request import RunRequest
 from ._run import run_pruning
+from ._target_record import TargetRecord
 from ._warning_codes import WARNING_CODES
 
 __all__ = [
@@ -34,5 +35,5 @@ __all__ = [
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
     "recover_candidate", "run_pruning", "RunError", "RunHooks", "RunIdentity", "RunReport", "RunRequest",
     "RunSummary", "save_candidate",
-    "SearchInputs", "WARNING_CODES",
+    "SearchInputs", "TargetRecord", "WARNING_CODES",
 ]

@@ -18,9 +18,15 @@ from torch import nn
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset, collate
 from cahp_engine.errors import PipelineError
-from cahp_engine.models import load_pruned, save_pruned
+from cahp_engine.models import current_kept_heads, get_adapter, load_pruned, neurons_per_layer, save_pruned
 from cahp_engine.results import BudgetRecord
-from cahp_engine.run._plots import plot_budget, plot_head_map, plot_layer_retention, plot_mss_curve
+from cahp_engine.run._plots import (
+    plot_budget,
+    plot_head_map,
+    plot_layer_retention,
+    plot_layer_units,
+    plot_mss_curve,
+)
 from cahp_engine.run._report import CheckpointRecord
 from cahp_engine.selection import SelectionResult
 
@@ -33,6 +39,8 @@ ARTIFACT_FILES: tuple[str, ...] = (
     "layer_retention.png",
     "report.json",
 )
+#: Written next to them when the run cut feed-forward neurons: heads and neurons kept per layer.
+LAYER_UNITS = "layer_units.png"
 
 
 def write_artifacts(
@@ -53,6 +61,12 @@ def write_artifacts(
     diff = verify_checkpoint(pruned, work / "model", evaluation, device)
     write_curve(work, result, config)
     write_head_map(work, result)
+    adapter, neurons = get_adapter(pruned), neurons_per_layer(pruned)
+    if any(n != adapter.num_neurons(pruned.config) for n in neurons):
+        # Feed-forward neurons were cut (a speed or FLOPs target): the map of both, beside the head map.
+        plot_layer_units([len(h) for h in current_kept_heads(pruned)], neurons,
+                         heads_total=adapter.num_heads(pruned.config), neurons_total=adapter.num_neurons(pruned.config),
+                         path=work / LAYER_UNITS)
     return CheckpointRecord(path="model", format="safetensors", max_abs_logit_diff_after_reload=diff)
 
 

@@ -136,6 +136,7 @@ def card_inputs(report: Any, variant: str = "pytorch") -> ModelCardInputs:
     """The facts of the model card of one directory (``pytorch``: ``model/``), from a finished report."""
     summary, selection, export, metrics = report.summary, report.selection, report.export, report.metrics
     identity, layers, heads = report.identity, report.model.layers, report.model.heads_per_layer
+    target = getattr(report, "target", None)
     kept = tuple(tuple(selection.kept.get(layer, ())) for layer in range(layers))
     int8 = export.onnx_int8
     int8_metrics = int8.accuracy if int8 is not None else None
@@ -151,7 +152,8 @@ def card_inputs(report: Any, variant: str = "pytorch") -> ModelCardInputs:
         dataset_hub_id=identity.dataset_hub_id if identity else None,
         eval_split=report.dataset.eval_split,
         label_names=tuple(report.dataset.label_names), strategy=selection.strategy, k_star=summary.k_star,
-        poly_degree=selection.poly_degree, dense_accuracy=summary.dense_accuracy,
+        # A target's allocation set the head count, not a knee: no degree; its neurons per layer in the table.
+        poly_degree=selection.poly_degree if target is None else None, dense_accuracy=summary.dense_accuracy,
         accuracy_before_recovery=report.metrics.pruned_before_recovery.accuracy,
         pruned_accuracy=summary.pruned_accuracy, onnx_accuracy=summary.onnx_accuracy,
         int8_accuracy=summary.int8_accuracy, dense_macro_f1=metrics.dense.macro_f1,
@@ -163,6 +165,8 @@ def card_inputs(report: Any, variant: str = "pytorch") -> ModelCardInputs:
         model_name=identity.name if identity else None, job_id=identity.job_id if identity else None,
         labels=dict(identity.labels) if identity else {}, cahp_version=identity.cahp_version if identity else None,
         recipe=report.recipe.lines() if report.recipe is not None else (), warnings=tuple(summary.warnings),
+        neurons_per_layer=() if target is None else target.neurons_per_layer,
+        num_neurons=None if target is None else target.neurons_total,
     )
 
 

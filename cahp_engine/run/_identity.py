@@ -180,6 +180,9 @@ class Recipe(JsonRecord):
     reconstruction : str or None
         The layer-wise reconstruction in words, when the run reconstructed (``recovery`` reconstruct or
         reconstruct+finetune).
+    target : str or None
+        A speed or FLOPs target's allocation in words (the heads and neurons kept per layer, the
+        predicted and measured speed-up), when the run had one.
     """
 
     classifier_head: str
@@ -199,6 +202,7 @@ class Recipe(JsonRecord):
     export: str
     quantize: str
     reconstruction: str | None = None
+    target: str | None = None
 
     def lines(self) -> tuple[str, ...]:
         """The recipe in words, one step a line (the model cards' "How it was made")."""
@@ -208,8 +212,13 @@ class Recipe(JsonRecord):
             out.append("dense fine-tuning before selection: " + _training_text(self.dense_finetune))
         budget = (f", the fewest heads within {self.max_accuracy_drop:g} points of dense accuracy"
                   if self.max_accuracy_drop is not None else "")
-        out.append(f"selection: `{self.strategy}`, Kneedle polynomial degree {self.poly_degree}, k* = {self.k_star}, "
-                   f"{self.heads_kept} of {self.heads_total} heads kept{budget}")
+        if self.target is not None:
+            out.append(f"selection: `{self.strategy}` chose which heads fill each layer's count, {self.heads_kept} of "
+                       f"{self.heads_total} heads kept")
+            out.append(self.target)
+        else:
+            out.append(f"selection: `{self.strategy}`, Kneedle polynomial degree {self.poly_degree}, k* = "
+                       f"{self.k_star}, {self.heads_kept} of {self.heads_total} heads kept{budget}")
         if self.reconstruction is not None:
             out.append("layer-wise reconstruction: " + self.reconstruction)
         if self.recovery is not None and self.recovery.epochs == 0 and self.reconstruction is not None:
@@ -256,7 +265,7 @@ def recipe_of(report: Any) -> Recipe:
     :class:`~cahp_engine.run.FailedRunReport` (which has no ``recovery``: its recipe's is None)."""
     config, selection, dense = report.config, report.selection, report.dense_finetune
     recovery = getattr(report, "recovery", None)
-    rebuilt = getattr(report, "reconstruction", None)
+    rebuilt, target = getattr(report, "reconstruction", None), getattr(report, "target", None)
     epochs = 0.0 if getattr(config, "recovery", "finetune") == "reconstruct" else config.epochs
     return Recipe(
         classifier_head="checkpoint" if report.model.classifier_trained else "new",
@@ -271,6 +280,16 @@ def recipe_of(report: Any) -> Recipe:
         eval_rows=report.dataset.eval_rows, eval_split=report.dataset.eval_split, export=config.export,
         quantize=config.quantize,
         reconstruction=None if rebuilt is None else (
-            f"the attention output projection of each layer refit by {rebuilt.method} least squares "
+            f"the {_refit_parts(rebuilt)} of each layer refit by {rebuilt.method} least squares "
             f"({rebuilt.target} target) on {rebuilt.rows} calibration tokens, in {rebuilt.seconds:.1f} s"),
+        target=None if target is None else (
+            f"{target.headline()}; heads per layer {list(target.heads_per_layer)} of {target.heads_total}, "
+            f"feed-forward neurons per layer {list(target.neurons_per_layer)} of {target.neurons_total}"),
     )
+
+
+def _refit_parts(rebuilt: Any) -> str:
+    """What a reconstruction refit, in words."""
+    if "ffn" in {fit.sublayer for fit in rebuilt.fits}:
+        return "attention and feed-forward output projections"
+    return "attention output projection"

@@ -325,6 +325,43 @@ def plot_layer_retention(kept: np.ndarray, path: str | os.PathLike[str]) -> None
     _save(fig, path)
 
 
+def plot_layer_units(heads: Sequence[int], neurons: Sequence[int], *, heads_total: int, neurons_total: int,
+                     path: str | os.PathLike[str]) -> None:
+    """Bars of the share of heads and of feed-forward neurons each layer kept (a target's allocation).
+
+    Parameters
+    ----------
+    heads, neurons : sequence of L ints
+        Kept per layer; 0 is a skipped sub-layer.
+    heads_total, neurons_total : int
+        Of one dense layer.
+    path : str or path
+        PNG file to write; its folder must exist.
+    """
+    layers = len(heads)
+    share_h = np.asarray(heads, dtype=float) / heads_total
+    share_n = np.asarray(neurons, dtype=float) / neurons_total
+    fig = Figure(figsize=(max(4.5, 0.6 * layers + 2.0), 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(layers)
+    small = 7 if layers <= 16 else 5.5
+    for offset, share, kept, color, label in ((-0.2, share_h, heads, _KEPT, "attention heads"),
+                                              (0.2, share_n, neurons, "#fdae61", "feed-forward neurons")):
+        bars = ax.bar(x + offset, share, width=0.4, color=color, label=label, zorder=2)
+        ax.bar_label(bars, labels=[str(k) for k in kept], fontsize=small, padding=2)
+    ax.set_ylim(0, 1.3)  # room for the legend above the bars
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    ax.set_xticks(_index_ticks(layers, 24))
+    ax.set_xlim(-0.6, layers - 0.4)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("kept")
+    ax.set_title(f"heads (of {heads_total}) and feed-forward neurons (of {neurons_total}) kept per layer",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", ncols=2)
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
+
+
 def plot_budget(
     heads_kept: Sequence[int],
     strategies: Sequence[str],

@@ -17,6 +17,7 @@ from torch import nn
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import TrainRows, draw_subset, iterate_batches, length_grouped_batches, take_rows
 from cahp_engine.errors import UnsupportedModelError
+from cahp_engine.models import neurons_per_layer
 from cahp_engine.progress import CancelFn
 from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct, unsupported_reason
 
@@ -58,6 +59,9 @@ def reconstruct_pruned(
     dense: nn.Module, pruned: nn.Module, batches: Sequence[dict[str, torch.Tensor]], config: PruningConfig, *,
     progress: Callable[[int, int], None] | None = None, should_cancel: CancelFn | None = None,
 ) -> Reconstruction:
-    """The run's reconstruction of ``pruned`` (in place) against ``dense``: the engine's default options."""
-    return reconstruct(dense, pruned, batches, ReconstructionOptions(), seed=config.seed, progress=progress,
+    """The run's reconstruction of ``pruned`` (in place) against ``dense``: the engine's default options, with
+    the feed-forward blocks refit too when ``pruned`` lost neurons (a speed or FLOPs target)."""
+    cut = neurons_per_layer(pruned) != neurons_per_layer(dense)
+    options = ReconstructionOptions(sublayers=("attention", "ffn")) if cut else ReconstructionOptions()
+    return reconstruct(dense, pruned, batches, options, seed=config.seed, progress=progress,
                        should_cancel=should_cancel)

@@ -18,6 +18,7 @@ from cahp_engine.recovery import ClassificationMetrics, ParameterCounts, Reconst
 from cahp_engine.results import BudgetRecord, JsonRecord
 from cahp_engine.run._identity import Identity, Recipe
 from cahp_engine.run._quality import QualityRecord
+from cahp_engine.run._target_record import TargetRecord
 from cahp_engine.selection import ConsensusRecord, SamplingRecord, StabilityRecord
 
 #: ``format_version`` of the reports this engine writes.
@@ -351,6 +352,8 @@ class RunReport(JsonRecord):
         The quality checks of the dense, pruned and int8 models; their flags are also in ``warnings``.
     reconstruction : Reconstruction or None
         The layer-wise reconstruction (``config.recovery`` reconstruct or reconstruct+finetune).
+    target : TargetRecord or None
+        A speed or FLOPs target's allocation: heads and neurons kept per layer, predicted and measured speed-up.
     """
 
     format_version: int
@@ -379,6 +382,7 @@ class RunReport(JsonRecord):
     recipe: Recipe | None = None
     quality: QualityRecord | None = None
     reconstruction: Reconstruction | None = None
+    target: TargetRecord | None = None
 
 
 @dataclass(frozen=True)

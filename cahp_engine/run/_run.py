@@ -47,9 +47,11 @@ from cahp_engine.run._report import (
     RunParameters,
     RunReport,
     RunSummary,
+    TargetRecord,
     ValidationRecord,
 )
 from cahp_engine.run._request import RunRequest
+from cahp_engine.run._target_stage import prune_for_run
 from cahp_engine.selection import SelectionResult
 
 
@@ -119,6 +121,7 @@ class _Recovered:
     parameters: RunParameters
     budget: BudgetRecord | None = None
     reconstruction: Reconstruction | None = None
+    target: TargetRecord | None = None
 
 
 def _run(run: steps.RunContext, resumed: Checkpointer, request: RunRequest, work: Path) -> RunReport:
@@ -138,7 +141,7 @@ def _run(run: steps.RunContext, resumed: Checkpointer, request: RunRequest, work
     teacher = steps.teacher(run, model=model, train=inputs.train)
     held = _dense_on_validation(run, inputs, model)
     if config.max_accuracy_drop is None:
-        pruned, parameters = steps.prune(run, model=model, selection=result.selection)
+        pruned, parameters, result, target = prune_for_run(run, model=model, result=result, rows=inputs.rows)
         before = resumed.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
         reconstruction = steps.reconstruct_layers(run, dense=model, pruned=pruned, rows=inputs.rows) \
             if reconstructs(config) else None
@@ -147,7 +150,7 @@ def _run(run: steps.RunContext, resumed: Checkpointer, request: RunRequest, work
         with resumed.training("recovery"):
             recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher, validate=validate)
         done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters,
-                          reconstruction=reconstruction)
+                          reconstruction=reconstruction, target=target)
     else:
         assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
         try:
@@ -199,7 +202,7 @@ def _run(run: steps.RunContext, resumed: Checkpointer, request: RunRequest, work
         wall_time_s=0.0,
         budget=done.budget,
         validation=None if held is None else held[0],
-        reconstruction=done.reconstruction,
+        reconstruction=done.reconstruction, target=done.target,
     )
 
 

@@ -57,6 +57,7 @@ from cahp_engine.run._reconstruct import (
 )
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
+from cahp_engine.run._target_stage import check_target_reachable
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
 
@@ -154,6 +155,7 @@ def load(run: RunContext, request: RunRequest) -> Inputs:
         evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
         validate_inputs(loaded.model, rows, config)
         check_reconstruction(loaded.model, config)
+        check_target_reachable(loaded.model, config)
         run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")
     return Inputs(loaded=loaded, splits=splits, rows=rows, evaluation=evaluation, validation=validation,

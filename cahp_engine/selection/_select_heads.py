@@ -61,8 +61,10 @@ class SelectionResult:
 
     @property
     def clustering(self) -> Clustering | None:
-        """The partition at ``k_star`` (None for ``k_star`` = 1: one cluster)."""
-        return self.analysis.partition(self.k_star)
+        """The partition at ``k_star`` (None for ``k_star`` = 1, one cluster, and for a count the sweep
+        did not reach, as when a speed target keeps every head)."""
+        ks = self.analysis.curve.ks
+        return self.analysis.partition(self.k_star) if self.k_star in ks else None
 
 
 def select_heads(

@@ -73,6 +73,10 @@ def test_submit_records_a_queued_job_and_enqueues_only_its_id(
         ({"strategy": "best"}, "invalid_request", "strategy"),
         ({"polydegree": 2}, "invalid_request", "polydegree"),
         ({"device": "cuda:0"}, "invalid_request", "device"),
+        ({"target_speedup": 0.5}, "invalid_config", "`target_speedup` must be a number in [1.0, 1000.0], got 0.5"),
+        ({"target_flops": 0.5, "heads_to_keep": 4}, "invalid_config", "`heads_to_keep` fixes the count"),
+        ({"target_speedup": 2.0, "max_accuracy_drop": 1.0}, "invalid_config", "is not supported yet"),
+        ({"target_runtime": "tensorrt"}, "invalid_request", "target_runtime"),
     ],
 )
 def test_bad_params_are_422_problems_naming_the_setting(

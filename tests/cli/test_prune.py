@@ -284,6 +284,9 @@ def test_a_bad_sample_amount_is_a_usage_error(capsys):
         ("budget_and_heads", "`max_accuracy_drop` searches for the head count and `heads_to_keep` fixes it"),
         ("budget_strategy", "`budget_strategies` must be a non-empty list of distinct names from cahp, salience"),
         ("too_small_to_carve", "carving needs at least 2 rows of every class"),
+        ("target_below_one", "`target_speedup` must be a number in [1.0, 1000.0], got 0.5"),
+        ("target_and_heads", "`target_speedup` decides how many heads each layer keeps and `heads_to_keep` fixes"),
+        ("target_unreachable", "`target_speedup` 500 is beyond what this model reaches"),
     ],
 )
 def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
@@ -319,6 +322,9 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
         args += ["--max-accuracy-drop", "1", "--heads-to-keep", "4"]
     elif case == "budget_strategy":
         args += ["--max-accuracy-drop", "1", "--budget-strategies", "cahp,topk"]
+    elif case.startswith("target_"):
+        speedup = {"target_below_one": "0.5", "target_and_heads": "2", "target_unreachable": "500"}[case]
+        args += ["--target-speedup", speedup] + (["--heads-to-keep", "4"] if case == "target_and_heads" else [])
     elif case == "too_small_to_carve":
         data = write_dataset(tmp_path / "small", n_train=4, num_classes=3)  # one row of the third class
         args[1] = str(data)

@@ -115,6 +115,24 @@ async function copyLink(artifact, say) {
   }
 }
 
+/** A speed or FLOPs target: what it asked, predicted and measured, and the heads and neurons each layer kept. */
+function targetSection(target) {
+  const asked = target.kind === "flops" ? `${formatPercent(target.target)} of the FLOPs`
+    : `×${formatNumber(target.target, 2)} on ${target.runtime}`;
+  const measured = target.measured_speedup === null ? "not timed (a FLOPs target)"
+    : `measured ×${formatNumber(target.measured_speedup, 2)}`;
+  const headline = h("p", {}, `Target ${asked} at batch ${target.batch_size} × ${target.seq_len} tokens: predicted `
+    + `×${formatNumber(target.predicted_speedup, 2)}, ${measured}; FLOPs kept ${formatPercent(target.flops_kept, 1)} `
+    + `(reachable ×${formatNumber(target.reachable_speedup, 2)}).`);
+  const rows = target.heads_per_layer.map((heads, layer) => h("tr", { dataset: { layer: String(layer) } },
+    h("th", { scope: "row", "data-label": "Layer" }, String(layer)),
+    h("td", { "data-label": "Heads" }, `${heads} of ${target.heads_total}`),
+    h("td", { "data-label": "Neurons" }, `${target.neurons_per_layer[layer]} of ${target.neurons_total}`)));
+  return h("div", { class: "target" }, headline, h("table", { class: "target-layers" },
+    h("thead", {}, h("tr", {}, ["Layer", "Heads", "Neurons"].map((name) => h("th", { scope: "col" }, name)))),
+    h("tbody", {}, rows)));
+}
+
 function artifactTable(jobId, manifest, onError) {
   const rows = manifest.map((artifact) => {
     const button = h("button", { type: "button", class: "secondary", "aria-label": `Download ${artifact.name}` }, "Download");
@@ -263,6 +281,7 @@ export function jobView(jobId) {
       destroyers.push(grid.destroy, retention.destroy);
       parts.push(h("h2", {}, "Heads"), h("div", { class: "side-by-side" }, grid.element, retention.element));
     }
+    if (report?.target) parts.push(h("h2", {}, "Heads and neurons per layer"), targetSection(report.target));
     parts.push(h("h2", {}, "Artifacts"), manifest.length ? artifactTable(jobId, manifest, say) : h("p", { class: "muted" }, "None stored."));
     clear(result, ...parts);
   }

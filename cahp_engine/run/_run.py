@@ -51,7 +51,7 @@ from cahp_engine.run._report import (
     ValidationRecord,
 )
 from cahp_engine.run._request import RunRequest
-from cahp_engine.run._target_stage import prune_for_run
+from cahp_engine.run._target_stage import has_target, prune_for_run
 from cahp_engine.selection import SelectionResult
 
 
@@ -141,7 +141,11 @@ def _run(run: steps.RunContext, resumed: Checkpointer, request: RunRequest, work
     teacher = steps.teacher(run, model=model, train=inputs.train)
     held = _dense_on_validation(run, inputs, model)
     if config.max_accuracy_drop is None:
-        pruned, parameters, result, target = prune_for_run(run, model=model, result=result, rows=inputs.rows)
+        target: TargetRecord | None = None
+        if has_target(config):
+            pruned, parameters, result, target = prune_for_run(run, model=model, result=result, rows=inputs.rows)
+        else:
+            pruned, parameters = steps.prune(run, model=model, selection=result.selection)
         before = resumed.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
         reconstruction = steps.reconstruct_layers(run, dense=model, pruned=pruned, rows=inputs.rows) \
             if reconstructs(config) else None

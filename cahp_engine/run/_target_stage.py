@@ -122,12 +122,11 @@ def heads_within(analysis: HeadAnalysis, strategy: str, counts: Sequence[int], *
 
 def prune_for_run(
     run: RunContext, *, model: nn.Module, result: SelectionResult, rows: TrainRows,
-) -> tuple[nn.Module, RunParameters, SelectionResult, TargetRecord | None]:
-    """The run's surgery: the knee's selection (no target), or the target's allocation (this stage).
+) -> tuple[nn.Module, RunParameters, SelectionResult, TargetRecord]:
+    """The surgery of a run with a target (:func:`has_target`): the target's allocation.
 
     Returns the pruned copy, its parameter counts, the selection result the report and the head map
-    describe (its selection replaced by the heads the target kept) and the target's record (None
-    without a target).
+    describe (its selection replaced by the heads the target kept) and the target's record.
 
     Raises
     ------
@@ -135,11 +134,6 @@ def prune_for_run(
         When the measured cost model cannot reach the target (its message names the best reachable).
     """
     config = run.config
-    if not has_target(config):
-        from cahp_engine.run import _steps as steps  # the steps import this module (the load's early check)
-
-        pruned, parameters = steps.prune(run, model=model, selection=result.selection)
-        return pruned, parameters, result, None
     with run.monitor.stage("surgery"):
         batches = calibration_batches(rows, config, run.device)
         analysis = result.analysis

@@ -38,7 +38,8 @@ def test_a_flops_target_removes_heads_and_neurons_and_reports_them_per_layer(fam
     model_dir, data_dir = _inputs(tmp_path, family)
     lines: list[str] = []
     config = PruningConfig(**{**FAST, "target_flops": 0.4, "target_seq_len": 16, "recovery": "reconstruct"})
-    report = run_pruning(RunRequest(str(model_dir), str(data_dir), tmp_path / "out", config), RunHooks(log=lines.append))
+    report = run_pruning(RunRequest(str(model_dir), str(data_dir), tmp_path / "out", config),
+                         RunHooks(log=lines.append))
 
     target = report.target
     assert isinstance(target, TargetRecord) and target.kind == "flops" and target.target == 0.4

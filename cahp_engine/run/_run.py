@@ -337,7 +337,7 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, model: nn.Mod
     pruned = outcome.model
     return _Recovered(result=result, pruned=pruned, before=before, recovery=outcome.recovery,
                       parameters=RunParameters(dense=count_parameters(model), pruned=count_parameters(pruned)),
-                      budget=outcome.record)
+                      budget=outcome.record, reconstruction=outcome.reconstruction)
 
 
 def _model_info(inputs: steps.Inputs, model_name: str, revision: str | None) -> ModelInfo:

@@ -8,7 +8,9 @@ knee (and any ``--strategies``) are removed and the test split is scored:
 - ``dense``, ``pruned`` (no recovery) and, for each reconstruction variant, ``reconstructed``;
 - ``gap closed`` = (reconstructed - pruned) / (dense - pruned);
 - the reconstruction's seconds, and (``--epoch F``) one recovery epoch's seconds on the same pruned model
-  (cross-entropy, lr 2e-5; a fraction F of the epoch timed and scaled), the recovery it would replace.
+  (cross-entropy, lr 2e-5; a fraction F of the epoch timed and scaled), the recovery it would replace;
+  both as wall seconds and as this process's CPU seconds (``cpu_seconds``, ``epoch_cpu_seconds``): on one
+  thread the CPU seconds are the work itself, so their ratio holds on a machine other jobs share.
 
 Calibration: ``--calibration-rows`` training sentences drawn with the seed (the tokens are the rows).
 
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="42", help="comma-separated seeds (default 42)")
     parser.add_argument("--degrees", default="2,6", help="comma-separated knee degrees (default 2,6)")
     parser.add_argument("--strategies", default="cahp", help="comma-separated strategies (default cahp)")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated reconstruction variants (default all: {', '.join(VARIANTS)})")
     parser.add_argument("--calibration-rows", type=int, default=512, help="training sentences (default 512)")
     parser.add_argument("--test-rows", type=int, default=None, help="test rows (default: all 2,210)")
     parser.add_argument("--dense-epochs", type=float, default=3.0, help="dense fine-tuning epochs (default 3)")
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="where --out goes (default bench/results)")
     args = parser.parse_args(argv)
     pin_threads(args.threads)
+    variants = {name: VARIANTS[name] for name in args.variants.split(",") if name in VARIANTS}
+    if len(variants) != len(args.variants.split(",")):
+        parser.error(f"--variants must name some of {', '.join(VARIANTS)}, got {args.variants!r}")
 
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
@@ -112,27 +119,31 @@ def main(argv: list[str] | None = None) -> None:
                 cell: dict[str, Any] = {"seed": seed, "degree": degree, "strategy": strategy,
                                         "heads_kept": selection.num_kept, "dense": dense_acc, "pruned": pruned_acc,
                                         "variants": {}}
-                for name, options in VARIANTS.items():
+                for name, options in variants.items():
                     model = copy.deepcopy(pruned)
+                    cpu = time.process_time()
                     result = reconstruct(dense, model, batches, options, seed=seed)
+                    cpu = time.process_time() - cpu
                     acc = evaluate(model, test, batch_size=64).accuracy
                     gap = dense_acc - pruned_acc
                     cell["variants"][name] = {
                         "accuracy": acc, "gap_closed": (acc - pruned_acc) / gap if gap > 0 else None,
-                        "seconds": result.seconds, "rows": result.rows,
+                        "seconds": result.seconds, "cpu_seconds": cpu, "rows": result.rows,
                         "ill_conditioned": len(result.ill_conditioned),
                         "error_before": [f.error_before for f in result.fits],
                         "error_after": [f.error_after for f in result.fits]}
                     say(f"seed {seed} degree {degree} {strategy} ({selection.num_kept} heads): dense {dense_acc:.4f} "
-                        f"pruned {pruned_acc:.4f} {name} {acc:.4f} in {result.seconds:.1f} s")
+                        f"pruned {pruned_acc:.4f} {name} {acc:.4f} in {result.seconds:.1f} s ({cpu:.1f} CPU s)")
                 if args.epoch > 0 and seed == int(args.seeds.split(",")[0]):
                     model = copy.deepcopy(pruned)
-                    started = time.perf_counter()
+                    started, cpu = time.perf_counter(), time.process_time()
                     finetune(model, train, epochs=args.epoch, lr=2e-5, batch_size=32, warmup_ratio=0.1,
                              weight_decay=0.01, max_grad_norm=1.0, seed=seed, device="cpu")
                     cell["epoch_seconds"] = (time.perf_counter() - started) / args.epoch
+                    cell["epoch_cpu_seconds"] = (time.process_time() - cpu) / args.epoch
                     cell["epoch_fraction_timed"] = args.epoch
-                    say(f"one recovery epoch: {cell['epoch_seconds']:.0f} s (from {args.epoch:g} of one)")
+                    say(f"one recovery epoch: {cell['epoch_seconds']:.0f} s, {cell['epoch_cpu_seconds']:.0f} CPU s "
+                        f"(from {args.epoch:g} of one)")
                 cells.append(cell)
                 save(args.out, {"cells": cells, **record}, command="python -m bench reconstruction "
                      + " ".join(sys.argv[1:] if argv is None else argv), protocol=__doc__ or "",

@@ -70,6 +70,14 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     "p2.0": {"max_accuracy_drop": 2.0},
     "p0.5": {"max_accuracy_drop": 0.5},
     "p1.0-macro-f1": {"max_accuracy_drop": 1.0, "budget_metric": "macro_f1"},
+    # Recovery by layer-wise reconstruction: alone, before one epoch of fine-tuning, and the budget judged
+    # after it (every candidate scored reconstructed; only the chosen one, and a close runner-up, fine-tuned).
+    "reconstruct": {"recovery": "reconstruct"},
+    "reconstruct+finetune-1ep": {"recovery": "reconstruct+finetune", "epochs": 1.0},
+    "p1.0-judged": {"max_accuracy_drop": 1.0, "recovery": "reconstruct+finetune",
+                    "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p1.0-reconstruct": {"max_accuracy_drop": 1.0, "recovery": "reconstruct",
+                         "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016
@@ -261,9 +269,9 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
         directory, recorded = setup.cache / folder / name, _recorded(setup, folder, name)
         report = _read(recorded)
         if report is None and compute and _ours(setup, name):
-            config = PruningConfig(dense_finetune="never", export="none", seed=42, epochs=setup.epochs, lr=setup.lr,
-                                   early_stopping_patience=setup.patience, device=setup.device.type,
-                                   **{**setup.run_overrides, **changes})
+            config = PruningConfig(**{"dense_finetune": "never", "export": "none", "seed": 42, "epochs": setup.epochs,
+                                      "lr": setup.lr, "early_stopping_patience": setup.patience,
+                                      "device": setup.device.type, **setup.run_overrides, **changes})
             say(f"{folder}/{name}: {changes or 'the knee'}")
             t0 = time.perf_counter()
             try:
@@ -319,8 +327,9 @@ def _run_summary(report: dict[str, Any]) -> dict[str, Any]:
         "budget": None if budget is None else {
             k: budget[k] for k in ("chosen", "chosen_strategy", "strategy_margin", "noise_half_width",
                                    "epochs_trained", "cost_vs_single_run", "ladder", "threshold", "dense_validation")}
-        | {"candidates": [{k: c[k] for k in ("round", "strategy", "heads_kept", "epochs", "stopped", "drop")}
-                          for c in budget["candidates"]]},
+        | {"candidates": [{**{k: c[k] for k in ("round", "strategy", "heads_kept", "epochs", "stopped", "drop")},
+                           "reconstructed": c.get("reconstructed")} for c in budget["candidates"]]},
+        "reconstruction_s": (report.get("reconstruction") or {}).get("seconds"),
     }
 
 

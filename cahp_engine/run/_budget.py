@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from cahp_engine.errors import AccuracyBudgetError
-from cahp_engine.recovery import TrainingResult
+from cahp_engine.recovery import Reconstruction, TrainingResult
 from cahp_engine.results import BudgetCandidate, BudgetRecord
 from cahp_engine.run._candidates import (
     CandidateResult,
@@ -105,13 +105,15 @@ def ladder(analysis: HeadAnalysis, strategies: tuple[str, ...], *, seed: int) ->
 
 @dataclass(frozen=True)
 class BudgetOutcome:
-    """The chosen candidate: its selection and k, its recovered model and that recovery; the search's record."""
+    """The chosen candidate: its selection and k, its recovered model and that recovery; the search's record;
+    its layer-wise reconstruction when the search judged the candidates after one (else None)."""
 
     selection: Selection
     k: int
     model: nn.Module
     recovery: TrainingResult
     record: BudgetRecord
+    reconstruction: Reconstruction | None = None
 
 
 @dataclass

@@ -20,7 +20,10 @@ With ``recovery`` ``reconstruct`` or ``reconstruct+finetune`` the budget's searc
 The fine-tunings go to the same :class:`~cahp_engine.run._executors.CandidateExecutor` (this process or
 the worker pool), and each candidate's recovery starts from its reconstructed weights
 (:func:`cahp_engine.run._candidates.start_run`). ``budget.candidates[]`` holds every candidate with its
-score after reconstruction (``reconstructed``) and, for those fine-tuned, after recovery.
+score after reconstruction (``reconstructed``) and, for those fine-tuned, after recovery; the chosen
+candidate's :class:`~cahp_engine.recovery.Reconstruction` goes into the outcome (report.json's
+``reconstruction``). The scoring reports its progress through ``scored(done, total)`` and one log line per
+candidate, so a job's progress and log move during it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from torch import nn
 
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import prune_heads
-from cahp_engine.recovery import finetune
+from cahp_engine.recovery import Reconstruction, finetune
 from cahp_engine.results import BudgetCandidate, BudgetRecord, ValidationPoint
 from cahp_engine.run._budget import BudgetOutcome, LadderStep, budget_record, failure_message
 from cahp_engine.run._candidates import CandidateResult, CandidateSpec, SearchInputs, finish_run, recover_candidate
@@ -61,6 +64,7 @@ class _Judged:
     predictions: np.ndarray
     seconds: float
     meets: bool
+    reconstruction: Reconstruction | None = None
     spec: CandidateSpec | None = None
     last: CandidateResult | None = None
     chosen: bool = False
@@ -72,8 +76,11 @@ class _Judged:
 
 def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: ValidationData,
                   executor: CandidateExecutor | None = None,
-                  say: Callable[[str], None] = lambda _line: None) -> BudgetOutcome:
+                  say: Callable[[str], None] = lambda _line: None,
+                  scored: Callable[[int, int], None] | None = None) -> BudgetOutcome:
     """Search ``steps`` for the fewest heads within the budget, judging every candidate after reconstruction.
+
+    ``scored(done, total)`` hears each candidate scored (its progress); ``say`` a line for each.
 
     Raises
     ------
@@ -86,7 +93,7 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
     say(f"accuracy budget judged after reconstruction: {len(steps)} head counts "
         f"({', '.join(str(s.heads) for s in steps)}) x strategies {', '.join(config.budget_strategies)}; "
         f"{config.budget_metric} must stay >= {inputs.threshold:.4f} with no class lost")
-    judged = _score_all(steps, inputs, say)
+    judged = _score_all(steps, inputs, say, scored)
     best_at = {i: max((j for j in judged if j.step == i), key=_Judged.rank) for i in range(len(steps))}
     if config.recovery == "reconstruct":
         passing = [i for i in sorted(best_at) if best_at[i].meets]
@@ -103,7 +110,8 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
         say(f"chosen: {winner.selection.num_kept} heads ({winner.strategy}, k={winner.k}) at {winner.point.score:.4f} "
             "after reconstruction; no fine-tuning (recovery reconstruct)")
         return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery,
-                             record=_record(inputs, validation, steps, judged, search_s, 0.0))
+                             record=_record(inputs, validation, steps, judged, search_s, 0.0),
+                             reconstruction=winner.reconstruction)
     winner_or_none = _fine_tune_probes(steps, best_at, judged, inputs, executor, say)
     search_s = time.perf_counter() - started
     if winner_or_none is None:
@@ -123,15 +131,22 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
     winner.last = dataclasses.replace(winner.last, run=None)
     final_s = time.perf_counter() - t0
     return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery,
-                         record=_record(inputs, validation, steps, judged, search_s, final_s))
+                         record=_record(inputs, validation, steps, judged, search_s, final_s),
+                         reconstruction=winner.reconstruction)
 
 
-def _score_all(steps: list[LadderStep], inputs: SearchInputs, say: Callable[[str], None]) -> list[_Judged]:
+def _score_all(steps: list[LadderStep], inputs: SearchInputs, say: Callable[[str], None],
+               scored: Callable[[int, int], None] | None = None) -> list[_Judged]:
     """Every candidate pruned, reconstructed and scored on the validation split, fewest heads first."""
     config = inputs.config
+    started = time.perf_counter()
     batches = calibration_batches(inputs.train, config, inputs.device)
     scorer = ValidationScorer(inputs.validation, config.budget_metric, inputs.dense_validation, config.batch_size,
                               inputs.device)
+    total = sum(len(step.options) for step in steps)
+    say(f"scoring {total} candidates after reconstruction on {len(inputs.validation)} validation rows")
+    if scored is not None:
+        scored(0, total)
     out: list[_Judged] = []
     for i, step in enumerate(steps):
         for name, selection in step.options:
@@ -139,15 +154,19 @@ def _score_all(steps: list[LadderStep], inputs: SearchInputs, say: Callable[[str
             model = copy.deepcopy(inputs.dense)
             prune_heads(model, selection.kept)
             model.eval()
-            reconstruct_pruned(inputs.dense, model, batches, config, should_cancel=inputs.should_cancel)
+            rebuilt = reconstruct_pruned(inputs.dense, model, batches, config, should_cancel=inputs.should_cancel)
             point = scorer(model, 0, 0.0)
             predictions = scorer.predictions[-1]
             entry = _Judged(strategy=name, k=step.k, selection=selection, step=i, point=point,
                             predictions=predictions, seconds=time.perf_counter() - t0,
-                            meets=inputs.meets(point, predictions))
+                            meets=inputs.meets(point, predictions), reconstruction=rebuilt)
             out.append(entry)
-            say(f"  {name} at {selection.num_kept} heads: {config.budget_metric} {point.score:.4f} after "
-                f"reconstruction ({entry.seconds:.1f} s){' - within the budget' if entry.meets else ''}")
+            say(f"  [{len(out)}/{total}] {name} at {selection.num_kept} heads: {config.budget_metric} "
+                f"{point.score:.4f} after reconstruction ({entry.seconds:.1f} s)"
+                f"{' - within the budget' if entry.meets else ''}")
+            if scored is not None:
+                scored(len(out), total)
+    say(f"{total} candidates scored after reconstruction in {time.perf_counter() - started:.1f} s")
     return out
 
 

@@ -242,4 +242,4 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: Selec
     pruned = outcome.model
     return _Recovered(result=result, pruned=pruned, before=before, recovery=outcome.recovery,
                       parameters=RunParameters(dense=count_parameters(model), pruned=count_parameters(pruned)),
-                      budget=outcome.record)
+                      budget=outcome.record, reconstruction=outcome.reconstruction)

@@ -380,22 +380,27 @@ def budget_search(
     steps = ladder(result.analysis, tuple(config.budget_strategies), seed=config.seed)
     train = inputs.train
     batches = -(-len(train) // config.batch_size)
-    # Progress over an estimate: each strategy's candidate, about log2(steps + 1) rounds and the last one's end.
-    expected = max(1, int(batches * config.epochs * len(config.budget_strategies)
-                          * (np.log2(len(steps) + 1) + 1)))
+    judged = reconstructs(config)
+    # Progress over an estimate: each strategy's candidate, about log2(steps + 1) rounds and the last one's end;
+    # judged after reconstruction, the scoring's share of the stage first, then about two fine-tunings.
+    share = (0.3 if finetunes(config) else 0.99) if judged else 0.0
+    expected = max(1, int(batches * config.epochs * (2 if judged else len(config.budget_strategies)
+                                                     * (np.log2(len(steps) + 1) + 1))))
     done = [0]
 
     def taken(n: int) -> None:
         done[0] += n
-        run.overall("budget", min(0.99, done[0] / expected))
+        run.overall("budget", min(0.99, share + (0.99 - share) * done[0] / expected))
 
     shared = dataclasses.replace(
         search_inputs(run, inputs=inputs, model=model, teacher=teacher, dense_validation=dense_validation,
                       dense_predictions=dense_predictions),
         progress=lambda _step, _total: taken(1), steps_done=taken)
     with run.monitor.stage("budget"):
-        how = judged_search if reconstructs(config) else search
-        return how(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
+        if judged:
+            return judged_search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say,
+                                 scored=lambda n, total: run.overall("budget", share * n / max(1, total)))
+        return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
 
 
 def search_inputs(run: RunContext, *, inputs: Inputs, model: nn.Module, teacher: TeacherLogits | None,

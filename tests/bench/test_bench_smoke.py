@@ -379,3 +379,9 @@ def test_reconstruction_bench_reports_the_gap_closed_per_variant(tmp_path):
     assert [(c["seed"], c["degree"], c["strategy"]) for c in cells] == [(42, 2, "cahp")]
     assert set(cells[0]["variants"]) == set(reconstruction.VARIANTS)
     assert all(v["seconds"] > 0 and v["rows"] > 0 for v in cells[0]["variants"].values())
+    assert all(v["cpu_seconds"] > 0 for v in cells[0]["variants"].values())
+    reconstruction.main(["--data", str(tmp_path / "data"), "--dense", str(dense), "--degrees", "2",
+                         "--calibration-rows", "40", "--results", str(tmp_path), "--out", "one.json",
+                         "--variants", "ridge-residual", "--epoch", "0.5"])
+    only = json.loads((tmp_path / "one.json").read_text())["cells"][0]
+    assert set(only["variants"]) == {"ridge-residual"} and only["epoch_cpu_seconds"] > 0

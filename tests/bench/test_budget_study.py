@@ -57,7 +57,10 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     runs = payload["budget"]
     assert set(runs) == set(budget_study.BUDGET_RUNS)
     assert runs["knee"]["budget"] is None and runs["knee"]["wall_vs_knee"] == 1.0
-    assert all(runs[name]["budget"] is not None for name in budget_study.BUDGET_RUNS if name != "knee")
+    assert all((runs[name]["budget"] is not None) == name.startswith("p") for name in budget_study.BUDGET_RUNS)
+    assert runs["reconstruct"]["recovery_epochs"] == 0 and runs["reconstruct+finetune-1ep"]["recovery_epochs"] == 1
+    judged = runs["p1.0-judged"]["budget"]
+    assert {c["strategy"] for c in judged["candidates"]} <= {"cahp", "salience", "cahp-layer-salience"}
     assert runs["p1.0-macro-f1"]["status"] in ("succeeded", "failed")
     imbalanced = payload["imbalanced"]
     assert set(imbalanced) == set(budget_study.IMBALANCED_RUNS)

@@ -91,16 +91,20 @@ def test_a_bad_mode_or_row_count_says_what_to_change() -> None:
 # --------------------------------------------------------------------------- the budget judged after reconstruction
 
 
-def _budget_run(inputs, out: Path, **changes):
+def _budget_run(inputs, out: Path, progress: list[tuple[str, float]] | None = None, **changes):
     lines: list[str] = []
     config = PruningConfig(**{**FAST, "recovery_loss": "ce", "max_accuracy_drop": 100.0,
                               "budget_strategies": ("cahp", "salience", "cahp-layer-salience"), **changes})
-    return run_pruning(RunRequest(model_ref=str(inputs[0]), dataset_ref=str(inputs[1]), output_dir=out, config=config),
-                       RunHooks(log=lines.append)), lines
+    heard = progress if progress is not None else []
+    report = run_pruning(RunRequest(model_ref=str(inputs[0]), dataset_ref=str(inputs[1]), output_dir=out,
+                                    config=config),
+                         RunHooks(log=lines.append, progress=lambda stage, overall: heard.append((stage, overall))))
+    return report, lines
 
 
 def test_a_budget_judged_after_reconstruction_scores_every_candidate_and_trains_none(inputs, tmp_path: Path) -> None:
-    report, lines = _budget_run(inputs, tmp_path / "out", recovery="reconstruct")
+    progress: list[tuple[str, float]] = []
+    report, lines = _budget_run(inputs, tmp_path / "out", progress, recovery="reconstruct")
     budget = report.budget
     assert budget is not None and budget.candidates
     assert all(c.reconstructed is not None and c.stopped == "judged" and c.epochs == 0 for c in budget.candidates)
@@ -125,3 +129,39 @@ def test_reconstruct_then_finetune_trains_only_the_chosen_candidate_and_records_
     assert report.recovery.steps > 0 and any(line.startswith("fine-tuning ") for line in lines)
     assert all(c.reconstructed is not None for c in budget.candidates)
 
+
+
+def test_a_budget_judged_after_reconstruction_reports_its_scoring_and_the_chosen_reconstruction(
+    inputs, tmp_path: Path,
+) -> None:
+    progress: list[tuple[str, float]] = []
+    report, lines = _budget_run(inputs, tmp_path / "out", progress, recovery="reconstruct")
+    budget = report.budget
+    assert budget is not None
+    total = len(budget.candidates)
+    # The scoring moves the job: a log line and a step of the overall progress per candidate.
+    rows = budget.validation_rows
+    assert f"scoring {total} candidates after reconstruction on {rows} validation rows" in lines
+    assert [line.split("]")[0].strip() for line in lines if line.lstrip().startswith("[")] == \
+        [f"[{i}/{total}" for i in range(1, total + 1)]
+    during = [overall for stage, overall in progress if stage == "budget"]
+    assert len(set(during)) >= total and during == sorted(during)
+    # The chosen candidate's reconstruction is the run's: report.json and the model card say so.
+    rebuilt = report.reconstruction
+    assert isinstance(rebuilt, Reconstruction) and rebuilt.fits
+    assert all(f.error_after < f.error_before for f in rebuilt.fits)
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["reconstruction"]["fits"] == [f.to_dict() for f in rebuilt.fits]
+    card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
+    assert "layer-wise reconstruction: the attention output projection of each layer refit" in card
+
+
+def test_a_budget_fine_tuned_after_reconstruction_reports_the_chosen_reconstruction(inputs, tmp_path: Path) -> None:
+    report, _ = _budget_run(inputs, tmp_path / "out", recovery="reconstruct+finetune")
+    assert report.budget is not None and report.reconstruction is not None and report.reconstruction.fits
+    assert report.recovery.steps > 0
+
+
+def test_a_budget_with_fine_tuning_alone_has_no_reconstruction(inputs, tmp_path: Path) -> None:
+    report, _ = _budget_run(inputs, tmp_path / "out", recovery="finetune", budget_strategies=("cahp",))
+    assert report.budget is not None and report.reconstruction is None

@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,8 +245,9 @@ def _run(
             "candidates": PoolCandidates(context, job_id=claimed.job_id, attempt=claimed.attempt,
                                          send=context.send_piece, local=workdir / "pieces", say=reporter.log,
                                          should_cancel=reporter.should_cancel)}
-        report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter,
-                       StoreCheckpoints(context.store, job_id=claimed.job_id, local=workdir / "checkpoints"), **extra)
+        checkpoints = StoreCheckpoints(context.store, job_id=claimed.job_id, local=workdir / "checkpoints",
+                                       on_restore=lambda restored: _note_resumed(context, claimed.job_id, restored))
+        report = _call(pipeline, inputs, output, config, options, claimed, settings, reporter, checkpoints, **extra)
     except AccuracyBudgetError as exc:
         # The one failure that leaves artifacts: the report and plots of the candidates it tried.
         if not (output.is_dir() and reporter.still_held()):
@@ -280,6 +281,16 @@ def _run(
                                        registration=registration)
         reporter.log(f"registered {outcome.model_uri} (run {outcome.run_id})")
     return report, artifacts, registration
+
+
+def _note_resumed(context: WorkerContext, job_id: str, restored: Mapping[str, Path]) -> None:
+    """The attempt's history says which saved step it goes on from."""
+    from cahp_engine.run import resume_point
+
+    point = resume_point(restored)
+    if point is not None:
+        with transaction(context.sessions) as session:
+            repository.note_resumed_from(session, job_id=job_id, worker_id=context.worker_id, resumed_from=point)
 
 
 def _call(pipeline: Pipeline, inputs: Any, output: Path, config: Any, options: Any, claimed: _Claimed,

@@ -245,6 +245,20 @@ class JobError(BaseModel):
     message: str
 
 
+class AttemptPublic(BaseModel):
+    """One attempt at a job: a worker's claim, until the job ended or left that worker."""
+
+    number: int = Field(description="1 for the first claim; a handed-back attempt counts too")
+    worker: str = Field(description="The worker's id (`host:pid:suffix`)")
+    started_at: dt.datetime
+    ended_at: dt.datetime | None = Field(description="Null while the attempt runs")
+    end: Literal["completed", "failed", "cancelled", "handed_back", "lost"] | None = Field(
+        description="Why it ended: the job `completed`, `failed` or was `cancelled`; the worker shut down and "
+        "`handed_back` the job with its checkpoints; or the worker was `lost` (stopped renewing its lease)")
+    resumed_from: str | None = Field(description="The saved step it went on from (`recovery_training step 63`); "
+                                     "null when it started from the beginning")
+
+
 class JobResult(BaseModel):
     """The headline figures of a succeeded job (report.json's `summary`)."""
 
@@ -331,6 +345,8 @@ class JobPublic(BaseModel):
     register_: RegisterSpec | None = Field(default=None, alias="register",
                                            description="The MLflow registration asked for at submit")
     registration: RegistrationPublic | None = Field(default=None, description="How the last registration went")
+    attempts: list[AttemptPublic] = Field(default_factory=list, description="Every attempt so far, oldest first; "
+                                          "`started_at` is the first one's")
 
 
 class Page(BaseModel, Generic[T]):

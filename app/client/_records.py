@@ -21,8 +21,8 @@ from typing import Any, Generic, TypeVar
 
 from app.client._exceptions import InvalidResponseError
 
-__all__ = ["TERMINAL", "Artifact", "DatasetSpec", "Job", "JobError", "JobResult", "LogLine", "ModelSpec", "Page",
-           "Upload"]
+__all__ = ["TERMINAL", "Artifact", "Attempt", "DatasetSpec", "Job", "JobError", "JobResult", "LogLine", "ModelSpec",
+           "Page", "Upload"]
 
 #: The statuses a job does not leave.
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -100,6 +100,30 @@ class JobError:
         d = _object(data, "JobError")
         return cls(code=_field(d, "code", "JobError", _text, _REQUIRED),
                    message=_field(d, "message", "JobError", _text, ""))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Attempt:
+    """One attempt at a job (``AttemptPublic``): its worker, its start and end, why it ended
+    (``completed``, ``failed``, ``cancelled``, ``handed_back``, ``lost``; None while it runs) and the
+    saved step it resumed from (None: from the start)."""
+
+    number: int
+    worker: str
+    started_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    end: str | None = None
+    resumed_from: str | None = None
+
+    @classmethod
+    def from_json(cls, data: object) -> Attempt:
+        d = _object(data, "Attempt")
+        return cls(number=_field(d, "number", "Attempt", _integer, _REQUIRED),
+                   worker=_field(d, "worker", "Attempt", _text, _REQUIRED),
+                   started_at=_field(d, "started_at", "Attempt", _time, None),
+                   ended_at=_field(d, "ended_at", "Attempt", _time, None),
+                   end=_field(d, "end", "Attempt", _text, None),
+                   resumed_from=_field(d, "resumed_from", "Attempt", _text, None))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -206,6 +230,8 @@ class Job:
     #: The name given at submit, and the model by name (the base model's, once known).
     name: str | None = None
     model_name: str | None = None
+    #: Every attempt so far, oldest first (``started_at`` is the first one's).
+    attempts: tuple[Attempt, ...] = ()
     raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
 
     @property
@@ -230,6 +256,7 @@ class Job:
             result=get("result", JobResult.from_json), labels=get("labels", _labels, _empty()),
             notify_url=get("notify_url", _text), artifacts_expired=get("artifacts_expired", _flag, False),
             name=get("name", _text), model_name=get("model_name", _text),
+            attempts=tuple(Attempt.from_json(a) for a in get("attempts", _items, [])),
             raw=MappingProxyType(dict(d)),
         )
 

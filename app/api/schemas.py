@@ -38,6 +38,7 @@ from cahp_engine.config import (
     Strategy,
     SubsetOf,
     TupleOf,
+    UntrainedDense,
     settings_for,
 )
 from cahp_engine.data import DatasetOptions
@@ -173,6 +174,7 @@ class JobParams(BaseModel):
     weight_decay: float | None = param_field("weight_decay")
     max_grad_norm: float | None = param_field("max_grad_norm")
     dense_finetune: DenseFinetune | None = param_field("dense_finetune")
+    untrained_dense: UntrainedDense | None = param_field("untrained_dense")
     dense_epochs: float | None = param_field("dense_epochs")
     dense_lr: float | None = param_field("dense_lr")
     recovery_loss: RecoveryLoss | None = param_field("recovery_loss")

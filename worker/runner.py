@@ -221,6 +221,7 @@ def _run(
     # Settings and options first: they are checked again here (a row may predate a rule), before any
     # of them is used as a file name.
     config = run_config(claimed.params, device=settings.device)
+    reporter.measure_stages(config)
     options = dataset_options(claimed.dataset)
     if claimed.model.get("revision") is not None:
         check_revision(claimed.model["revision"], field="model.revision")

@@ -237,8 +237,8 @@ class ThroughputEta:
         if fraction is None:
             if self._last is None:
                 return None
-            when, estimate = self._last
-            return max(0.0, estimate - (now - when))
+            when, said = self._last
+            return max(0.0, said - (now - when))
         if stage != self._stage:
             self._close(now)
             self._stage, self._started, self._first = stage, now, fraction

@@ -347,6 +347,9 @@ class JobPublic(BaseModel):
     register_: RegisterSpec | None = Field(default=None, alias="register",
                                            description="The MLflow registration asked for at submit")
     registration: RegistrationPublic | None = Field(default=None, description="How the last registration went")
+    registrations: list[RegistrationPublic] = Field(
+        default_factory=list, description="Every registration of the job's model, oldest first: the job's own "
+        "(`register` at submit), then each one `cahp register` added")
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Every attempt so far, oldest first; "
                                           "`started_at` is the first one's")
 

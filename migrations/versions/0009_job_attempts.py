@@ -1,4 +1,5 @@
-"""Every attempt at a job: its worker, start, end, why it ended and the step it resumed from.
+"""Every attempt at a job (its worker, start, end, why it ended, the step it resumed from), and every
+registration of its model.
 
 Revision ID: 0009
 Revises: 0008
@@ -38,8 +39,12 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", "number", name=op.f("uq_job_attempts_job_id_number")),
     )
     op.create_index(op.f("ix_job_attempts_job_id"), "job_attempts", ["job_id"])
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("registration_history", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("registration_history")
     op.drop_index(op.f("ix_job_attempts_job_id"), table_name="job_attempts")
     op.drop_table("job_attempts")

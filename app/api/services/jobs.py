@@ -362,7 +362,8 @@ def _eta(job: Job | Row[Any]) -> tuple[float | None, str | None]:
         return None, ("its worker stopped renewing its lease: the job goes back to the queue when the sweeper "
                       "notices, and another worker resumes it")
     if job.eta_s is None:
-        return None, "measuring this attempt's pace: an estimate comes once it has run for half a minute"
+        return None, ("measuring this attempt's pace: an estimate comes once its first stage has been timed "
+                      "(seconds into a stage)")
     return float(job.eta_s), None
 
 
@@ -401,6 +402,8 @@ def to_public(job: Job | Row[Any], *, attempts: Sequence[Any] | None = None) -> 
         register=RegisterSpec.model_validate(stored_register(job.register)) if job.register else None,
         registration=(RegistrationPublic.model_validate(public_registration(job.registration))
                       if job.registration else None),
+        registrations=[RegistrationPublic.model_validate(public_registration(r))
+                       for r in repository.registrations_of(job.registration, job.registration_history)],
         attempts=[AttemptPublic.model_validate({
             "number": a.number, "worker": a.worker_id, "started_at": a.started_at, "ended_at": a.ended_at,
             "end": a.end_reason, "resumed_from": a.resumed_from}) for a in attempts],

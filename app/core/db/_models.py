@@ -144,6 +144,9 @@ class Job(Base):
     # (app.core.mlflow_registry.Registration as a dict: status, model, version, run id, error).
     register: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # Every registration, oldest first: the job's own, then each one `cahp register` added (None: a row
+    # from before the list, whose ``registration`` is its only one).
+    registration_history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     # How many registrations of the job were started (CAHP_MAX_REGISTRATIONS_PER_JOB bounds it).
     registrations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Every attempt so far, oldest first (read-only here: the repository writes ``job_attempts``).

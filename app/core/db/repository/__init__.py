@@ -57,6 +57,7 @@ from app.core.db.repository._jobs import (
     mark_enqueued,
     mark_not_enqueued,
     queued_jobs_to_send,
+    registrations_of,
     request_cancel,
     reserve_registration,
     set_registration,
@@ -130,5 +131,6 @@ __all__ = [
     "list_api_keys", "list_artifacts", "list_jobs", "list_webhooks", "LostJob", "mark_enqueued", "mark_not_enqueued",
     "next_log_line", "ProgressAck", "queued_jobs_to_send", "read_logs", "record_attempt", "record_event",
     "release_lost_job", "renew_lease", "report_progress", "request_cancel", "revoke_api_key", "secrets_for",
-    "set_key_webhook_secret", "set_registration", "reserve_registration", "stale_uploads", "touch_api_key",
+    "set_key_webhook_secret", "set_registration", "registrations_of", "reserve_registration", "stale_uploads",
+    "touch_api_key",
 ]

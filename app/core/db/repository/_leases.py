@@ -197,6 +197,7 @@ def finish_job(
         values.update(progress=1.0)
     if registration is not None:
         values["registration"] = dict(registration)
+        values["registration_history"] = [dict(registration)]  # the job's own, the first of its list
     done = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)

@@ -112,8 +112,8 @@ def run_logits_rowwise(session: ort.InferenceSession, batch: Mapping[str, torch.
 
     Dynamic int8 takes each product's activation scale from its whole input, the other rows and their
     padding included, so a row's class can change with the rows batched with it. Run a row at a time
-    without its padding, it cannot. On one thread the per-row time of a batch of 1 and of 32 were within
-    a few percent (random ids of equal length, docs/performance.md).
+    without its padding, it cannot. On one thread it was also faster than padded batches on real
+    sentences (no work on padding; docs/performance.md).
 
     Parameters
     ----------

@@ -18,13 +18,14 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin cahp \
 
 WORKDIR /opt/cahp
 
-# Dependencies first, from pyproject.toml alone, so editing the code does not reinstall torch.
+# Dependencies first, from pyproject.toml alone, so editing the code does not reinstall torch; every one
+# at the exact version of constraints.txt (what the test suite ran against), not the newest in its range.
 ARG TORCH_INDEX_URL=""
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 RUN mkdir -p cahp_engine app worker migrations \
     && touch cahp_engine/__init__.py app/__init__.py worker/__init__.py migrations/__init__.py \
-    && if [ -n "$TORCH_INDEX_URL" ]; then pip install --index-url "$TORCH_INDEX_URL" "torch>=2.4,<2.14"; fi \
-    && pip install ".[hub,mlflow]" \
+    && if [ -n "$TORCH_INDEX_URL" ]; then pip install -c constraints.txt --index-url "$TORCH_INDEX_URL" torch; fi \
+    && pip install -c constraints.txt ".[hub,mlflow]" \
     && pip uninstall -y cahp
 
 COPY cahp_engine ./cahp_engine

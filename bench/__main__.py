@@ -21,6 +21,7 @@ BENCHMARKS = {
     "resume": "bench.resume",
     "hostile-content": "bench.hostile_content",
     "int8-batch": "bench.int8_batch",
+    "eta": "bench.eta",
     "ffn_speed": "bench.ffn_speed",
     "reconstruction": "bench.reconstruction",
 }

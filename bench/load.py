@@ -283,7 +283,8 @@ def run_one(database: str, *, postgres_url: str, submitters: int, pollers: int, 
                # One key sends every submission: the per-key quota must not be what is measured.
                "CAHP_MAX_ACTIVE_JOBS_PER_KEY": "1000000"}
         body = {"model": {"uri": model_uri}, "dataset": {"uri": data_uri},
-                "params": {"epochs": 0, "dense_finetune": "never", "max_length": 32, "batch_size": 16}}
+                "params": {"epochs": 0, "dense_finetune": "never", "untrained_dense": "warn", "max_length": 32,
+                           "batch_size": 16}}
         with _server(env, root / "serve.log") as (url, pid):
             figures = asyncio.run(_load(url, key, body, submitters=submitters, pollers=pollers, duration=duration))
             if cost is not None and figures["accepted_ids"]:

@@ -45,7 +45,10 @@ TargetRuntime = Literal["pytorch", "ort-fp32", "ort-int8"]
 TargetLength = int | Literal["p95"]
 ClassWeight = Literal["none", "balanced"]
 
+#: ``untrained_dense``: what ``dense_finetune: never`` does with a dense model that scores near chance.
+UntrainedDense = Literal["fail", "warn"]
 DENSE_FINETUNE_MODES: tuple[str, ...] = get_args(DenseFinetune)
+UNTRAINED_DENSE: tuple[str, ...] = get_args(UntrainedDense)
 RECOVERY_LOSSES: tuple[str, ...] = get_args(RecoveryLoss)
 RECOVERY_MODES: tuple[str, ...] = get_args(RecoveryMode)
 BUDGET_METRICS: tuple[str, ...] = get_args(BudgetMetric)
@@ -228,6 +231,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dense_finetune", "auto", Options(DENSE_FINETUNE_MODES),
             "fine-tune the dense model first; auto: when its classifier head is untrained, does not fit the "
             "labels, or scores near chance on the evaluation split", group="fine-tuning"),
+    Setting("untrained_dense", "fail", Options(UNTRAINED_DENSE),
+            "with dense_finetune never, a dense model scoring near chance (or no better than the largest class) "
+            "on the evaluation split: fail at the dense evaluation, or warn (flag it) and prune it anyway",
+            group="fine-tuning"),
     Setting("dense_epochs", 3, _EPOCHS, "epochs of the dense fine-tuning", group="fine-tuning"),
     Setting("dense_lr", 5e-5, _RATE, "learning rate of the dense fine-tuning", group="fine-tuning"),
     Setting("recovery_loss", "distill", Options(RECOVERY_LOSSES),

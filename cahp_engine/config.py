@@ -40,6 +40,7 @@ from cahp_engine._spec import (
     Strategy,
     TargetLength,
     TargetRuntime,
+    UntrainedDense,
     settings_for,
 )
 from cahp_engine._strategy_names import CONSENSUS_STRATEGIES, STRATEGIES
@@ -65,7 +66,7 @@ __all__ = [
     "REPORTED_DEGREES", "SETTINGS", "Amount", "BudgetMetric", "CalibrationAmount", "Constraint", "DenseFinetune",
     "Device", "ExportFormat", "Interval", "OffOr", "Options", "PruningConfig", "Quantize", "RecoveryLoss",
     "SampleAmount", "Setting", "Strategy", "TARGET_RUNTIMES", "TargetLength", "TargetRuntime",
-    "TupleOf", "did_you_mean", "parse_device", "settings_for",
+    "TupleOf", "UntrainedDense", "did_you_mean", "parse_device", "settings_for",
 ]
 
 
@@ -128,6 +129,11 @@ class PruningConfig:
     dense_finetune : {"auto", "always", "never"}
         Whether to fine-tune the dense model first (``auto``: when its classifier head is untrained
         or its label count does not match the dataset).
+    untrained_dense : {"fail", "warn"}, default "fail"
+        With ``dense_finetune: never``, a dense model that scores near chance (or no better than the
+        largest class) on the evaluation split fails the run at the dense evaluation
+        (:class:`~cahp_engine.errors.UntrainedModelError`, naming ``dense_finetune=always``); ``warn``
+        flags it ``near_chance`` and prunes it anyway (a deliberately untrained model, a test's tiny one).
     dense_epochs, dense_lr
         Recipe of that dense fine-tuning; the other values are shared with recovery.
     recovery_loss : {"ce", "distill"}, default "distill"
@@ -221,6 +227,7 @@ class PruningConfig:
     weight_decay: float = DEFAULTS["weight_decay"]
     max_grad_norm: float = DEFAULTS["max_grad_norm"]
     dense_finetune: DenseFinetune = DEFAULTS["dense_finetune"]
+    untrained_dense: UntrainedDense = DEFAULTS["untrained_dense"]
     dense_epochs: float = DEFAULTS["dense_epochs"]
     dense_lr: float = DEFAULTS["dense_lr"]
     recovery_loss: RecoveryLoss = DEFAULTS["recovery_loss"]

@@ -8,8 +8,9 @@
     │   ├── DatasetError           a dataset is missing, empty, mislabelled or lacks a column/split
     │   ├── ModelLoadError         a model path or hub id that cannot be loaded, or is not a classifier
     │   ├── UnsupportedModelError  a model family with no adapter in the adapter table
-    │   └── TargetUnreachableError a speed or FLOPs target beyond what the model reaches
+    │   ├── TargetUnreachableError a speed or FLOPs target beyond what the model reaches
     │                              (``cahp_engine.allocation``; the best reachable named)
+    │   └── UntrainedModelError    ``dense_finetune: never`` on a dense model that scores near chance
     ├── JobCancelledError          a cancellation request was seen between two steps
     ├── AccuracyBudgetError        no candidate met ``max_accuracy_drop`` (the report is still written)
     └── PipelineError              a stage could not produce its result (a bug or an environment fault)
@@ -60,6 +61,12 @@ class UnsupportedModelError(InvalidInputError):
     """The model's family has no adapter in :mod:`cahp_engine.models._adapters`."""
 
     code = "unsupported_model"
+
+
+class UntrainedModelError(InvalidInputError):
+    """``dense_finetune: never`` was asked for a dense model whose classifier scores near chance."""
+
+    code = "untrained_model"
 
 
 class JobCancelledError(CahpError):

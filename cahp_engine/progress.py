@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -147,3 +148,128 @@ class Monitor:
             self.check()
 
         return step
+
+
+#: Stages whose work grows with the dataset's rows: the pace measured in one carries to the next of them.
+ROW_STAGES = frozenset({"dense_finetune", "dense_evaluation", "teacher", "pruned_evaluation", "budget", "recovery",
+                        "evaluation"})
+
+
+def stage_costs(config: Any) -> dict[str, float]:
+    """:data:`STAGE_COST` for a run with ``config``: skipped stages at 0, the fine-tunings by their epochs.
+
+    The calibration job trained 3 epochs of each; a run of 1 recovery epoch expects a third of its cost.
+    """
+    skip = set(skipped_stages(config))
+    costs = {stage: (0.0 if stage in skip else cost) for stage, cost in STAGE_COST.items()}
+    costs["dense_finetune"] *= float(config.dense_epochs) / 3.0
+    costs["recovery"] *= float(config.epochs) / 3.0
+    costs["budget"] *= float(config.epochs) / 3.0
+    return costs
+
+
+class ThroughputEta:
+    """Seconds a run still needs, from the pace measured in its own stages so far.
+
+    The current stage's time left is its fraction left at its measured rate over the last ``window_s``
+    (for a fine-tuning, the rows per second of the current epoch). Each stage still to come takes its
+    calibrated cost (:func:`stage_costs`) times this run's measured speed on that kind of stage: seconds
+    spent per second of calibrated cost, in the stages that grow with the rows (fine-tunings, teacher,
+    evaluations) and, apart, in the others (loading, selection, export), each standing in for the other
+    until it has been measured. A stage the spans do not place (a validation pass) counts the last
+    estimate down rather than freezing it.
+
+    Parameters
+    ----------
+    spans : dict of str to (float, float)
+        Where each stage sits in the overall progress (:func:`stage_spans` of the run's skipped stages):
+        the progress the engine reports maps back to the stage's own fraction.
+    costs : dict of str to float
+        The calibrated seconds of each stage (:func:`stage_costs`).
+    window_s : float
+        How much of the current stage's recent past its rate is measured over.
+    """
+
+    #: The current stage's own rate is trusted once measured over this many seconds.
+    MIN_RATE_S = 5.0
+
+    def __init__(self, spans: dict[str, tuple[float, float]], costs: dict[str, float], *,
+                 window_s: float = 60.0) -> None:
+        self._spans = spans
+        self._costs = costs
+        self._window = window_s
+        self._spent = {True: 0.0, False: 0.0}  # seconds, by "grows with the rows"
+        self._covered = {True: 0.0, False: 0.0}  # calibrated seconds of work those seconds did
+        self._stage: str | None = None
+        self._started = 0.0
+        self._first = 0.0
+        self._fraction = 0.0
+        self._samples: deque[tuple[float, float]] = deque()
+        self._last: tuple[float, float] | None = None  # (when, estimate)
+
+    def _within(self, stage: str, overall: float) -> float | None:
+        lo, hi = self._spans.get(stage, (0.0, 0.0))
+        if stage not in self._spans or hi <= lo:
+            return None
+        return min(1.0, max(0.0, (overall - lo) / (hi - lo)))
+
+    def _close(self, now: float) -> None:
+        if self._stage is None:
+            return
+        rows = self._stage in ROW_STAGES
+        self._spent[rows] += now - self._started
+        self._covered[rows] += self._costs.get(self._stage, 0.0) * (self._fraction - self._first)
+
+    def _speed(self, rows: bool, now: float) -> float | None:
+        spent, covered = dict(self._spent), dict(self._covered)
+        if self._stage is not None and self._stage in self._spans:
+            mine = self._stage in ROW_STAGES
+            spent[mine] += now - self._started
+            covered[mine] += self._costs.get(self._stage, 0.0) * (self._fraction - self._first)
+        for kind in (rows, not rows):
+            if covered[kind] > 1e-6 and spent[kind] > 0:
+                return spent[kind] / covered[kind]
+        return None
+
+    def update(self, now: float, stage: str, overall: float) -> float | None:
+        """Hear the engine's ``progress(stage, overall)`` at time ``now`` (seconds); the seconds left, or None."""
+        fraction = self._within(stage, overall)
+        if fraction is None:
+            if self._last is None:
+                return None
+            when, said = self._last
+            return max(0.0, said - (now - when))
+        if stage != self._stage:
+            self._close(now)
+            self._stage, self._started, self._first = stage, now, fraction
+            self._samples.clear()
+        self._fraction = fraction
+        self._samples.append((now, fraction))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self._window:
+            self._samples.popleft()
+        estimate = self._estimate(stage, fraction, now)
+        if estimate is not None:
+            self._last = (now, estimate)
+        return estimate
+
+    def _estimate(self, stage: str, fraction: float, now: float) -> float | None:
+        rows = stage in ROW_STAGES
+        then, before = self._samples[0]
+        if now - then >= self.MIN_RATE_S and fraction - before > 1e-6:
+            current = (1.0 - fraction) * (now - then) / (fraction - before)
+        else:
+            speed = self._speed(rows, now)
+            if speed is None:
+                return None
+            current = speed * self._costs.get(stage, 0.0) * (1.0 - fraction)
+        _, end = self._spans[stage]
+        later = 0.0
+        for other, (lo, hi) in self._spans.items():
+            cost = self._costs.get(other, 0.0)
+            if other == stage or lo < end or hi <= lo or cost <= 0:
+                continue
+            speed = self._speed(other in ROW_STAGES, now)
+            if speed is None:
+                return None
+            later += speed * cost
+        return current + later

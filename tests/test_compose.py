@@ -129,3 +129,20 @@ def test_no_credential_has_a_default(compose: dict[str, Any]) -> None:
             assert not key.startswith("AWS_"), f"{name} sets {key}: it would override an instance role"
             if any(word in key for word in ("PASSWORD", "SECRET", "TOKEN", "KEY")):
                 assert value == REQUIRED["POSTGRES_PASSWORD"], (name, key)  # only the one the operator exported
+
+
+def test_the_workers_gpu_comes_from_cahp_env_and_third_party_images_are_pinned(compose: dict[str, Any]) -> None:
+    resolved = interpolate(compose, dict(REQUIRED))
+    worker = resolved["services"]["worker"]
+    # Compose leaves it alone ($$): the container's shell reads it, from the env file like every setting.
+    assert "CUDA_VISIBLE_DEVICES=${CAHP_WORKER_GPU:-0} exec cahp worker --device cuda:0" in worker["command"][2]
+    assert "CAHP_WORKER_GPU" not in {m.group("name") for m in _VARIABLE.finditer(COMPOSE.read_text())}
+    assert worker["env_file"] == [{"path": "./cahp.env", "required": False}]
+    assert "CAHP_WORKER_GPU=0" in ENV_EXAMPLE.read_text()
+    for name in ("minio", "minio-bucket"):
+        image = resolved["services"][name]["image"]
+        assert re.fullmatch(r"minio/(minio|mc):RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ", image), image
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert dockerfile.count("pip install -c constraints.txt") == 2  # torch and the rest at the tested versions
+    pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line and not line.startswith("#")]
+    assert pins and all(re.fullmatch(r"[a-z0-9._-]+==[0-9][^ ]*", line) for line in pins)

@@ -16,7 +16,7 @@ import json
 import logging
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from app.core.errors import ResourceNotFoundError
@@ -28,8 +28,11 @@ logger = logging.getLogger(__name__)
 class StoreCheckpoints:
     """The checkpoints of job ``job_id`` in ``store``; restored into ``local`` (the attempt's scratch space)."""
 
-    def __init__(self, store: ArtifactStore, *, job_id: str, local: Path) -> None:
+    def __init__(self, store: ArtifactStore, *, job_id: str, local: Path,
+                 on_restore: Callable[[Mapping[str, Path]], None] | None = None) -> None:
         self._store = store
+        # Told what a restore found (the attempt's history records where it went on from).
+        self._on_restore = on_restore
         self._prefix = checkpoint_prefix(job_id)
         self._local = local
 
@@ -83,6 +86,8 @@ class StoreCheckpoints:
                 shutil.rmtree(target, ignore_errors=True)
                 continue
             restored[stage] = target
+        if self._on_restore is not None and restored:
+            self._on_restore(restored)
         return restored
 
     def discard(self, stage: str) -> None:

@@ -7,8 +7,9 @@ cancel flag is read at most every ``cancel_check_interval_s``. Each write also t
 worker still holds the job; a worker that lost it (or whose heartbeat, :mod:`worker.lease`, says so)
 stops, as it would for a cancel, and its log lines are dropped with everything else it would write.
 A worker that is shutting down (:mod:`worker.shutdown`) stops the same way, to hand the job back.
-Each progress write carries ``eta_s``: the time the attempt still needs at its pace of the last ten
-minutes.
+Each progress write carries ``eta_s``: the time the attempt still needs, from the measured throughput
+of its stages once the run's settings are known (:meth:`JobReporter.measure_stages`,
+:class:`cahp_engine.progress.ThroughputEta`), else at the overall pace of its last ten minutes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -67,6 +68,7 @@ class JobReporter:
         self._lease_lost = lease_lost
         self._shutting_down = shutting_down
         self._paces: deque[tuple[float, float]] = deque()
+        self._stage_eta: Any = None  # a ThroughputEta once measure_stages was called
         self.redact = redact
         self._deadline = clock() + time_limit_s
         self._stage: str | None = None
@@ -163,8 +165,19 @@ class JobReporter:
             self._drained = True  # the end is being recorded: keep_alive adds nothing after it
         return lines
 
+    def measure_stages(self, config: Any) -> None:
+        """Estimate the time left from each stage's measured throughput, for a run with ``config`` (a
+        :class:`~cahp_engine.config.PruningConfig`): the stages it runs and their calibrated shares."""
+        from cahp_engine.progress import ThroughputEta, skipped_stages, stage_costs, stage_spans
+
+        with self._lock:
+            self._stage_eta = ThroughputEta(stage_spans(skipped_stages(config)), stage_costs(config))
+
     def eta_s(self, now: float) -> float | None:
-        """Seconds the attempt still needs at the pace of its last :data:`ETA_WINDOW_S` (None: not measured yet)."""
+        """Seconds the attempt still needs (None: not measured yet): by its stages' throughput after
+        :meth:`measure_stages`, else at the overall pace of its last :data:`ETA_WINDOW_S`."""
+        if self._stage_eta is not None:
+            return None if self._stage is None else self._stage_eta.update(now, self._stage, self._fraction)
         self._paces.append((now, self._fraction))
         while len(self._paces) > 2 and now - self._paces[1][0] >= ETA_WINDOW_S:
             self._paces.popleft()

@@ -13,7 +13,7 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,6 +202,7 @@ def _run(
     # Settings and options first: they are checked again here (a row may predate a rule), before any
     # of them is used as a file name.
     config = run_config(job.params, device=settings.device)
+    reporter.measure_stages(config)
     job.dataset.options()
     if job.model.revision is not None:
         check_revision(job.model.revision, field="model.revision")
@@ -259,6 +260,16 @@ def _run(
     return report, artifacts, registration
 
 
+def _note_resumed(context: WorkerContext, job_id: str, restored: Mapping[str, Path]) -> None:
+    """The attempt's history says which saved step it goes on from."""
+    from cahp_engine.run import resume_point
+
+    point = resume_point(restored)
+    if point is not None:
+        with transaction(context.sessions) as session:
+            repository.note_resumed_from(session, job_id=job_id, worker_id=context.worker_id, resumed_from=point)
+
+
 def _hooks(claimed: ClaimedJob, context: WorkerContext, reporter: JobReporter, workdir: Path,
            config: PruningConfig) -> RunHooks:
     """What the engine reports to this worker and asks of it while it runs the job."""
@@ -272,7 +283,8 @@ def _hooks(claimed: ClaimedJob, context: WorkerContext, reporter: JobReporter, w
         should_cancel=reporter.should_cancel,
         log=reporter.log,
         # Each stage and fine-tuning stop saved to the artifact store; an earlier attempt's resumed.
-        checkpoints=StoreCheckpoints(context.store, job_id=claimed.job.id, local=workdir / "checkpoints"),
+        checkpoints=StoreCheckpoints(context.store, job_id=claimed.job.id, local=workdir / "checkpoints",
+                                     on_restore=lambda restored: _note_resumed(context, claimed.job.id, restored)),
         checkpoint_interval_s=settings.checkpoint_interval_s,
         # A worker shutting down saves the fine-tuning at its last step before handing the job back.
         checkpoint_when_stopped=lambda: reporter.stop_reason == "shutdown",

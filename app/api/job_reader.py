@@ -37,9 +37,12 @@ SQLITE_LOOP_TIMEOUT_S = 0.02
 
 
 class JobReader(Protocol):
-    """``job_row`` answers the job's columns as attributes (a row), or None for no such job of the key."""
+    """``job_row`` answers the job's columns as attributes (a row), or None for no such job of the key;
+    ``attempt_rows`` its attempts, oldest first (read only for a job that has started)."""
 
     async def job_row(self, *, job_id: str, owner_id: str) -> Any: ...
+
+    async def attempt_rows(self, *, job_id: str) -> list[Any]: ...
 
     async def close(self) -> None: ...
 
@@ -56,6 +59,13 @@ class ThreadedReader:
 
     async def job_row(self, *, job_id: str, owner_id: str) -> Row[Any] | None:
         return await run_in_threadpool(self._read, job_id, owner_id)
+
+    def _read_attempts(self, job_id: str) -> list[Row[Any]]:
+        with self._engine.connect() as connection:
+            return repository.attempt_rows(connection, job_id=job_id)
+
+    async def attempt_rows(self, *, job_id: str) -> list[Row[Any]]:
+        return await run_in_threadpool(self._read_attempts, job_id)
 
     async def close(self) -> None:
         return None
@@ -75,6 +85,13 @@ class SqliteReader:
                 return repository.job_row(connection, job_id=job_id, owner_id=owner_id)
         except OperationalError:
             return await self._fallback.job_row(job_id=job_id, owner_id=owner_id)
+
+    async def attempt_rows(self, *, job_id: str) -> list[Row[Any]]:
+        try:
+            with self._engine.connect() as connection:
+                return repository.attempt_rows(connection, job_id=job_id)
+        except OperationalError:
+            return await self._fallback.attempt_rows(job_id=job_id)
 
     async def close(self) -> None:
         self._engine.dispose()
@@ -138,6 +155,7 @@ class PostgresReader:
 
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._sql = repository.job_row_sql(dialect())
+        self._attempts_sql = repository.attempt_rows_sql(dialect())
         self._pools: dict[asyncio.AbstractEventLoop, _Pool] = {}
         self._cursors: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]] = (
             weakref.WeakKeyDictionary())
@@ -150,6 +168,13 @@ class PostgresReader:
         return pool
 
     async def job_row(self, *, job_id: str, owner_id: str) -> Any:
+        rows = await self._fetch(self._sql, {"job_id": job_id, "owner_id": owner_id}, one=True)
+        return rows[0] if rows else None
+
+    async def attempt_rows(self, *, job_id: str) -> list[Any]:
+        return await self._fetch(self._attempts_sql, {"job_id": job_id}, one=False)
+
+    async def _fetch(self, sql: str, params: dict[str, Any], *, one: bool) -> list[Any]:
         pool = self._pool()
         for attempt in (1, 2):
             connection = await pool.get()
@@ -157,8 +182,8 @@ class PostgresReader:
                 cursor = self._cursors.get(connection)
                 if cursor is None:
                     cursor = self._cursors[connection] = connection.cursor()
-                await cursor.execute(self._sql, {"job_id": job_id, "owner_id": owner_id}, prepare=True)
-                row = await cursor.fetchone()
+                await cursor.execute(sql, params, prepare=True)
+                rows = [row for row in [await cursor.fetchone()] if row is not None] if one else await cursor.fetchall()
             except psycopg.OperationalError as exc:
                 # A connection the server dropped (restart, idle timeout): the second try gets a new one.
                 await pool.discard(connection)
@@ -169,7 +194,7 @@ class PostgresReader:
                 await pool.discard(connection)  # cancelled mid-query, say: its state is unknown
                 raise
             pool.put(connection)
-            return None if row is None else _utc(row)
+            return [_utc(row) for row in rows]
         raise AssertionError("unreachable")
 
     async def close(self) -> None:

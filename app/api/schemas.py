@@ -218,6 +218,21 @@ class JobError(BaseModel):
     message: str
 
 
+class AttemptPublic(BaseModel):
+    """One attempt at a job: a worker's claim, until the job ended or left that worker."""
+
+    number: int = Field(description="1 for the first claim; a handed-back attempt counts too")
+    worker: str = Field(description="The worker's id (`host:pid:suffix`)")
+    started_at: dt.datetime
+    ended_at: dt.datetime | None = Field(description="Null while the attempt runs")
+    end: Literal["completed", "failed", "cancelled", "handed_back", "lost"] | None = Field(
+        description="Why it ended: the job `completed`, `failed` or was `cancelled`; the worker shut down and "
+        "`handed_back` the job with its checkpoints; or the worker was `lost` (stopped renewing its lease)")
+    resumed_from: str | None = Field(description="The saved step it went on from (`recovery_training step 63`); "
+                                     "null when it started from the beginning")
+
+
+
 #: What each figure of the engine's ``RunSummary`` means, in the OpenAPI schema.
 _RESULT_DESCRIPTIONS: dict[str, str] = {
     "k_star": "Number of clusters used: the knee, or `heads_to_keep`",
@@ -316,6 +331,11 @@ class JobPublic(BaseModel):
     register_: RegisterSpec | None = Field(default=None, alias="register",
                                            description="The MLflow registration asked for at submit")
     registration: RegistrationPublic | None = Field(default=None, description="How the last registration went")
+    registrations: list[RegistrationPublic] = Field(
+        default_factory=list, description="Every registration of the job's model, oldest first: the job's own "
+        "(`register` at submit), then each one `cahp register` added")
+    attempts: list[AttemptPublic] = Field(default_factory=list, description="Every attempt so far, oldest first; "
+                                          "`started_at` is the first one's")
 
 
 class Page(BaseModel, Generic[T]):

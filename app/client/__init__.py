@@ -33,6 +33,7 @@ from app.client._exceptions import (
 from app.client._records import (
     TERMINAL,
     Artifact,
+    Attempt,
     DatasetSpec,
     JobCheck,
     JobError,
@@ -53,6 +54,7 @@ __all__ = [
     "TERMINAL",
     "ApiClient",
     "Artifact",
+    "Attempt",
     "AuthError",
     "BadRequestError",
     "ChecksumError",

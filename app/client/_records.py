@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar
 
 from app.client._exceptions import InvalidResponseError
 
-__all__ = ["TERMINAL", "Artifact", "DatasetSpec", "JobError", "JobResult", "JobSnapshot", "LogLine", "ModelSpec",
-           "Page", "Upload"]
+__all__ = ["TERMINAL", "Artifact", "Attempt", "DatasetSpec", "JobError", "JobResult", "JobSnapshot", "LogLine",
+           "ModelSpec", "Page", "Upload"]
 
 #: The statuses a job does not leave.
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -113,6 +113,9 @@ def _reader(hint: Any) -> Callable[[Any], Any]:
         return _reader(options[0])
     if hint in _READERS:
         return _READERS[hint]
+    if typing.get_origin(hint) is tuple and len(options) == 2 and options[1] is Ellipsis:
+        item = _reader(options[0])  # a list of records (``attempts``)
+        return lambda value: tuple(item(v) for v in _items(value))
     from_json: Callable[[Any], Any] = hint.from_json  # a record: a field of another type fails on first use
     return from_json
 
@@ -146,6 +149,24 @@ class JobError:
 
     @classmethod
     def from_json(cls, data: object) -> JobError:
+        return _read(cls, data)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Attempt:
+    """One attempt at a job (``AttemptPublic``): its worker, its start and end, why it ended
+    (``completed``, ``failed``, ``cancelled``, ``handed_back``, ``lost``; None while it runs) and the
+    saved step it resumed from (None: from the start)."""
+
+    number: int
+    worker: str
+    started_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    end: str | None = None
+    resumed_from: str | None = None
+
+    @classmethod
+    def from_json(cls, data: object) -> Attempt:
         return _read(cls, data)
 
 
@@ -242,6 +263,8 @@ class JobSnapshot:
     #: The name given at submit, and the model by name (the base model's, once known).
     name: str | None = None
     model_name: str | None = None
+    #: Every attempt so far, oldest first (``started_at`` is the first one's).
+    attempts: tuple[Attempt, ...] = ()
     raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
 
     @property

@@ -102,7 +102,10 @@ def quantize_int8(
     deviation = None
     if model is not None:
         deviation = check_parity(model, target, data=parity_data, samples=samples, threshold=None, seed=seed)
-    accuracy = evaluate_onnx(target, eval_data) if eval_data is not None else None
+    # Dynamic int8 is scored a row at a time (each row's scales its own): the answer a row gets alone and
+    # in any batch, which is how to serve it (docs/performance.md, "Does an int8 answer depend on its batch?").
+    accuracy = (evaluate_onnx(target, eval_data, rowwise=calibration_data is None)
+                if eval_data is not None else None)
     return Int8Export(
         path=str(out),
         model_file=ONNX_FILE,

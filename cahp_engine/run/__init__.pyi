@@ -14,7 +14,7 @@ whether it is broken) -> ``_completion`` (the report's last facts) -> ``_report`
 from ._artifacts import ARTIFACT_FILES
 from ._candidate_inputs import candidate_inputs
 from ._candidates import CandidateResult, CandidateRun, CandidateSpec, SearchInputs, recover_candidate
-from ._checkpoints import CheckpointStore, DirectoryCheckpoints
+from ._checkpoints import CheckpointStore, DirectoryCheckpoints, resume_point
 from ._executors import CANDIDATE_FILES, CandidateExecutor, InTurn, load_candidate, save_candidate
 from ._holdout import carve
 from ._hooks import RunHooks
@@ -30,7 +30,7 @@ from ._warning_codes import WARNING_CODES
 __all__ = [
     "ARTIFACT_FILES", "CANDIDATE_FILES", "candidate_inputs", "CandidateExecutor", "CandidateResult", "CandidateRun",
     "CandidateSpec", "carve",
-    "CheckpointStore", "DirectoryCheckpoints",
+    "CheckpointStore", "DirectoryCheckpoints", "resume_point",
     "FailedRunMetrics", "FailedRunReport", "Identity", "InTurn", "load_candidate",
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
     "recover_candidate", "run_pruning", "RunError", "RunHooks", "RunIdentity", "RunReport", "RunRequest",

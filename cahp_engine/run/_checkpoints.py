@@ -270,6 +270,32 @@ class Checkpointer:
             self._store.save(stage, directory)
 
 
+#: The stages in the order a run reaches them: the last one restored is where a resumed run goes on from.
+_RUN_ORDER = ("dense_finetune_training", "dense", "selection", "pruned", "recovery_training")
+
+
+def resume_point(restored: Mapping[str, Path]) -> str | None:
+    """Where a run given these restored checkpoints goes on from, in words; None when from the start.
+
+    Parameters
+    ----------
+    restored : mapping of str to Path
+        A :class:`CheckpointStore`'s ``restore()``: stage name -> its directory.
+
+    Returns
+    -------
+    str or None
+        The latest stage saved (``"selection"``), with the step for a fine-tuning under way
+        (``"recovery_training step 63"``).
+    """
+    reached = [stage for stage in _RUN_ORDER if stage in restored]
+    if not reached:
+        return None
+    stage = reached[-1]
+    step = _read_stage(Path(restored[stage])).get("step")
+    return f"{stage} step {step}" if isinstance(step, int) else stage
+
+
 def _fingerprint(config: PruningConfig) -> dict[str, Any]:
     """The settings a checkpoint must share with the run using it (``device`` may differ between attempts)."""
     return json.loads(json.dumps({k: v for k, v in config.to_dict().items() if k != "device"}))

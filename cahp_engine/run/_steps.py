@@ -27,6 +27,7 @@ from cahp_engine.data import (
     encode,
     load_splits,
 )
+from cahp_engine.errors import UntrainedModelError
 from cahp_engine.models import LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
 from cahp_engine.recovery import (
@@ -213,6 +214,16 @@ def evaluate_dense(run: RunContext, *, model: nn.Module, evaluation: EncodedData
     with run.monitor.stage("dense_evaluation"):
         metrics = evaluate(model, evaluation, batch_size=run.config.batch_size, device=run.device)
         run.say(f"dense accuracy {metrics.accuracy:.4f}, macro-F1 {metrics.macro_f1:.4f}")
+    untrained = untrained_in_effect(metrics) if run.config.dense_finetune == "never" else None
+    if untrained is not None:
+        if run.config.untrained_dense == "fail":
+            # Pruning a model that does not read the text yields a model that does not either: stop before
+            # the selection's hours, and say what to set.
+            raise UntrainedModelError(
+                f"the dense model {untrained.removeprefix('its ')}, and dense fine-tuning is off "
+                "(`dense_finetune=never`): set `dense_finetune=always` to fine-tune it on the training split "
+                "first (`auto` does so when it finds this), or `untrained_dense=warn` to prune it anyway")
+        run.say(f"the dense model {untrained.removeprefix('its ')}; pruning it anyway (`untrained_dense=warn`)")
     return metrics
 
 

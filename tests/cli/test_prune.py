@@ -397,7 +397,8 @@ def test_a_missed_budget_exits_1_and_leaves_the_candidates_report(tmp_path):
     model = write_fragile_model(tmp_path / "model", train_rows=150, train_seed=0)
     data = write_dataset(tmp_path / "data", n_train=150)
     out = tmp_path / "out"
-    proc = cahp(str(model), str(data), "-o", str(out), "--dense-finetune", "never", "--epochs", "1",
+    proc = cahp(str(model), str(data), "-o", str(out), "--dense-finetune", "never", "--untrained-dense", "warn",
+                "--epochs", "1",
                 "--max-accuracy-drop", "0", "--budget-metric", "macro_f1", "--stability-shards", "0",
                 "--export", "none", "--name", "fragile-pruned", "--label", "git/commit=4f2c9e1", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr

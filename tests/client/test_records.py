@@ -20,6 +20,7 @@ import pytest
 
 from app.client import (
     Artifact,
+    Attempt,
     DatasetSpec,
     InvalidResponseError,
     JobCheck,
@@ -35,7 +36,8 @@ from app.client import (
 #: Each record and the schema component it reads.
 SCHEMA_OF: dict[type, str] = {JobSnapshot: "JobPublic", JobError: "JobError", JobResult: "JobResult",
                               ModelSpec: "ModelSpec", DatasetSpec: "DatasetSpec", Artifact: "ArtifactPublic",
-                              Upload: "UploadPublic", LogLine: "LogLine", JobCheck: "JobCheck"}
+                              Upload: "UploadPublic", LogLine: "LogLine", JobCheck: "JobCheck",
+                              Attempt: "AttemptPublic"}
 #: The fields app/cli/client_commands.py reads from each record.
 USED_BY_THE_CLI: dict[type, set[str]] = {JobSnapshot: {"id", "status", "stage", "progress", "error", "labels"},
                                          JobError: {"code", "message"}, Artifact: {"name", "size", "sha256"},
@@ -65,6 +67,8 @@ def _schema_types(schema: dict[str, Any], components: dict[str, Any]) -> set[str
         return {"object of strings"}
     if schema.get("type") == "array" and schema.get("items", {}).get("type") == "string":
         return {"array of strings"}
+    if schema.get("type") == "array" and "$ref" in schema.get("items", {}):
+        return {f"array of {t}" for t in _schema_types(schema["items"], components)}
     return {schema["type"]}
 
 
@@ -76,6 +80,8 @@ def _record_types(hint: Any) -> set[str]:
         return {"object of strings"} if typing.get_args(hint) == (str, str) else {"object"}
     if typing.get_origin(hint) is tuple and typing.get_args(hint) == (str, ...):
         return {"array of strings"}
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[1:] == (...,):
+        return {f"array of {t}" for t in _record_types(typing.get_args(hint)[0])}
     simple = {type(None): {"null"}, str: {"string"}, int: {"integer"}, float: {"number", "integer"},
               bool: {"boolean"}, dt.datetime: {"date-time"}}
     return simple.get(hint) or {f"object:{SCHEMA_OF[hint]}"}
@@ -138,6 +144,10 @@ FULL_JOB = {
     "finished_at": None, "error": {"code": "oom", "message": "out of memory"},
     "result": {"heads_total": 8, "retention": 0.5, "speedup": None}, "labels": {"branch": "main"},
     "notify_url": None, "artifacts_expired": False, "links": {"self": "/v1/jobs/j1"},
+    "attempts": [{"number": 1, "worker": "h:1:a", "started_at": "2025-01-02T03:05:00Z",
+                  "ended_at": "2025-01-02T03:06:00Z", "end": "lost", "resumed_from": None},
+                 {"number": 2, "worker": "h:2:b", "started_at": "2025-01-02T03:07:00Z", "ended_at": None,
+                  "end": None, "resumed_from": "recovery_training step 63"}],
 }
 
 
@@ -148,6 +158,8 @@ def test_a_job_is_read_whole_and_unknown_fields_are_kept_only_in_raw() -> None:
     assert job.result == JobResult(heads_total=8, retention=0.5)
     assert job.created_at == dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC) and job.finished_at is None
     assert dict(job.labels) == {"branch": "main"} and job.finished and job.progress == 0.25
+    assert [(a.number, a.end, a.resumed_from) for a in job.attempts] == \
+        [(1, "lost", None), (2, None, "recovery_training step 63")]
     assert job.raw["a_field_from_a_newer_server"] == {"x": 1} and job.raw["params"] == {"epochs": 1}
     with pytest.raises(TypeError):
         job.raw["id"] = "changed"  # type: ignore[index]
@@ -157,8 +169,8 @@ def test_a_job_is_read_whole_and_unknown_fields_are_kept_only_in_raw() -> None:
 
 def test_an_older_servers_answer_builds_with_defaults() -> None:
     job = JobSnapshot.from_json({"id": "j1", "status": "queued"})
-    assert (job.stage, job.progress, job.error, job.result, dict(job.labels), job.finished) == \
-        (None, 0.0, None, None, {}, False)
+    assert (job.stage, job.progress, job.error, job.result, dict(job.labels), job.finished, job.attempts) == \
+        (None, 0.0, None, None, {}, False, ())
     assert Artifact.from_json({"name": "report.json", "size": 3, "sha256": "ab"}).url is None
     assert Upload.from_json({"id": "u1", "uri": "upload://u1"}).size is None
 

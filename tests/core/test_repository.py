@@ -240,3 +240,48 @@ def test_a_new_attempt_keeps_the_first_start_and_the_progress_already_shown(sess
     with sessions() as session:
         job = repository.get_job(session, job_id=job_id)
         assert job is not None and job.progress == 0.9 and job.started_at == started
+
+
+def test_each_attempt_is_recorded_with_why_it_ended(sessions: sessionmaker[Session]) -> None:
+    job_id = add_job(sessions, add_owner(sessions))
+    with sessions.begin() as session:
+        assert repository.claim_job(session, job_id=job_id, worker_id="w1", lease_s=0.0) is not None
+    with sessions.begin() as session:  # w1's lease lapsed: w2 takes the job over before any sweeper looks
+        assert repository.claim_job(session, job_id=job_id, worker_id="w2", lease_s=60) is not None
+        repository.note_resumed_from(session, job_id=job_id, worker_id="w2", resumed_from="selection")
+        repository.note_resumed_from(session, job_id=job_id, worker_id="w1", resumed_from="ignored")  # not its
+    with sessions.begin() as session:
+        assert repository.hand_back_job(session, job_id=job_id, worker_id="w2", messages=["stopping"])
+    with sessions.begin() as session:
+        assert repository.claim_job(session, job_id=job_id, worker_id="w3", lease_s=60) is not None
+    with sessions.begin() as session:
+        assert repository.finish_job(session, job_id=job_id, worker_id="w3", status=JobStatus.failed,
+                                     error_code="pipeline_error", error_message="it broke")
+    with sessions() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and job.attempts == 2  # the handed-back attempt was given back
+        history = [(a.number, a.worker_id, a.end_reason, a.resumed_from, a.ended_at is not None)
+                   for a in job.attempt_history]
+        assert history == [(1, "w1", "lost", None, True), (2, "w2", "handed_back", "selection", True),
+                           (3, "w3", "failed", None, True)]
+        assert job.started_at == job.attempt_history[0].started_at
+
+
+def test_a_jobs_registrations_are_kept_in_order_with_its_own_first(sessions: sessionmaker[Session]) -> None:
+    job_id = add_job(sessions, add_owner(sessions))
+    with transaction(sessions) as session:
+        repository.claim_job(session, job_id=job_id, worker_id="w1")
+    own = {"status": "registered", "model_name": "reviews", "version": "1"}
+    with transaction(sessions) as session:
+        assert repository.finish_job(session, job_id=job_id, worker_id="w1", status=JobStatus.succeeded,
+                                     registration=own)
+    for name in ("staging", "reviews"):
+        with transaction(sessions) as session:
+            repository.set_registration(session, job_id=job_id, registration={**own, "model_name": name})
+    with sessions() as session:
+        job = repository.get_job(session, job_id=job_id)
+        assert job is not None and job.registration == {**own, "model_name": "reviews"}
+        assert [r["model_name"] for r in repository.registrations_of(job.registration, job.registration_history)] \
+            == ["reviews", "staging", "reviews"]
+    # A row from before the list: its one registration stands for it.
+    assert repository.registrations_of(own, None) == [own] and repository.registrations_of(None, None) == []

@@ -25,7 +25,7 @@ from tests.support.processes import answers_ready, child_env, create_key, start_
 CI_STEP = """
 set -e
 JOB=$(cahp submit --model ./my-model --dataset ./my-dataset --param epochs=1 \\
-        --param dense_finetune=never --param export=none --param max_length=32 \\
+        --param dense_finetune=never --param untrained_dense=warn --param export=none --param max_length=32 \\
         --label git/commit=$CI_COMMIT_SHA --label branch=$CI_COMMIT_BRANCH \\
         --idempotency-key "$CI_PIPELINE_ID-prune") && cahp wait "$JOB" --follow --timeout 14400
 cahp download "$JOB" -o pruned/                      # resumes if cut off; checks every sha256

@@ -50,7 +50,8 @@ def test_embedded_service_runs_a_job_from_the_command_line(
 
         # Local directories are packed and uploaded by `cahp submit` itself.
         assert main(["submit", "--model", str(model), "--dataset", str(dataset), "--param", "epochs=1",
-                     "--param", "dense_finetune=\"never\"", "--param", "max_length=32", "--json",
+                     "--param", "dense_finetune=\"never\"", "--param", "untrained_dense=\"warn\"",
+                     "--param", "max_length=32", "--json",
                      "--idempotency-key", "build-17", *common]) == 0
         job = json.loads(capsys.readouterr().out)
         assert job["status"] == "queued" and job["model"]["uri"].startswith("upload://")
@@ -137,7 +138,7 @@ def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(
                 sent = http.post("/v1/uploads", files={"file": (archive.name, archive.read_bytes())})
                 uris.append(sent.json()["uri"])
             body = {"model": {"uri": uris[0]}, "dataset": {"uri": uris[1]},
-                    "params": {"epochs": 500, "dense_finetune": "never", "max_length": 32}}
+                    "params": {"epochs": 500, "dense_finetune": "never", "untrained_dense": "warn", "max_length": 32}}
             job = http.post("/v1/jobs", json=body).json()
             wait_for(lambda: http.get(f"/v1/jobs/{job['id']}").json()["status"] == "running", timeout=120,
                      what="the job to start", log=log)

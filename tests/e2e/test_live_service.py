@@ -57,7 +57,8 @@ def test_a_job_is_followed_streamed_notified_and_counted(tmp_path: Path, capsys:
         common = ["--url", url, "--api-key", key]
 
         assert main(["submit", "--model", f"file://{model}", "--dataset", f"file://{data}", "--param", "epochs=1",
-                     "--param", "dense_finetune=\"never\"", "--param", "max_length=32", "--label", "branch=main",
+                     "--param", "dense_finetune=\"never\"", "--param", "untrained_dense=\"warn\"",
+                     "--param", "max_length=32", "--label", "branch=main",
                      *common]) == 0
         job_id = capsys.readouterr().out.strip()
         streamed: list[tuple[str, dict]] = []

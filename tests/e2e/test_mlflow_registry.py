@@ -53,7 +53,8 @@ def test_a_job_with_register_lands_in_the_registry_and_cahp_register_adds_a_vers
     try:
         wait_for(lambda: "ready." in log.read_text(errors="replace"), timeout=120, what="serve and its worker", log=log)
         assert main(["submit", "--model", f"file://{model}", "--dataset", f"file://{data}", "--param", "epochs=1",
-                     "--param", 'dense_finetune="never"', "--param", "max_length=32", "--param", "latency_repeats=2",
+                     "--param", 'dense_finetune="never"', "--param", 'untrained_dense="warn"',
+                     "--param", "max_length=32", "--param", "latency_repeats=2",
                      "--label", "git/commit=4f2c9e1", "--name", "reviews-pruned", "--register", "reviews-classifier",
                      *common]) == 0
         job_id = capsys.readouterr().out.strip()
@@ -107,6 +108,11 @@ def test_a_job_with_register_lands_in_the_registry_and_cahp_register_adds_a_vers
         # Without a name, the job's own `register` again: a second version of it.
         assert main(["register", job_id, "--json", *common]) == 0
         assert json.loads(capsys.readouterr().out)["version"] == "2"
+        # The job keeps every registration, its own first; `registration` is the latest.
+        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key}"}).json()
+        assert [(r["model_name"], r["version"]) for r in job["registrations"]] == [
+            ("reviews-classifier", "1"), ("reviews-staging", "1"), ("reviews-classifier", "2")]
+        assert job["registration"] == job["registrations"][-1]
     finally:
         stop(server)
 

@@ -88,7 +88,8 @@ def test_a_sigtermed_worker_hands_its_job_back_and_the_server_starts_one_that_re
                 sent = http.post("/v1/uploads", files={"file": (archive.name, archive.read_bytes())})
                 uris.append(sent.json()["uri"])
             body = {"model": {"uri": uris[0]}, "dataset": {"uri": uris[1]},
-                    "params": {"epochs": 1000, "batch_size": 2, "dense_finetune": "never", "max_length": 32}}
+                    "params": {"epochs": 1000, "batch_size": 2, "dense_finetune": "never", "untrained_dense": "warn",
+                               "max_length": 32}}
             job_id = http.post("/v1/jobs", json=body).json()["id"]
 
             def job() -> dict:

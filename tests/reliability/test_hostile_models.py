@@ -320,7 +320,7 @@ def test_a_model_over_the_parameter_limit_is_refused_naming_its_count_and_the_se
         load_classifier(str(model), max_params=count - 1)
     assert load_classifier(str(model), max_params=count).classifier_trained
     code = cahp(["prune", str(model), str(local / "data"), "-o", str(tmp_path / "out"), "--max-model-params",
-                 "1000", "--dense-finetune", "never", "--export", "none", "--json"])
+                 "1000", "--dense-finetune", "never", "--untrained-dense", "warn", "--export", "none", "--json"])
     assert code == ExitCode.USAGE
 
 

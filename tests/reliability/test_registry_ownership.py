@@ -37,7 +37,8 @@ def registry(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def _submit(stack: Stack, key: str, register: dict[str, Any]) -> Any:
     model, data = stack.inputs()
     body = {"model": {"uri": model}, "dataset": {"uri": data}, "register": register,
-            "params": {"epochs": 1, "dense_finetune": "never", "batch_size": 16, "max_length": 32, "seed": 0,
+            "params": {"epochs": 1, "dense_finetune": "never", "untrained_dense": "warn", "batch_size": 16,
+                       "max_length": 32, "seed": 0,
                        "export": "none", "latency_repeats": 1}}
     return stack.client.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {key}"})
 

@@ -63,6 +63,12 @@ def test_a_job_killed_in_recovery_resumes_from_its_last_epoch_and_ends_as_an_uni
     resumed_at = int(second.split("recovery: going on from step ")[1].split()[0])
     assert 0 < resumed_at < 6 * 30  # an epoch (30 steps) or more was kept, and some were left to do
     assert "dense fine-tuning (" not in second and "selecting heads" not in second
+    # The job's history: the killed attempt ended as lost, the next went on from the step it saved.
+    job = stack.client.get(f"/v1/jobs/{job_id}").json()
+    assert [(a["number"], a["worker"], a["end"], a["resumed_from"]) for a in job["attempts"]] == [
+        (1, first["worker_id"], "lost", None),
+        (2, done["worker_id"], "completed", f"recovery_training step {resumed_at}")], job["attempts"]
+    assert job["started_at"] == job["attempts"][0]["started_at"]
     # The checkpoints are gone with the job's end; its artifacts are attempt 2's.
     assert _index(stack, job_id) == {}
     assert all(key.startswith(f"jobs/{job_id}/2/") for key in stack.artifact_keys(job_id))

@@ -27,7 +27,8 @@ CANCELLED_BACKLOG = 150
 #: Jobs of B queued (and run) before A's one.
 RUNNING_BACKLOG = 5
 STACK_SETTINGS: dict[str, Any] = {"max_active_jobs_per_key": 1000}
-TINY = {"epochs": 1, "dense_finetune": "never", "batch_size": 16, "max_length": 32, "seed": 0, "export": "none",
+TINY = {"epochs": 1, "dense_finetune": "never", "untrained_dense": "warn", "batch_size": 16, "max_length": 32,
+        "seed": 0, "export": "none",
         "latency_repeats": 1}
 
 

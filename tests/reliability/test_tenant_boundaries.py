@@ -31,7 +31,8 @@ from tests.support.helpers import free_port, new_key
 from tests.support.processes import stop
 from tests.support.stack import TERMINAL, Server, Stack, settings_env, start_server
 
-TINY = {"epochs": 1, "dense_finetune": "never", "batch_size": 16, "max_length": 32, "seed": 0, "export": "none",
+TINY = {"epochs": 1, "dense_finetune": "never", "untrained_dense": "warn", "batch_size": 16, "max_length": 32,
+        "seed": 0, "export": "none",
         "latency_repeats": 1}
 HOSTILE_NAME = "<img src=x onerror=alert(1)> ## Not a heading <!--"
 HOSTILE_LABELS = {"team": "<script>alert(1)</script>", "note": "# fake heading -->"}

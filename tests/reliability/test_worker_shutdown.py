@@ -12,6 +12,7 @@ import json
 import re
 import signal
 
+from tests.support.processes import wait_for
 from tests.support.stack import TERMINAL, Stack
 
 #: No sweeper and a lease of ten minutes: nothing but the hand-back can move the job during the test.
@@ -59,5 +60,12 @@ def test_sigterm_hands_the_running_job_back_and_another_worker_resumes_it_at_onc
 
     assert stack.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
     stack.wait_row(job_id, lambda r: r["status"] in TERMINAL, timeout=120, what="the job to be cancelled")
-    assert not _saved(stack, job_id)  # a job that ended keeps no checkpoints
+    # A job that ended keeps no checkpoints (removed just after its end is committed).
+    wait_for(lambda: not _saved(stack, job_id), timeout=60, what="the ended job's checkpoints to be removed")
+    # The job's history: the handed-back attempt, and the next one going on from the step it saved.
+    attempts = stack.client.get(f"/v1/jobs/{job_id}").json()["attempts"]
+    assert [(a["number"], a["worker"], a["end"]) for a in attempts] == \
+        [(1, running["worker_id"], "handed_back"), (2, resumed["worker_id"], "cancelled")], attempts
+    assert attempts[0]["resumed_from"] is None
+    assert attempts[1]["resumed_from"] == f"recovery_training step {stopped.group(1)}", attempts
     stack.wait_ready(second)

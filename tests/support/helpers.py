@@ -92,7 +92,8 @@ def tar_directory(directory: Path, archive: Path) -> Path:
 
 #: Pruning settings that keep a tiny job to seconds on one core. The ONNX export (on by default) is
 #: off here; the tests of the export turn it on.
-TINY_PARAMS: dict[str, Any] = {"epochs": 1, "dense_finetune": "never", "batch_size": 16, "max_length": 32,
+TINY_PARAMS: dict[str, Any] = {"epochs": 1, "dense_finetune": "never", "untrained_dense": "warn", "batch_size": 16,
+                               "max_length": 32,
                                "seed": 0, "export": "none"}
 
 

@@ -226,7 +226,7 @@ def test_submit_archives_from_the_form_and_follow_the_job_to_its_head_map(
     page.get_by_label("Recovery epochs").fill("1")
     page.locator("summary", has_text="More settings").click()
     page.get_by_label("Any other cahp prune setting").fill(
-        '{"dense_finetune": "never", "batch_size": 16, "max_length": 32, "seed": 0}')
+        '{"dense_finetune": "never", "untrained_dense": "warn", "batch_size": 16, "max_length": 32, "seed": 0}')
     watched.shot("submit-form")
     page.get_by_role("button", name="Submit job").click()
     expect(page).to_have_url(re.compile(r"/ui/jobs/[0-9a-f]+$"))
@@ -249,6 +249,12 @@ def test_pages_fit_a_phone_screen(served: Console, watched: Watched) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     sign_in(watched, served, path=f"/ui/jobs/{served.jobs['succeeded']}")
     expect(page.locator("figure.heads rect.cell").first).to_be_visible()
+    # The MSS curve's degree labels, however close their knees, never overlap one another.
+    boxes = page.locator(".knee-label").evaluate_all(
+        "(els) => els.map((e) => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; })")
+    for i, (left, top, right, bottom) in enumerate(boxes):
+        for other in boxes[i + 1:]:
+            assert right <= other[0] or other[2] <= left or bottom <= other[1] or other[3] <= top, boxes
     for path in (f"/ui/jobs/{served.jobs['succeeded']}", "/ui/", "/ui/submit", f"/ui/jobs/{served.jobs['failed']}"):
         page.goto(served.url + path)
         expect(page.locator("main h1").first).to_be_visible()
@@ -264,7 +270,8 @@ def test_with_no_auth_the_console_opens_without_signing_in(watched: Watched, tmp
         model, data = tiny_inputs(live.local_root)
         job_id = live.submit({"model": {"uri": f"file://{model}"}, "dataset": {"uri": f"file://{data}"},
                               "labels": {"branch": "main"},
-                              "params": {"epochs": 1, "dense_finetune": "never", "max_length": 32, "export": "none"}})
+                              "params": {"epochs": 1, "dense_finetune": "never", "untrained_dense": "warn",
+                                         "max_length": 32, "export": "none"}})
         page = watched.page
         page.goto(live.url + "/ui")
         expect(page.get_by_text("local mode, no key")).to_be_visible()

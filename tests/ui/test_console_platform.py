@@ -12,6 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
+from app.core.db import repository, transaction
 from tests.support.helpers import free_port, job_body, tar_directory
 from tests.support.tiny_models import make_texts
 from tests.ui.console import Console, console, tiny_inputs
@@ -48,6 +49,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         assert execute_job(job_id=live.jobs["succeeded"], context=live.worker()) is Outcome.succeeded
         live.jobs["failed"] = live.submit({**job_body(f"file://{model}", f"file://{data}"),
                                            "register": {"model_name": "reviews"}})
+        # A first attempt whose worker shut down and handed the job back: the page lists both.
+        context = live.worker()
+        with transaction(context.sessions) as session:
+            assert repository.claim_job(session, job_id=live.jobs["failed"], worker_id="old-host:1:stopped")
+            assert repository.hand_back_job(session, job_id=live.jobs["failed"], worker_id="old-host:1:stopped",
+                                            messages=["handed back"])
         assert execute_job(job_id=live.jobs["failed"], context=live.worker()) is Outcome.failed
         yield live
 
@@ -123,6 +130,11 @@ def test_a_failed_registration_shows_its_code_and_the_model_it_kept(platform: Co
     expect(page.locator(".problem [data-field=error_code]")).to_have_text("registration_failed")
     expect(page.locator("[data-field=registry]")).to_contain_text("registration as reviews failed")
     expect(page.locator("tr[data-artifact='model.tar.gz']")).to_be_visible()
+    attempts = page.locator("[data-field=attempts] li")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(0)).to_contain_text("old-host:1:stopped")
+    expect(attempts.nth(0)).to_contain_text("handed back: its worker shut down")
+    expect(attempts.nth(1)).to_contain_text("failed")
     watched.shot("registration-failed")
 
 

@@ -51,7 +51,8 @@ def test_a_succeeded_job_names_its_model_warns_and_hands_out_links(
     assert client.post("/v1/webhooks", json={"url": receiver.url, "events": ["job.succeeded"]},
                        headers=auth).status_code == 201
     model_uri = _upload_model(client, auth, tmp_path)
-    body: dict[str, Any] = {**job_body(model_uri, dataset_uri, export="none", dense_finetune="never"),
+    body: dict[str, Any] = {**job_body(model_uri, dataset_uri, export="none", dense_finetune="never",
+                                      untrained_dense="warn"),
                             "name": "reviews-pruned", "labels": {"git/commit": "4f2c9e1"}}
     submitted = client.post("/v1/jobs", json=body, headers=auth).json()
     # Before any worker read it, the job is named after what was uploaded, not after an upload id.

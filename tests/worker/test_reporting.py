@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -73,3 +74,42 @@ def test_losing_the_job_or_the_time_limit_stops_the_run(sessions: sessionmaker[S
     assert timed.should_cancel() is False
     clock.now += 61
     assert timed.should_cancel() is True and timed.stop_reason == "time_limit"
+
+
+def test_the_time_left_comes_from_the_stages_throughput_within_the_first_minute(
+    sessions: sessionmaker[Session],
+) -> None:
+    from cahp_engine.config import PruningConfig
+    from cahp_engine.progress import skipped_stages, stage_costs, stage_spans
+
+    config = PruningConfig(epochs=1, dense_epochs=1, dense_finetune="always", export="none")
+    spans, costs = stage_spans(skipped_stages(config)), stage_costs(config)
+
+    def overall(stage: str, fraction: float) -> float:
+        lo, hi = spans[stage]
+        return lo + (hi - lo) * fraction
+
+    job_id, clock = running_job(sessions), Clock()
+    reporter = _reporter(sessions, job_id, clock, progress_interval_s=0.0)
+    reporter.measure_stages(config)
+    reporter.progress("load", overall("load", 0.0))
+    assert job_row(sessions, job_id).eta_s is None  # nothing measured yet
+    clock.now += costs["load"]  # loading took what the calibration says: this machine's speed is 1
+    reporter.progress("load", overall("load", 1.0))
+    reporter.progress("dense_finetune", overall("dense_finetune", 0.0))
+    later = sum(cost for stage, cost in costs.items() if spans[stage][0] >= spans["dense_finetune"][0])
+    assert job_row(sessions, job_id).eta_s == later  # seconds into the job, every stage still to come
+    fraction = 0.0
+    for _ in range(20):  # dense fine-tuning goes twice as fast as calibrated
+        clock.now += costs["dense_finetune"] / 100
+        fraction += 0.02
+        reporter.progress("dense_finetune", overall("dense_finetune", fraction))
+    # Its own rate for what is left of it; the later stages that grow with the rows at its speed (x0.5),
+    # the others at the loading's (x1).
+    from cahp_engine.progress import ROW_STAGES
+
+    after = {stage: cost for stage, cost in costs.items() if spans[stage][0] >= spans["dense_finetune"][1]
+             and spans[stage][1] > spans[stage][0]}
+    expected = 0.6 * costs["dense_finetune"] / 2 + sum(cost * (0.5 if stage in ROW_STAGES else 1.0)
+                                                       for stage, cost in after.items())
+    assert job_row(sessions, job_id).eta_s == pytest.approx(expected)

@@ -296,7 +296,8 @@ def test_a_missed_accuracy_budget_fails_the_job_and_keeps_the_candidates_report(
     # A dense model whose heads cancel each other's offsets, trained on the same rows: every pruned
     # copy answers one class, so no candidate is within 0 points.
     model_uri = f"file://{write_fragile_model(local_root / 'fragile', train_rows=150, train_seed=1)}"
-    job_id = _submit(client, auth, job_body(model_uri, dataset_uri, dense_finetune="never", epochs=1,
+    job_id = _submit(client, auth, job_body(model_uri, dataset_uri, dense_finetune="never", untrained_dense="warn",
+                                            epochs=1,
                                             max_accuracy_drop=0.0, budget_metric="macro_f1", stability_shards=0))
     assert execute_job(job_id=job_id, context=context) is Outcome.failed
     job = _job(client, auth, job_id)

@@ -23,6 +23,7 @@ from app.api.job_reader import JobReader
 from app.api.ranges import ByteRange, requested_range
 from app.api.schemas import (
     ArtifactPublic,
+    AttemptPublic,
     DatasetSpec,
     JobCreate,
     JobError,
@@ -192,7 +193,9 @@ async def job_json(*, reader: JobReader, owner_id: str, job_id: str) -> bytes:
     row = await reader.job_row(job_id=job_id, owner_id=owner_id)
     if row is None:
         raise ResourceNotFoundError(f"no job {job_id!r} for this API key")
-    return to_public(row).model_dump_json().encode()
+    # A job never claimed has no attempts: the poll of a queued job stays one read.
+    attempts = await reader.attempt_rows(job_id=job_id) if row.started_at is not None else []
+    return to_public(row, attempts=attempts).model_dump_json().encode()
 
 
 def get_job(*, session: Session, owner_id: str, job_id: str) -> Job:
@@ -360,13 +363,20 @@ def _eta(job: Job | Row[Any]) -> tuple[float | None, str | None]:
         return None, ("its worker stopped renewing its lease: the job goes back to the queue when the sweeper "
                       "notices, and another worker resumes it")
     if job.eta_s is None:
-        return None, "measuring this attempt's pace: an estimate comes once it has run for half a minute"
+        return None, ("measuring this attempt's pace: an estimate comes once its first stage has been timed "
+                      "(seconds into a stage)")
     return float(job.eta_s), None
 
 
-def to_public(job: Job | Row[Any]) -> JobPublic:
-    """The API's view of a job, from its ORM object or a plain row of its columns."""
+def to_public(job: Job | Row[Any], *, attempts: Sequence[Any] | None = None) -> JobPublic:
+    """The API's view of a job, from its ORM object or a plain row of its columns.
+
+    ``attempts``: the job's attempt rows (:func:`~app.core.db.repository.attempt_rows`), for a plain row;
+    an ORM object brings its own.
+    """
     base = f"/v1/jobs/{job.id}"
+    if attempts is None:
+        attempts = job.attempt_history if isinstance(job, Job) else []
     eta, eta_reason = _eta(job)
     return JobPublic(
         id=job.id,
@@ -393,6 +403,11 @@ def to_public(job: Job | Row[Any]) -> JobPublic:
         register=RegisterSpec.model_validate(stored_register(job.register)) if job.register else None,
         registration=(RegistrationPublic.model_validate(public_registration(job.registration))
                       if job.registration else None),
+        registrations=[RegistrationPublic.model_validate(public_registration(r))
+                       for r in repository.registrations_of(job.registration, job.registration_history)],
+        attempts=[AttemptPublic.model_validate({
+            "number": a.number, "worker": a.worker_id, "started_at": a.started_at, "ended_at": a.ended_at,
+            "end": a.end_reason, "resumed_from": a.resumed_from}) for a in attempts],
         links=JobLinks(self=base, logs=f"{base}/logs", artifacts=f"{base}/artifacts", cancel=f"{base}/cancel",
                        events=f"{base}/events", deliveries=f"{base}/deliveries"),
     )

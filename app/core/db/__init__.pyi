@@ -18,8 +18,10 @@ from ._database import (
 from ._models import (
     ApiKey,
     Artifact,
+    AttemptEnd,
     BudgetPiece,
     Job,
+    JobAttempt,
     JobEvent,
     JobLabel,
     JobLog,
@@ -31,7 +33,8 @@ from ._models import (
 )
 
 __all__ = [
-    "ApiKey", "Artifact", "Base", "BudgetPiece", "Job", "JobEvent", "JobLabel", "JobLog", "JobStatus", "make_engine",
+    "ApiKey", "Artifact", "AttemptEnd", "Base", "BudgetPiece", "Job", "JobAttempt", "JobEvent", "JobLabel", "JobLog",
+    "JobStatus", "make_engine",
     "make_session_factory", "migrations_dir", "repository", "SQLITE_BUSY_TIMEOUT_S", "transaction",
     "upgrade_database", "Upload", "utcnow", "Webhook", "WebhookAttempt", "WebhookDelivery",
 ]

@@ -25,7 +25,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.db._database import Base, UTCDateTime, utcnow
 
@@ -144,8 +144,51 @@ class Job(Base):
     # (app.core.mlflow_registry.Registration as a dict: status, model, version, run id, error).
     register: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # Every registration, oldest first: the job's own, then each one `cahp register` added (None: a row
+    # from before the list, whose ``registration`` is its only one).
+    registration_history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     # How many registrations of the job were started (CAHP_MAX_REGISTRATIONS_PER_JOB bounds it).
     registrations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Every attempt so far, oldest first (read-only here: the repository writes ``job_attempts``).
+    attempt_history: Mapped[list[JobAttempt]] = relationship(
+        lazy="selectin", viewonly=True, order_by="JobAttempt.number")
+
+
+class AttemptEnd(enum.StrEnum):
+    """Why an attempt ended."""
+
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+    #: Its worker shut down (SIGTERM) and put the job back in the queue with its checkpoints.
+    handed_back = "handed_back"
+    #: Its worker stopped renewing the lease (killed, crashed, cut off from the database).
+    lost = "lost"
+
+
+class JobAttempt(Base):
+    """One attempt at a job: which worker, from when to when, why it ended, and where it resumed from.
+
+    ``number`` counts every claim (1, 2, ...), handed-back attempts included, whereas ``Job.attempts``
+    gives a handed-back attempt back. A row is open (``ended_at`` null) while its worker holds the job.
+    """
+
+    __tablename__ = "job_attempts"
+    __table_args__ = (
+        UniqueConstraint("job_id", "number"),
+        CheckConstraint("end_reason IN ('completed', 'failed', 'cancelled', 'handed_back', 'lost')",
+                        name="end_reason_known"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), default=None)
+    end_reason: Mapped[str | None] = mapped_column(String(16), default=None)
+    # The saved step the attempt went on from (``recovery_training step 63``); None: from the start.
+    resumed_from: Mapped[str | None] = mapped_column(String(255), default=None)
 
 
 class JobLog(Base):

@@ -27,6 +27,7 @@ from cahp_engine.export import (
     onnx_session,
     quantize_int8,
     run_logits,
+    run_logits_rowwise,
 )
 from cahp_engine.models import prune_heads
 from cahp_engine.recovery import evaluate
@@ -270,3 +271,23 @@ def test_static_int8_gives_a_row_the_same_class_alone_and_inside_a_padded_batch_
     alone = np.concatenate([run_logits(session, collate(rows, np.array([i]))) for i in range(len(rows))])
     assert (together.argmax(axis=-1) == alone.argmax(axis=-1)).all()
     np.testing.assert_allclose(together, alone, atol=1e-4)
+
+
+def test_dynamic_int8_run_a_row_at_a_time_gives_a_row_the_same_class_alone_and_inside_a_padded_batch_of_200(
+    bert_export, tmp_path: Path
+) -> None:
+    model, _, directory, _ = bert_export
+    rows = _rows(200, seed=5)
+    quantize_int8(directory, tmp_path / "onnx-int8", per_channel=True)
+    graph = onnx.load(str(tmp_path / "onnx-int8" / "model.onnx"))
+    assert any(n.op_type == "DynamicQuantizeLinear" for n in graph.graph.node)  # scales from the input
+    session = onnx_session(tmp_path / "onnx-int8")
+    together = run_logits_rowwise(session, collate(rows, np.arange(len(rows))))  # padded to the longest
+    alone = np.concatenate([run_logits_rowwise(session, collate(rows, np.array([i]))) for i in range(len(rows))])
+    np.testing.assert_array_equal(together, alone)
+    # Left padding too: each row keeps the positions its mask marks.
+    batch = collate(rows, np.arange(8))
+    mask = np.asarray(batch["attention_mask"])
+    flipped = {k: np.stack([np.roll(np.asarray(v)[i], -int(mask[i].sum())) for i in range(8)])
+               for k, v in batch.items() if k != "labels"}
+    np.testing.assert_array_equal(run_logits_rowwise(session, flipped), together[:8])

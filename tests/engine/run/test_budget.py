@@ -300,7 +300,8 @@ def test_a_budget_nobody_meets_halves_each_round_and_records_every_candidate(tmp
     model = write_fragile_model(tmp_path / "fragile", train_rows=150, train_seed=1)
     data = _dataset(tmp_path / "data", {"train": (150, 1), "validation": (60, 2), "test": (45, 3)})
     out = tmp_path / "out"
-    config = PruningConfig(**{**FAST, "epochs": 3, "dense_finetune": "never"}, max_accuracy_drop=5.0,
+    config = PruningConfig(**{**FAST, "epochs": 3, "dense_finetune": "never", "untrained_dense": "warn"},
+                           max_accuracy_drop=5.0,
                            budget_metric="macro_f1")
     with pytest.raises(AccuracyBudgetError, match="no candidate kept validation macro_f1 within 5 points") as err:
         run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=out, config=config))

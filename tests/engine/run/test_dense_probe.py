@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cahp_engine.config import PruningConfig
+from cahp_engine.errors import UntrainedModelError
 from cahp_engine.recovery import ClassificationMetrics
 from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._dense_probe import untrained_in_effect
@@ -56,9 +57,17 @@ def test_auto_fine_tunes_a_saved_random_head_and_says_why(tmp_path: Path) -> Non
     text = "\n".join(lines)
     assert "dense model as loaded: accuracy" in text and "dense fine-tuning (its classification head" in text
 
-    # The same model with dense fine-tuning off: the dense model's near-chance flag says what to set.
-    never = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "never",
-                                   config=PruningConfig(**{
-        **config.to_dict(), "dense_finetune": "never"})))
-    flag = next(f for f in never.quality.flags if f.model == "dense" and f.kind == "near_chance")
+    # The same model with dense fine-tuning off fails at the dense evaluation, saying what to set.
+    off = PruningConfig(**{**config.to_dict(), "dense_finetune": "never"})
+    lines.clear()
+    with pytest.raises(UntrainedModelError, match="set `dense_finetune=always`") as refused:
+        run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "never", config=off),
+                    RunHooks(log=lines.append))
+    assert refused.value.code == "untrained_model" and "near chance" in str(refused.value)
+    assert "selecting heads" not in "\n".join(lines)  # before the selection's cost
+    assert not (tmp_path / "never").exists()
+    # Asked to go on anyway, it prunes it and flags the dense model as near chance.
+    warned = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "warned",
+                                    config=PruningConfig(**{**off.to_dict(), "untrained_dense": "warn"})))
+    flag = next(f for f in warned.quality.flags if f.model == "dense" and f.kind == "near_chance")
     assert "`dense_finetune=always`" in flag.message

@@ -146,7 +146,8 @@ def test_a_run_says_what_it_made_warns_and_quotes_one_measurement(tmp_path: Path
     make_classifier("bert", num_labels=2, layers=2, heads=4, seed=0).save_pretrained(model)
     make_tokenizer().save_pretrained(model)
     data = _write_named_dataset(tmp_path)
-    config = PruningConfig(epochs=0.5, dense_finetune="never", batch_size=16, max_length=32, seed=3, device="cpu",
+    config = PruningConfig(epochs=0.5, dense_finetune="never", untrained_dense="warn", batch_size=16, max_length=32,
+                           seed=3, device="cpu",
                            latency_warmup=1, latency_repeats=4, strategy="random", heads_to_keep=5, quantize="int8")
     identity = RunIdentity(name="reviews-pruned", job_id="job-1", labels={"git/commit": "4f2c9e1"},
                            base_model="my-bert")

@@ -74,7 +74,8 @@ def test_training_result_keeps_its_dict_form():
 @pytest.mark.slow
 def test_run_pruning_returns_the_report_it_writes(tmp_path: Path):
     model, data = write_inputs(tmp_path)
-    config = PruningConfig(epochs=0.25, dense_finetune="never", batch_size=16, max_length=32, seed=3, device="cpu",
+    config = PruningConfig(epochs=0.25, dense_finetune="never", untrained_dense="warn", batch_size=16, max_length=32,
+                           seed=3, device="cpu",
                            latency_warmup=0, latency_repeats=1, strategy="random", heads_to_keep=5)
     report = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out",
                                     config=config))

@@ -81,7 +81,8 @@ def test_a_run_stopped_in_recovery_resumes_from_its_last_epoch_and_ends_as_the_u
 
 def test_checkpoints_of_a_run_with_other_settings_are_not_used(inputs: tuple[str, str], tmp_path: Path) -> None:
     store = DirectoryCheckpoints(tmp_path / "checkpoints")
-    quick = PruningConfig(epochs=1, dense_finetune="never", batch_size=16, max_length=32, seed=0, export="none",
+    quick = PruningConfig(epochs=1, dense_finetune="never", untrained_dense="warn", batch_size=16, max_length=32,
+                          seed=0, export="none",
                           latency_repeats=1, latency_warmup=0)
     run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=quick),
                 RunHooks(checkpoints=store))
@@ -109,8 +110,8 @@ def test_a_fine_tuning_logs_its_epoch_loss_and_pace(uninterrupted: dict) -> None
 
 def test_a_damaged_checkpoint_is_said_and_its_stage_runs_again(inputs: tuple[str, str], tmp_path: Path) -> None:
     store = DirectoryCheckpoints(tmp_path / "checkpoints")
-    quick = PruningConfig(epochs=1, dense_finetune="never", batch_size=16, max_length=32, seed=0, export="none",
-                          latency_repeats=1, latency_warmup=0)
+    quick = PruningConfig(epochs=1, dense_finetune="never", untrained_dense="warn", batch_size=16,
+                          max_length=32, seed=0, export="none", latency_repeats=1, latency_warmup=0)
     first = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=quick),
                         RunHooks(checkpoints=store))
     (store.restore()["selection"] / "selection.json").write_text('{"selection": "not one"}')

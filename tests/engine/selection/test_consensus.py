@@ -154,7 +154,8 @@ def test_a_run_with_a_consensus_reports_it_in_the_report_and_the_head_map(tmp_pa
     from tests.engine.golden.make_golden import write_inputs
 
     model, data = write_inputs(tmp_path)
-    config = PruningConfig(epochs=0.25, dense_finetune="never", batch_size=16, max_length=32, seed=3, device="cpu",
+    config = PruningConfig(epochs=0.25, dense_finetune="never", untrained_dense="warn", batch_size=16, max_length=32,
+                           seed=3, device="cpu",
                            latency_warmup=0, latency_repeats=1, export="none", recovery_loss="ce",
                            strategy="stability-selection")
     report = run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out",

@@ -277,7 +277,8 @@ def test_a_run_tokenises_the_whole_split_before_selection_only_to_fine_tune(
         return select(run, model=model, train=train)
 
     monkeypatch.setattr(steps, "select", watching_select)
-    config = PruningConfig(epochs=0, dense_finetune=dense_finetune, dense_epochs=0.1, batch_size=16, max_length=32,
+    config = PruningConfig(epochs=0, dense_finetune=dense_finetune, untrained_dense="warn", dense_epochs=0.1,
+                           batch_size=16, max_length=32,
                            seed=3, device="cpu", export="none", recovery_loss="ce", stability_shards=0,
                            latency_warmup=0, latency_repeats=1)
     run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=tmp_path / "out", config=config))

@@ -172,6 +172,20 @@ function registration(job) {
     done.error || "");
 }
 
+// Why an attempt ended, in words (AttemptPublic.end).
+const ATTEMPT_ENDS = {
+  completed: "completed", failed: "failed", cancelled: "cancelled",
+  handed_back: "handed back: its worker shut down", lost: "its worker was lost",
+};
+
+function attemptList(attempts) {
+  return h("ol", { class: "attempts" }, ...attempts.map((a) => h("li", { dataset: { attempt: a.number } },
+    `${formatTime(a.started_at)} – ${a.ended_at ? formatTime(a.ended_at) : "running"} · `,
+    h("code", { class: "muted" }, a.worker),
+    a.end ? ` · ${ATTEMPT_ENDS[a.end] || a.end}` : "",
+    a.resumed_from ? ` · resumed from ${a.resumed_from}` : "")));
+}
+
 export function jobView(jobId) {
   let job = null;
   let resultShown = false;
@@ -219,6 +233,7 @@ export function jobView(jobId) {
       field("started", "Started", job.started_at ? formatTime(job.started_at) : "–"),
       field("finished", "Finished", job.finished_at ? formatTime(job.finished_at) : "–"),
       field("duration", "Duration", runFor),
+      job.attempts?.length ? field("attempts", "Attempts", attemptList(job.attempts)) : null,
       field("model", "Model", job.model_name ? h("strong", {}, job.model_name) : null, job.model_name ? " " : null,
         h("code", { class: job.model_name ? "muted" : "" }, job.model?.uri), job.model?.revision ? ` @ ${job.model.revision}` : ""),
       field("dataset", "Dataset", job.dataset_name ? h("strong", {}, job.dataset_name) : null,

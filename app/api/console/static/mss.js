@@ -2,7 +2,7 @@
 // polynomial degree as a dashed line, k* ringed. Read by pointer or arrow keys; also as a table.
 
 import { clear, formatNumber, h, s } from "./dom.js";
-import { degreeRanges, nextId, replaceKeepingFocus, responsive, ticks, tooltip } from "./plot.js";
+import { degreeRanges, labelRows, nextId, replaceKeepingFocus, responsive, ticks, tooltip } from "./plot.js";
 
 /**
  * The Mean Simplified Silhouette against k, with the knee of each polynomial degree and k*.
@@ -69,10 +69,17 @@ export function mssChart(curve) {
   }
 
   function draw(width) {
-    const height = Math.round(Math.min(340, Math.max(220, width * 0.45)));
     const m = { left: 66, right: 18, top: 34, bottom: 44 };
     const kLo = ks[0];
     const kHi = ks[ks.length - 1];
+    const kneeKs = [...kneesAt.keys()].sort((a, b) => a - b);
+    const kneeX = (k) => m.left + ((k - kLo) / (kHi - kLo || 1)) * (width - m.left - m.right);
+    // The knees' labels in as many rows as they need not to overlap (a phone's 390 px included); the
+    // plot starts below the last row.
+    const { placed, rows } = labelRows(kneeKs.map((k) => ({ x: kneeX(k), text: `deg ${degreeRanges(kneesAt.get(k))}` })),
+      { minX: 0, maxX: width });
+    m.top += 12 * (rows - 1);
+    const height = Math.round(Math.min(340, Math.max(220, width * 0.45))) + 12 * (rows - 1);
     let yLo = Math.min(...mss);
     let yHi = Math.max(...mss);
     const pad = (yHi - yLo) * 0.08 || 0.05;
@@ -101,20 +108,18 @@ export function mssChart(curve) {
                   transform: `rotate(-90 14 ${(m.top + height - m.bottom) / 2})` }, "MSS"));
     svg.append(axes);
 
-    // Knees: one dashed line per distinct k, labelled with its degrees; labels step down when crowded.
+    // Knees: one dashed line per distinct k, labelled with its degrees, each label on its own row when crowded.
     const knees = s("g", { class: "knees" });
-    let lastX = -Infinity;
-    let row = 0;
-    for (const k of [...kneesAt.keys()].sort((a, b) => a - b)) {
+    kneeKs.forEach((k, i) => {
       const kx = x(k);
-      row = kx - lastX < 64 ? (row + 1) % 2 : 0;
-      lastX = kx;
+      const { x: lx, row } = placed[i];
+      const top = m.top - 12 * (rows - 1) + row * 12;
       const chosen = kneesAt.get(k).includes(chosenDegree);
       knees.append(
-        s("line", { x1: kx, x2: kx, y1: m.top - 4 + row * 12, y2: height - m.bottom, class: chosen ? "knee chosen" : "knee" }),
-        s("text", { x: kx, y: m.top - 8 + row * 12, "text-anchor": "middle", class: "knee-label" },
-          `deg ${degreeRanges(kneesAt.get(k))}`));
-    }
+        s("line", { x1: kx, x2: kx, y1: top - 4, y2: height - m.bottom, class: chosen ? "knee chosen" : "knee" }),
+        s("text", { x: lx, y: top - 8, "text-anchor": "middle", class: "knee-label",
+                    dataset: { row } }, `deg ${degreeRanges(kneesAt.get(k))}`));
+    });
     svg.append(knees);
 
     const line = ks.map((k, i) => `${i ? "L" : "M"}${x(k).toFixed(1)},${y(mss[i]).toFixed(1)}`).join("");

@@ -63,6 +63,24 @@ export function degreeRanges(degrees) {
   return parts.join(", ");
 }
 
+/**
+ * Rows for labels centred at `x` that never overlap: each goes on the first row whose last label ends
+ * `gap` px before it starts (widths estimated at `charWidth` px a character), shifted to stay within
+ * [minX, maxX]. Returns [{x, row}] in the order given, and the number of rows used.
+ */
+export function labelRows(labels, { minX, maxX, charWidth = 6.6, gap = 6 }) {
+  const ends = [];
+  const placed = labels.map(({ x, text }) => {
+    const half = (text.length * charWidth) / 2;
+    const cx = Math.min(Math.max(x, minX + half), maxX - half);
+    let row = ends.findIndex((end) => end + gap <= cx - half);
+    if (row < 0) row = ends.length;
+    ends[row] = cx + half;
+    return { x: cx, row };
+  });
+  return { placed, rows: Math.max(ends.length, 1) };
+}
+
 /** Re-draw `draw(width)` into `host` whenever its width changes. Returns a function that stops it. */
 export function responsive(host, draw) {
   let width = 0;

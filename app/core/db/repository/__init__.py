@@ -12,6 +12,7 @@ One module per topic; everything is re-exported here, so callers write ``reposit
 - :mod:`.keys` API keys; :mod:`.uploads` uploads;
 - :mod:`.jobs` jobs (insert, read, list, cancel, delete, broker marks);
 - :mod:`.leases` a running job and its worker (claim, renew, progress, end, take-over);
+- :mod:`.attempts` a job's attempts (opened by the claim, closed by what ended each);
 - :mod:`.logs` log lines; :mod:`.artifacts` artifact rows and their retention;
 - :mod:`.webhooks` webhook endpoints and secrets; :mod:`.events` the webhook outbox and deliveries;
 - :mod:`.pieces` the pieces of an accuracy budget's search, run by any worker of the pool.
@@ -25,6 +26,13 @@ from app.core.db.repository._artifacts import (
     get_artifact,
     jobs_with_artifacts_to_expire,
     list_artifacts,
+)
+from app.core.db.repository._attempts import (
+    attempt_rows,
+    attempt_rows_sql,
+    close_attempt,
+    note_resumed_from,
+    open_attempt,
 )
 from app.core.db.repository._events import (
     EVENT_TYPES,
@@ -49,6 +57,7 @@ from app.core.db.repository._jobs import (
     mark_enqueued,
     mark_not_enqueued,
     queued_jobs_to_send,
+    registrations_of,
     request_cancel,
     reserve_registration,
     set_registration,
@@ -109,6 +118,7 @@ from app.core.db.repository._webhooks import (
 )
 
 __all__ = [
+    "attempt_rows", "attempt_rows_sql", "close_attempt", "note_resumed_from", "open_attempt",
     "add_api_key", "add_job", "add_pieces", "cancel_pieces", "claim_piece", "finish_piece", "get_pieces",
     "job_pieces", "NewPiece", "piece_wanted", "release_piece", "renew_piece", "requeue_lost_pieces",
     "add_upload", "add_webhook", "api_key_hash", "append_logs", "ArtifactRecord",
@@ -121,5 +131,6 @@ __all__ = [
     "list_api_keys", "list_artifacts", "list_jobs", "list_webhooks", "LostJob", "mark_enqueued", "mark_not_enqueued",
     "next_log_line", "ProgressAck", "queued_jobs_to_send", "read_logs", "record_attempt", "record_event",
     "release_lost_job", "renew_lease", "report_progress", "request_cancel", "revoke_api_key", "secrets_for",
-    "set_key_webhook_secret", "set_registration", "reserve_registration", "stale_uploads", "touch_api_key",
+    "set_key_webhook_secret", "set_registration", "registrations_of", "reserve_registration", "stale_uploads",
+    "touch_api_key",
 ]

@@ -168,8 +168,25 @@ def mark_not_enqueued(session: Session, *, job_id: str) -> None:
 
 
 def set_registration(session: Session, *, job_id: str, registration: dict[str, Any]) -> None:
-    """Record how the job's last MLflow registration went (a finished job: its row is not raced)."""
-    session.execute(update(Job).where(Job.id == job_id).values(registration=registration, updated_at=utcnow()))
+    """Record how the job's latest MLflow registration went, after the ones before it.
+
+    The row is locked for the read (``FOR UPDATE``; SQLite has one writer at a time), so that two
+    registrations of one job at once each keep their entry.
+    """
+    row = session.execute(select(Job.registration, Job.registration_history).where(Job.id == job_id)
+                          .with_for_update()).one_or_none()
+    if row is None:
+        return
+    history = registrations_of(row.registration, row.registration_history)
+    session.execute(update(Job).where(Job.id == job_id).values(
+        registration=registration, registration_history=[*history, registration], updated_at=utcnow()))
+
+
+def registrations_of(last: dict[str, Any] | None, history: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A job's registrations, oldest first, from its ``registration`` and ``registration_history`` columns."""
+    if history is not None:
+        return list(history)
+    return [last] if last else []
 
 
 def reserve_registration(session: Session, *, job_id: str, limit: int) -> bool:

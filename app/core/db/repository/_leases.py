@@ -11,8 +11,9 @@ from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.db._database import utcnow
-from app.core.db._models import Artifact, Job, JobStatus
+from app.core.db._models import Artifact, AttemptEnd, Job, JobStatus
 from app.core.db.repository._artifacts import ArtifactRecord
+from app.core.db.repository._attempts import close_attempt, open_attempt
 from app.core.db.repository._events import FINAL_EVENT, STAGE_CHANGED, record_event
 from app.core.db.repository._fairness import fair_pick, standings
 from app.core.db.repository._jobs import get_job
@@ -56,6 +57,7 @@ def claim_job(
     )
     if rowcount(claimed) != 1:
         return None
+    open_attempt(session, job_id=job_id, worker_id=worker_id, now=now)
     return get_job(session, job_id=job_id)
 
 
@@ -98,6 +100,11 @@ def renew_lease(session: Session, *, job_id: str, worker_id: str, lease_s: float
         .values(lease_expires_at=now + dt.timedelta(seconds=lease_s))
     )
     return rowcount(renewed) == 1
+
+
+#: Why an attempt ended, by the job's final status.
+_ENDS = {JobStatus.succeeded: AttemptEnd.completed, JobStatus.failed: AttemptEnd.failed,
+         JobStatus.cancelled: AttemptEnd.cancelled}
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,7 @@ def finish_job(
         values.update(progress=1.0)
     if registration is not None:
         values["registration"] = dict(registration)
+        values["registration_history"] = [dict(registration)]  # the job's own, the first of its list
     done = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
@@ -197,6 +205,7 @@ def finish_job(
     )
     if rowcount(done) != 1:
         return False
+    close_attempt(session, job_id=job_id, worker_id=worker_id, reason=_ENDS[status])
     if messages:
         append_logs(session, job_id=job_id, messages=messages)
     record_event(session, job_id=job_id, event_type=FINAL_EVENT[status], details=event_details)
@@ -229,6 +238,7 @@ def hand_back_job(session: Session, *, job_id: str, worker_id: str, messages: Se
     )
     if rowcount(handed) != 1:
         return False
+    close_attempt(session, job_id=job_id, worker_id=worker_id, reason=AttemptEnd.handed_back)
     append_logs(session, job_id=job_id, messages=messages)
     return True
 
@@ -287,6 +297,7 @@ def release_lost_job(session: Session, *, job: LostJob, max_attempts: int) -> Jo
     )
     if rowcount(released) != 1:
         return None
+    close_attempt(session, job_id=job.id, worker_id=job.worker_id, reason=AttemptEnd.lost)
     append_logs(session, job_id=job.id, messages=[message])
     if status.finished:
         record_event(session, job_id=job.id, event_type=FINAL_EVENT[status])

@@ -1,0 +1,126 @@
+"""How well a job's ``eta_s`` foretells the time it really has left, stage by stage.
+
+The real all-MiniLM-L6-v2 (a new head, so ``dense_finetune: auto`` fine-tunes it) on ``--rows`` seeded
+rows of SST-5's train split (``--test-rows`` of its test split), the engine's defaults otherwise (3 dense
+epochs, 3 recovery epochs with distillation, ONNX export), through :func:`cahp_engine.run.run_pruning`
+with a progress hook, as the job service's worker runs it. Every progress report is kept with its time
+(the trace), and fed, as the worker feeds it, to :class:`cahp_engine.progress.ThroughputEta` (the
+worker's estimate) and to the estimate it replaced (the overall fraction's pace over the last ten
+minutes). Once the run has ended, each estimate is set against the time that was really left.
+
+Reported: for each estimator, the relative error ``|eta - left| / left`` at 25, 50, 75 and 90 % of the
+progress, its median and largest value from 25 % on, the share of samples within 25 %, and the first
+second at which it gave a figure; the stage timings. ``--trace FILE`` replays a saved trace instead of
+running a job (the estimators are functions of the trace alone).
+
+    OMP_NUM_THREADS=1 nice -n 5 python -m bench eta --data /work/shared/data/sst5 --rows 2000 --test-rows 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import SST5, machine, minilm_path, pin_threads, save
+from bench.resume import _subset
+
+#: The estimate the worker gave before: the overall fraction's pace over this window (seconds).
+OLD_WINDOW_S = 600.0
+OLD_MIN_S = 30.0
+
+
+def _old_eta(trace: list[tuple[float, str, float]]) -> list[float | None]:
+    paces: list[tuple[float, float]] = []
+    out: list[float | None] = []
+    for now, _, overall in trace:
+        paces.append((now, overall))
+        while len(paces) > 2 and now - paces[1][0] >= OLD_WINDOW_S:
+            paces.pop(0)
+        then, before = paces[0]
+        out.append(None if now - then < OLD_MIN_S or overall - before <= 1e-4
+                   else (1.0 - overall) * (now - then) / (overall - before))
+    return out
+
+
+def _new_eta(trace: list[tuple[float, str, float]], config: Any) -> list[float | None]:
+    from cahp_engine.progress import ThroughputEta, skipped_stages, stage_costs, stage_spans
+
+    eta = ThroughputEta(stage_spans(skipped_stages(config)), stage_costs(config))
+    return [eta.update(now, stage, overall) for now, stage, overall in trace]
+
+
+def _score(trace: list[tuple[float, str, float]], etas: list[float | None]) -> dict[str, Any]:
+    end = trace[-1][0]
+    rows = [(overall, eta, end - now, now) for (now, _, overall), eta in zip(trace, etas, strict=True)]
+    first = next((now for _, eta, _, now in rows if eta is not None), None)
+    late = [(overall, abs(eta - left) / left) for overall, eta, left, _ in rows
+            if eta is not None and overall >= 0.25 and left > 1.0]
+    at = {}
+    for mark in (0.25, 0.5, 0.75, 0.9):
+        hit = next(((eta, left) for overall, eta, left, _ in rows if overall >= mark and eta is not None), None)
+        at[f"{mark:.0%}"] = None if hit is None else {"eta_s": round(hit[0], 1), "left_s": round(hit[1], 1),
+                                                      "error": round(abs(hit[0] - hit[1]) / hit[1], 3)}
+    missing = sum(1 for overall, eta, _, _ in rows if eta is None and overall >= 0.25)
+    errors = [e for _, e in late]
+    return {"first_estimate_at_s": first, "at": at, "samples_from_25pct": len(errors),
+            "null_from_25pct": missing,
+            "median_error": round(statistics.median(errors), 3) if errors else None,
+            "max_error": round(max(errors), 3) if errors else None,
+            "within_25pct": round(sum(e <= 0.25 for e in errors) / len(errors), 3) if errors else None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench eta", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
+    parser.add_argument("--data", type=Path, default=SST5, help="SST-5 directory (train.csv, test.csv)")
+    parser.add_argument("--rows", type=int, default=2000, help="training rows (default 2000)")
+    parser.add_argument("--test-rows", type=int, default=400, help="test rows (default 400)")
+    parser.add_argument("--epochs", type=float, default=3.0, help="recovery and dense epochs (default 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--trace", type=Path, help="replay this saved trace (a bench/results/eta*.json) instead")
+    parser.add_argument("--out", default="eta.json", help="results file name under bench/results/")
+    args = parser.parse_args(argv)
+    pin_threads(args.threads)
+
+    from cahp_engine.config import PruningConfig
+
+    if args.trace is not None:
+        saved = json.loads(args.trace.read_text())
+        config = PruningConfig(**saved["config"])
+        trace = [tuple(t) for t in saved["trace"]]
+        timings = saved.get("timings_s")
+    else:
+        from cahp_engine.run import RunHooks, RunRequest, run_pruning
+
+        config = PruningConfig(epochs=args.epochs, dense_epochs=args.epochs, seed=0, latency_repeats=3,
+                               latency_warmup=1)
+        trace = []
+        with tempfile.TemporaryDirectory(prefix="cahp-bench-eta-") as tmp:
+            root = Path(tmp)
+            data = str(_subset(args.data, root / "data", args.rows, args.test_rows))
+            started = time.monotonic()
+
+            def heard(stage: str, overall: float) -> None:
+                trace.append((time.monotonic() - started, stage, overall))
+
+            report = run_pruning(RunRequest(minilm_path(), data, root / "out", config), RunHooks(progress=heard))
+            trace.append((time.monotonic() - started, "done", 1.0))
+            timings = report.timings_s
+    figures = {"wall_s": round(trace[-1][0], 1), "throughput": _score(trace, _new_eta(trace, config)),
+               "fraction_pace": _score(trace, _old_eta(trace))}
+    payload = {"rows": args.rows, "test_rows": args.test_rows, "threads": args.threads, "machine": machine(),
+               "config": config.to_dict(), "figures": figures, "timings_s": timings,
+               "trace": [list(t) for t in trace]}
+    path = save(args.out, payload, command="python -m bench eta " + " ".join(argv or []),
+                protocol=__doc__.split("\n\n")[1])
+    print(json.dumps({**figures, "timings_s": timings}, indent=2))
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

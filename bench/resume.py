@@ -1,18 +1,18 @@
-"""What a lost worker costs a job: an attempt that resumes from the checkpoints against a fresh run.
+"""What a lost worker costs a job: an attempt that resumes from its saved resume state against a fresh run.
 
 The real all-MiniLM-L6-v2 with a new classification head (so dense fine-tuning runs and is saved) on
 ``--rows`` rows drawn from SST-5's train split (``--test-rows`` from its test split, seeded), 3 recovery
 epochs, distillation (the engine's defaults otherwise), through :func:`cahp_engine.run.run_pruning`
-with a :class:`~cahp_engine.run.DirectoryCheckpoints` store, as the job service's worker runs it:
+with a :class:`~cahp_engine.run.DirectoryResumeStore` store, as the job service's worker runs it:
 
 1. ``fresh``: the whole run, timed;
 2. ``stopped``: the same run stopped as soon as recovery has saved its first epoch (what a ``kill -9``
    leaves after an epoch; a worker told to stop saves the step it stopped at as well);
 3. ``resumed``: a new run on the same store: it takes the dense model, the selection and the pruned
-   model's scores from the checkpoints and goes on from the saved recovery step.
+   model's scores from the resume store and goes on from the saved recovery step.
 
 Reported: each run's wall time and stage timings, ``resumed / fresh``, whether the resumed model equals
-the fresh one (largest absolute weight difference), and the checkpoint's size. One thread; one repeat
+the fresh one (largest absolute weight difference), and the resume state's size. One thread; one repeat
 (the resumed run's saving is what the stage timings show; run it again for another sample).
 
     OMP_NUM_THREADS=1 python -m bench resume --rows 800 --test-rows 400
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from cahp_engine.config import PruningConfig
     from cahp_engine.errors import JobCancelledError
-    from cahp_engine.run import DirectoryCheckpoints, RunHooks, RunRequest, run_pruning
+    from cahp_engine.run import DirectoryResumeStore, RunHooks, RunRequest, run_pruning
 
     config = PruningConfig(epochs=3, dense_finetune="always", dense_epochs=3, seed=0, export="none",
                            latency_repeats=3, latency_warmup=1)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         figures["fresh_s"] = time.perf_counter() - started
         figures["fresh_timings_s"] = fresh.timings_s
 
-        store = DirectoryCheckpoints(root / "checkpoints")
+        store = DirectoryResumeStore(root / "checkpoints")
 
         def after_first_epoch() -> bool:
             saved = store.restore().get("recovery_training")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         try:
             run_pruning(RunRequest(model_ref=model, dataset_ref=data, output_dir=root / "stopped", config=config),
-                        RunHooks(checkpoints=store, should_cancel=after_first_epoch))
+                        RunHooks(resume_store=store, should_cancel=after_first_epoch))
         except JobCancelledError:
             pass
         figures["stopped_after_s"] = time.perf_counter() - started
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         resumed = run_pruning(RunRequest(model_ref=model, dataset_ref=data, output_dir=root / "resumed",
                                          config=config),
-                              RunHooks(checkpoints=store, log=lines.append))
+                              RunHooks(resume_store=store, log=lines.append))
         figures["resumed_s"] = time.perf_counter() - started
         figures["resumed_timings_s"] = resumed.timings_s
         figures["resumed_over_fresh"] = figures["resumed_s"] / figures["fresh_s"]

@@ -9,12 +9,12 @@ piece (a conditional ``UPDATE``, like a job), renews its lease while it trains a
 the search's own worker claims the pieces nobody has taken yet, so a pool of one worker (or a pool
 whose other workers are busy) runs them in turn. A piece whose worker is lost (its lease lapses) goes
 back to the queue and is sent again: a candidate is carried from one piece to the next as a state in
-the artifact store (:func:`~cahp_engine.run.save_candidate`, under the job's checkpoints), so the
+the artifact store (:func:`~cahp_engine.run.save_candidate`, under the job's resume state), so the
 piece is run again from the same state and gives the same result. Pieces are deterministic and the
 search decides on whole rungs, so the answer is the one-worker search's.
 
 :func:`run_piece` is the other side, what the piece's task calls: it rebuilds the search's inputs
-from the job's inputs and checkpoints once per job attempt and process
+from the job's inputs and resume state once per job attempt and process
 (:func:`~cahp_engine.run.candidate_inputs`), then trains the piece.
 """
 
@@ -34,7 +34,7 @@ from app.core.db import repository, transaction
 from app.core.inputs import InputFetcher, refuse_custom_code
 from app.core.params import run_config
 from app.core.periodic import Periodic
-from app.core.storage import ArtifactStore, checkpoint_prefix
+from app.core.storage import ArtifactStore, resume_prefix
 from cahp_engine.errors import JobCancelledError
 from cahp_engine.models import check_weight_files
 from cahp_engine.results import DropInterval, ValidationPoint
@@ -51,8 +51,8 @@ from cahp_engine.run import (
     save_candidate,
 )
 from worker import shutdown
-from worker.checkpoints import StoreCheckpoints
 from worker.claims import ClaimedPiece, JobDefinition, run_request
+from worker.resume_store import ArtifactResumeStore
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class PoolCandidates:
     def _delete(self, prefix: str) -> None:
         try:
             self._context.store.delete_prefix(prefix)
-        except Exception as exc:  # removed with the job's checkpoints at its end
+        except Exception as exc:  # removed with the job's resume state at its end
             logger.warning("could not delete the candidate state %s: %s", prefix, exc)
 
 
@@ -241,7 +241,7 @@ def execute_piece(piece: ClaimedPiece, inputs: SearchInputs, store: ArtifactStor
         state = None
         if result.status in _RESUMABLE:
             save_candidate(result.run, scratch / "to")
-            state = (f"{checkpoint_prefix(piece.job_id)}/candidates/{piece.attempt}/"
+            state = (f"{resume_prefix(piece.job_id)}/candidates/{piece.attempt}/"
                      f"{spec.key}-{uuid.uuid4().hex[:12]}")
             for name in CANDIDATE_FILES:
                 store.put_file(f"{state}/{name}", scratch / "to" / name, media_type="application/octet-stream")
@@ -353,10 +353,11 @@ def _inputs(context: Any, piece: ClaimedPiece, job: JobDefinition, should_cancel
         if Path(fetched.model_ref).is_dir():
             refuse_custom_code(Path(fetched.model_ref))
             check_weight_files(Path(fetched.model_ref))
-        # The run's own request (its output directory is never written here) and its checkpoints, read only.
+        # The run's own request (its output directory is never written here) and its resume state, read only.
         inputs = candidate_inputs(
             run_request(job, config, fetched, scratch / "output", settings),
-            RunHooks(checkpoints=StoreCheckpoints(context.store, job_id=piece.job_id, local=scratch / "checkpoints"),
+            RunHooks(resume_store=ArtifactResumeStore(context.store, job_id=piece.job_id,
+                                                      local=scratch / "checkpoints"),
                      should_cancel=should_cancel))
         _BUILT[(piece.job_id, piece.attempt)] = (inputs, scratch)
         return inputs

@@ -1,9 +1,9 @@
-"""A stopping worker's job: handed back to the queue with its checkpoints, or ended with them removed.
+"""A stopping worker's job: handed back to the queue with its resume state, or ended with it removed.
 
 A worker that is shutting down (:mod:`worker.shutdown`) does not finish its job: the job goes back to
-``queued`` with its attempt returned (:func:`app.core.db.repository.hand_back_job`), keeps the checkpoints
-the engine saved (:mod:`worker.checkpoints`), and the caller sends its message again at once, so any
-worker resumes it. A job that ends (succeeded, failed, cancelled) has its checkpoints removed.
+``queued`` with its attempt returned (:func:`app.core.db.repository.hand_back_job`), keeps the resume state
+the engine saved (:mod:`worker.resume_store`), and the caller sends its message again at once, so any
+worker resumes it. A job that ends (succeeded, failed, cancelled) has its resume state removed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import datetime
 
 from app.core.db import JobStatus, repository, transaction
 from app.core.metrics import observe_job_end
-from app.core.storage import ArtifactStore, checkpoint_prefix
+from app.core.storage import ArtifactStore, resume_prefix
 from worker.reporting import JobReporter
 
 logger = logging.getLogger(__name__)
@@ -34,9 +34,9 @@ def hand_back(reporter: JobReporter, *, attempt: int) -> bool:
 
 
 def job_ended(store: ArtifactStore, *, job_id: str, status: JobStatus, created_at: datetime | None) -> None:
-    """A job's end, recorded: its checkpoints removed, ``cahp_job_duration_seconds`` observed."""
+    """A job's end, recorded: its resume state removed, ``cahp_job_duration_seconds`` observed."""
     observe_job_end(status.value, created_at)
     try:
-        store.delete_prefix(checkpoint_prefix(job_id))
+        store.delete_prefix(resume_prefix(job_id))
     except Exception as exc:  # the job's deletion (or retention) removes them with its artifacts
         logger.warning("could not delete the checkpoints of job %s: %s", job_id, exc)

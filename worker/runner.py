@@ -38,13 +38,13 @@ from cahp_engine.run import RunHooks, RunReport, RunRequest
 from worker import shutdown
 from worker.artifacts import store_artifacts
 from worker.candidates import PoolCandidates
-from worker.checkpoints import StoreCheckpoints
 from worker.claims import ClaimedJob, JobDefinition, run_request
 from worker.delivery import event_details, register
 from worker.handback import hand_back, job_ended
 from worker.lease import LeaseKeeper
 from worker.redaction import job_redactor
 from worker.reporting import KEEP_ALIVE_CHECK_S, JobReporter
+from worker.resume_store import ArtifactResumeStore
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Outcome(enum.StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"
-    #: The worker is shutting down: the job is queued again, with its checkpoints, for any worker to resume.
+    #: The worker is shutting down: the job is queued again, with its resume state, for any worker to resume.
     handed_back = "handed_back"
 
 
@@ -283,11 +283,11 @@ def _hooks(claimed: ClaimedJob, context: WorkerContext, reporter: JobReporter, w
         should_cancel=reporter.should_cancel,
         log=reporter.log,
         # Each stage and fine-tuning stop saved to the artifact store; an earlier attempt's resumed.
-        checkpoints=StoreCheckpoints(context.store, job_id=claimed.job.id, local=workdir / "checkpoints",
-                                     on_restore=lambda restored: _note_resumed(context, claimed.job.id, restored)),
-        checkpoint_interval_s=settings.checkpoint_interval_s,
+        resume_store=ArtifactResumeStore(context.store, job_id=claimed.job.id, local=workdir / "checkpoints",
+                                         on_restore=lambda restored: _note_resumed(context, claimed.job.id, restored)),
+        save_interval_s=settings.checkpoint_interval_s,
         # A worker shutting down saves the fine-tuning at its last step before handing the job back.
-        checkpoint_when_stopped=lambda: reporter.stop_reason == "shutdown",
+        save_when_stopped=lambda: reporter.stop_reason == "shutdown",
         candidates=pool,
     )
 

@@ -4,8 +4,8 @@ Celery answers SIGTERM with a warm shutdown: it takes no new message and waits f
 which for a pruning job can take hours, longer than any orchestrator waits before SIGKILL. So the
 worker's main process, when its shutdown starts (Celery's ``worker_shutting_down`` signal), leaves a
 flag file that the process running the job looks for at every step (the pool's child processes do
-not get the signal themselves). The job then stops at its next step, keeps the checkpoints it saved
-(:mod:`worker.checkpoints`), gives its attempt back to the queue and sends its message again, so that
+not get the signal themselves). The job then stops at its next step, keeps the resume state it saved
+(:mod:`worker.resume_store`), gives its attempt back to the queue and sends its message again, so that
 another worker resumes it within seconds (:func:`worker.runner.execute_job`).
 
 The flag is a file named after the main process's pid in the work directory: a pool child checks its

@@ -227,7 +227,7 @@ class AttemptPublic(BaseModel):
     ended_at: dt.datetime | None = Field(description="Null while the attempt runs")
     end: Literal["completed", "failed", "cancelled", "handed_back", "lost"] | None = Field(
         description="Why it ended: the job `completed`, `failed` or was `cancelled`; the worker shut down and "
-        "`handed_back` the job with its checkpoints; or the worker was `lost` (stopped renewing its lease)")
+        "`handed_back` the job with its resume state; or the worker was `lost` (stopped renewing its lease)")
     resumed_from: str | None = Field(description="The saved step it went on from (`recovery_training step 63`); "
                                      "null when it started from the beginning")
 

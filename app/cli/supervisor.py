@@ -2,7 +2,7 @@
 
 A worker process can end while the server goes on: told to stop (SIGTERM from an operator or an
 out-of-memory killer's warning), crashed, or killed. Its running job is not lost (a stopping worker
-hands it back with its checkpoints, a killed one's lease lapses), but without a worker nothing would
+hands it back with its resume state, a killed one's lease lapses), but without a worker nothing would
 take it. The supervisor looks at its workers every second and starts a new one in the place of any
 that has ended. A worker that ends soon after it started (a bad setting, a port in use) is restarted
 after a delay that doubles each time, up to a minute, so a broken configuration does not spin.

@@ -107,8 +107,9 @@ class Settings(BaseSettings):
     progress_interval_s, cancel_check_interval_s : float
         Least time between two progress writes, and between two reads of a job's cancel flag.
     checkpoint_interval_s : float
-        A running fine-tuning's state is saved to the artifact store at its epoch ends, no more often than
-        this (0: every epoch); a worker lost or redeployed costs the job at most this plus one epoch.
+        A running fine-tuning's resume state (the name is kept for compatibility) is saved to the artifact
+        store at its epoch ends, no more often than this (0: every epoch); a worker lost or redeployed costs
+        the job at most this plus one epoch.
     work_dir : Path or None
         Worker scratch space for inputs and outputs of running jobs; None means ``data_dir/work``.
     no_auth : bool

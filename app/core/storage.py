@@ -56,8 +56,11 @@ def job_prefix(job_id: str) -> str:
     return f"jobs/{job_id}"
 
 
-def checkpoint_prefix(job_id: str) -> str:
-    """Where a running job keeps its checkpoints (inside its own prefix: deleting the job deletes them)."""
+def resume_prefix(job_id: str) -> str:
+    """Where a running job keeps its resume state (inside its own prefix: deleting the job deletes it).
+
+    The folder keeps its old name, ``checkpoints/``, so that a job saved by an earlier release is still found.
+    """
     return f"{job_prefix(job_id)}/checkpoints"
 
 

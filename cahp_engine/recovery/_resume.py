@@ -67,10 +67,10 @@ def load_training_state(directory: Path) -> dict[str, Any]:
             raise ValueError(f"version {tree.get('version')!r}, expected {STATE_VERSION}")
         state = _decode(tree["state"], load_file(str(directory / TENSORS_FILE)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PipelineError(f"the training checkpoint in {directory} cannot be read ({type(exc).__name__}: "
+        raise PipelineError(f"the saved training state in {directory} cannot be read ({type(exc).__name__}: "
                             f"{exc})") from exc
     if not isinstance(state, dict):
-        raise PipelineError(f"the training checkpoint in {directory} does not hold a state")
+        raise PipelineError(f"the saved training state in {directory} does not hold a state")
     return state
 
 
@@ -87,12 +87,12 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {"l": [_encode(v, f"{path}.{i}", tensors) for i, v in enumerate(value)]}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"v": value}
-    raise TypeError(f"cannot checkpoint a {type(value).__name__} at {path}")
+    raise TypeError(f"cannot save a {type(value).__name__} at {path} in a training state")
 
 
 def _key(key: Any) -> Any:
     if isinstance(key, bool) or not isinstance(key, (int, str)):
-        raise TypeError(f"cannot checkpoint the dictionary key {key!r}")
+        raise TypeError(f"cannot save the dictionary key {key!r} in a training state")
     return key
 
 

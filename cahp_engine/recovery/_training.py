@@ -7,7 +7,7 @@ A plain torch loop rather than the transformers ``Trainer``: the loop is short, 
 stop (an evaluation step when it watches a validation split, else an epoch's end) and evaluates
 there; between two calls it holds everything it needs to go on (optimiser, schedule, batch position,
 random state), so a fine-tuning paused and resumed ends exactly as an uninterrupted one, and
-:meth:`FineTuning.state_dict` is that state for a checkpoint. :meth:`FineTuning.finish` hands back the
+:meth:`FineTuning.state_dict` is that state, to save and resume from. :meth:`FineTuning.finish` hands back the
 best evaluation's weights (:mod:`cahp_engine.recovery._best`). :func:`finetune` runs one to its end.
 """
 
@@ -285,7 +285,7 @@ class FineTuning:
             stopped_early=self.stopped_early, early_stopping_patience=0 if self.best is None else self.best.patience)
         return described(result, self.teacher, self.alpha, self.temperature)
 
-    # --------------------------------------------------------------------------- checkpoints
+    # --------------------------------------------------------------------------- resume state
 
     def state_dict(self) -> dict[str, Any]:
         """Everything the fine-tuning needs to go on from here in another process (with the same inputs).

@@ -2,7 +2,7 @@
 
 Reading order: ``_request`` and ``_hooks`` (what a run is asked, what it reports back) -> ``_run``
 (``run_pruning``: the stages in order) -> ``_steps`` (load, dense fine-tune, select, prune, recover,
-evaluate) -> ``_checkpoints`` and ``_live`` (resuming an earlier run's stages; the log of long stages)
+evaluate) -> ``_resume`` and ``_live`` (resuming an earlier run's stages; the log of long stages)
 -> ``_holdout`` (the validation split recovery judges on) -> ``_candidates`` (one candidate of an
 accuracy budget, recovered) -> ``_executors`` and ``_candidate_inputs`` (who runs the candidates; their
 inputs rebuilt in a pool's worker) -> ``_budget`` (the budget's search instead of a knee) -> ``_deploy``
@@ -14,7 +14,6 @@ whether it is broken) -> ``_completion`` (the report's last facts) -> ``_report`
 from ._artifacts import ARTIFACT_FILES
 from ._candidate_inputs import candidate_inputs
 from ._candidates import CandidateResult, CandidateRun, CandidateSpec, SearchInputs, recover_candidate
-from ._checkpoints import CheckpointStore, DirectoryCheckpoints, resume_point
 from ._executors import CANDIDATE_FILES, CandidateExecutor, InTurn, load_candidate, save_candidate
 from ._holdout import carve
 from ._hooks import RunHooks
@@ -23,6 +22,7 @@ from ._plots import plot_head_map, plot_layer_retention, plot_mss_curve
 from ._quality import QualityFlag, QualityRecord
 from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, RunSummary
 from ._request import RunRequest
+from ._resume import DirectoryResumeStore, ResumeStore, resume_point
 from ._run import run_pruning
 from ._target_record import TargetRecord
 from ._warning_codes import WARNING_CODES
@@ -30,7 +30,7 @@ from ._warning_codes import WARNING_CODES
 __all__ = [
     "ARTIFACT_FILES", "CANDIDATE_FILES", "candidate_inputs", "CandidateExecutor", "CandidateResult", "CandidateRun",
     "CandidateSpec", "carve",
-    "CheckpointStore", "DirectoryCheckpoints", "resume_point",
+    "DirectoryResumeStore", "ResumeStore", "resume_point",
     "FailedRunMetrics", "FailedRunReport", "Identity", "InTurn", "load_candidate",
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
     "recover_candidate", "run_pruning", "RunError", "RunHooks", "RunIdentity", "RunReport", "RunRequest",

@@ -2,12 +2,12 @@
 
 A worker that runs candidates of someone else's run (:mod:`worker.candidates`) needs the
 :class:`~cahp_engine.run._candidates.SearchInputs` that run searches with. :func:`candidate_inputs`
-builds them from the run's own :class:`~cahp_engine.run.RunRequest` and checkpoints, as
+builds them from the run's own :class:`~cahp_engine.run.RunRequest` and resume store, as
 :func:`~cahp_engine.run.run_pruning` does up to its search: it loads the model and the data (the same
-carved validation rows, by the seed), takes the dense fine-tuned weights from the run's checkpoints
+carved validation rows, by the seed), takes the dense fine-tuned weights from the run's resume store
 (the run saves them before it searches), and computes the dense model's validation predictions and,
 when recovery distils, its logits over the training rows. These are forward passes in eval mode, so on
-the same kind of device they equal the run's own; nothing is written to the run's checkpoints.
+the same kind of device they equal the run's own; nothing is written to the run's resume store.
 """
 
 from __future__ import annotations
@@ -21,18 +21,18 @@ from cahp_engine.errors import PipelineError
 from cahp_engine.progress import Monitor
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._candidates import SearchInputs
-from cahp_engine.run._checkpoints import Checkpointer, CheckpointStore
 from cahp_engine.run._hooks import RunHooks
 from cahp_engine.run._live import LiveLog
 from cahp_engine.run._request import RunRequest
+from cahp_engine.run._resume import Resumer, ResumeStore
 
 __all__ = ["candidate_inputs"]
 
 
 class _ReadOnly:
-    """A :class:`CheckpointStore` that restores what ``store`` holds and keeps nothing new."""
+    """A :class:`ResumeStore` that restores what ``store`` holds and keeps nothing new."""
 
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: ResumeStore) -> None:
         self._store = store
 
     def save(self, stage: str, directory: Path) -> None:
@@ -54,31 +54,31 @@ def candidate_inputs(request: RunRequest, hooks: RunHooks) -> SearchInputs:
         The run's own request: its inputs, settings and limits are read; its output directory is not
         touched.
     hooks : RunHooks
-        ``checkpoints`` is the run's store (required; read only); ``should_cancel`` and ``log`` are
+        ``resume_store`` is the run's store (required; read only); ``should_cancel`` and ``log`` are
         used, the rest ignored. ``progress`` of the result is unset: the caller reports its own.
 
     Raises
     ------
     PipelineError
-        When ``request.config`` has no accuracy budget, ``hooks.checkpoints`` is None, or the run
-        fine-tuned its dense model and its checkpoints do not hold the result (it saves it before its
+        When ``request.config`` has no accuracy budget, ``hooks.resume_store`` is None, or the run
+        fine-tuned its dense model and its resume store does not hold the result (it saves it before its
         search starts).
     """
     config = request.config
     if config.max_accuracy_drop is None:
         raise PipelineError("candidate inputs exist only for a run with an accuracy budget (max_accuracy_drop)")
-    if hooks.checkpoints is None:
-        raise PipelineError("candidate inputs are rebuilt from the run's checkpoints: hooks.checkpoints must be "
+    if hooks.resume_store is None:
+        raise PipelineError("candidate inputs are rebuilt from the run's resume state: hooks.resume_store must be "
                             "the run's store, got None")
     say = hooks.say
     run = steps.RunContext(config=config, device=resolve_device(config.device),
                            monitor=Monitor(lambda _stage, _fraction: None, hooks.should_cancel), say=say,
                            overall=lambda _stage, _fraction: None, should_cancel=hooks.should_cancel)
-    saved = Checkpointer(_ReadOnly(hooks.checkpoints), config, say, live=LiveLog(say, interval_s=math.inf))
+    saved = Resumer(_ReadOnly(hooks.resume_store), config, say, live=LiveLog(say, interval_s=math.inf))
     inputs = steps.load(run, request)
     model = inputs.loaded.model
     if "dense" not in saved.saved and steps.dense_finetune_runs(config, inputs.loaded.classifier_trained):
-        raise PipelineError("the run's dense fine-tuned model is not among its checkpoints yet")
+        raise PipelineError("the run's dense fine-tuned model is not in its resume store yet")
     saved.dense_finetune(run, model=model, inputs=inputs, classifier_trained=inputs.loaded.classifier_trained)
     assert inputs.validation is not None  # a budget always has a validation split (steps.load)
     dense_validation, predictions = steps.evaluate_validation(run, model=model, validation=inputs.validation)

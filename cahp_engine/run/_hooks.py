@@ -2,7 +2,7 @@
 
 The second argument of :func:`~cahp_engine.run.run_pruning` (the first, :class:`~cahp_engine.run.RunRequest`,
 says what to run). ``cahp prune`` passes a progress bar and a log; the job service's worker passes its
-reporter, its cancel check, its artifact store's checkpoints and its pool of workers for an accuracy
+reporter, its cancel check, its resume store in the artifact store and its pool of workers for an accuracy
 budget's candidates. None of it changes the result: a run with hooks makes the run without them.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cahp_engine.run._checkpoints import CheckpointStore
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._live import LOG_INTERVAL_S
+from cahp_engine.run._resume import ResumeStore
 
 __all__ = ["RunHooks"]
 
@@ -33,12 +33,12 @@ class RunHooks:
         Receives human-readable lines about what the run is doing: at least one every
         ``log_interval_s`` seconds of a long stage (a fine-tuning's epoch, loss and pace).
     log_interval_s : float
-    checkpoints : CheckpointStore or None
+    resume_store : ResumeStore or None
         Where the run saves each finished stage and its fine-tunings' stops, and whence it resumes what
-        an earlier run of the same job saved (:mod:`cahp_engine.run._checkpoints`).
-    checkpoint_interval_s : float
+        an earlier run of the same job saved (:mod:`cahp_engine.run._resume`).
+    save_interval_s : float
         A fine-tuning's state is saved at its stops (epoch ends), no more often than this.
-    checkpoint_when_stopped : callable() -> bool or None
+    save_when_stopped : callable() -> bool or None
         Asked when ``should_cancel`` stops a fine-tuning: True saves its state at the last step taken
         first (the job service: a worker that shuts down hands its job back without losing the epoch).
     candidates : CandidateExecutor or None
@@ -50,9 +50,9 @@ class RunHooks:
     should_cancel: Callable[[], bool] | None = None
     log: Callable[[str], None] | None = None
     log_interval_s: float = LOG_INTERVAL_S
-    checkpoints: CheckpointStore | None = None
-    checkpoint_interval_s: float = 0.0
-    checkpoint_when_stopped: Callable[[], bool] | None = None
+    resume_store: ResumeStore | None = None
+    save_interval_s: float = 0.0
+    save_when_stopped: Callable[[], bool] | None = None
     candidates: CandidateExecutor | None = None
 
     def say(self, line: str) -> None:

@@ -25,7 +25,7 @@ LOG_INTERVAL_S = 30.0
 class TrainingHooks(Protocol):
     """What a run's fine-tunings are given: a saved state to go on from, and a call at each stop.
 
-    :class:`~cahp_engine.run._checkpoints.Checkpointer` is the run's; ``stage`` is the fine-tuning's
+    :class:`~cahp_engine.run._resume.Resumer` is the run's; ``stage`` is the fine-tuning's
     progress stage (``dense_finetune``, ``recovery``).
     """
 

@@ -1,7 +1,7 @@
 """What a run is asked to do: one frozen :class:`RunRequest`, the argument of :func:`~cahp_engine.run.run_pruning`.
 
 The request says what to read, with which settings, under which limits, where to write and who the
-model is; what a caller wants to hear back while it runs (progress, log, cancel, checkpoints, who runs
+model is; what a caller wants to hear back while it runs (progress, log, cancel, the resume store, who runs
 an accuracy budget's candidates) is :class:`~cahp_engine.run.RunHooks`. A model has two names here,
 each with its own field: ``model_ref`` is where the run reads it (a local directory or a hub id, in
 the job service a scratch copy), ``model_shown_as`` what the report and the log call it (the job

@@ -26,7 +26,6 @@ from cahp_engine.results import BudgetRecord
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._artifacts import write_artifacts, write_budget_plot, write_json
 from cahp_engine.run._budget import budget_warnings
-from cahp_engine.run._checkpoints import Checkpointer
 from cahp_engine.run._completion import complete_report
 from cahp_engine.run._deploy import (
     INT8_PRUNED,
@@ -51,6 +50,7 @@ from cahp_engine.run._report import (
     ValidationRecord,
 )
 from cahp_engine.run._request import RunRequest
+from cahp_engine.run._resume import Resumer
 from cahp_engine.run._target_stage import has_target, prune_for_run
 from cahp_engine.selection import SelectionResult
 
@@ -64,7 +64,7 @@ def run_pruning(request: RunRequest, hooks: RunHooks | None = None) -> RunReport
         The inputs, the :class:`~cahp_engine.config.PruningConfig`, the limits, the output directory and
         what the caller knows of the model (:class:`~cahp_engine.run.RunIdentity`).
     hooks : RunHooks, optional
-        Progress, log, cancellation, checkpoints and who runs an accuracy budget's candidates; none of
+        Progress, log, cancellation, the resume store and who runs an accuracy budget's candidates; none of
         them changes the result.
 
     Returns
@@ -91,8 +91,8 @@ def run_pruning(request: RunRequest, hooks: RunHooks | None = None) -> RunReport
         placed(stage, fraction)
         live.progress(stage, fraction)
 
-    resumed = Checkpointer(hooks.checkpoints, config, say, live=live, interval_s=hooks.checkpoint_interval_s,
-                           save_when_stopped=hooks.checkpoint_when_stopped)
+    resumed = Resumer(hooks.resume_store, config, say, live=live, interval_s=hooks.save_interval_s,
+                     save_when_stopped=hooks.save_when_stopped)
     run = steps.RunContext(config=config, device=resolve_device(config.device),
                            monitor=Monitor(overall, hooks.should_cancel), say=say, overall=overall,
                            should_cancel=hooks.should_cancel, training=resumed, candidates=hooks.candidates)
@@ -124,7 +124,7 @@ class _Recovered:
     target: TargetRecord | None = None
 
 
-def _run(run: steps.RunContext, resumed: Checkpointer, request: RunRequest, work: Path) -> RunReport:
+def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Path) -> RunReport:
     """The stages in order; the report without its wall time, identity and recipe, which the caller
     adds (a missed accuracy budget's report is completed and written here, then the error raised)."""
     config = run.config

@@ -79,8 +79,8 @@ class RunContext:
         Progress of a stage that reports it in steps (fine-tuning), mapped to the whole run.
     should_cancel : callable() -> bool, optional
     training : TrainingHooks, optional
-        Given to every fine-tuning: a saved state to go on from, and a call at each stop (checkpoints,
-        the live log; :mod:`cahp_engine.run._checkpoints`).
+        Given to every fine-tuning: a saved state to go on from, and a call at each stop (the resume state,
+        the live log; :mod:`cahp_engine.run._resume`).
     candidates : CandidateExecutor, optional
         Runs an accuracy budget's candidates (None: here, one after another).
     """

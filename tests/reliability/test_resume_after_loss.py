@@ -1,4 +1,4 @@
-"""A worker process killed with SIGKILL in recovery: the next attempt resumes from the last epoch's checkpoint.
+"""A worker process killed with SIGKILL in recovery: the next attempt resumes from the last epoch's saved state.
 
 A real ``cahp worker`` (Celery's prefork pool) on the real Redis runs a job with dense fine-tuning and
 a long recovery, saving each epoch to the artifact store. Once recovery has saved an epoch, the
@@ -69,7 +69,7 @@ def test_a_job_killed_in_recovery_resumes_from_its_last_epoch_and_ends_as_an_uni
         (1, first["worker_id"], "lost", None),
         (2, done["worker_id"], "completed", f"recovery_training step {resumed_at}")], job["attempts"]
     assert job["started_at"] == job["attempts"][0]["started_at"]
-    # The checkpoints are gone with the job's end; its artifacts are attempt 2's.
+    # The resume state is gone with the job's end; its artifacts are attempt 2's.
     assert _index(stack, job_id) == {}
     assert all(key.startswith(f"jobs/{job_id}/2/") for key in stack.artifact_keys(job_id))
 

@@ -1,6 +1,6 @@
 """A worker that is still alive after its job was taken over (a long pause, a lost network) stops,
 writes nothing, and leaves no artifact in the store: only the new holder's attempt is ever served. (The
-checkpoints it saved while it held the job stay: they are the job's, for the new holder to resume from.)
+resume state it saved while it held the job stays: it is the job's, for the new holder to resume from.)
 
 These run the worker's own code (:func:`worker.runner.execute_job`) with the real engine in this
 process; the take-over is what :func:`app.core.db.repository.claim_job` does once the lease expired.
@@ -58,7 +58,7 @@ def _take_over(engine: Engine, job_id: str) -> None:
 
 
 def _stored(settings: Settings, job_id: str) -> list[Path]:
-    """The job's artifacts in the store (its checkpoints, under ``checkpoints/``, are not artifacts)."""
+    """The job's artifacts in the store (its resume state, under ``checkpoints/``, is not an artifact)."""
     root = settings.data_dir / "artifacts" / "jobs" / job_id
     if not root.exists():
         return []

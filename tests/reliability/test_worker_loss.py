@@ -62,7 +62,7 @@ def test_a_job_whose_worker_dies_on_every_attempt_fails_as_worker_lost(stack: St
         assert row["status"] == "running", row
         if attempt == 1:  # an epoch saved, for the sweeper to remove when it ends the job
             row = stack.wait_row(job_id, lambda r: index.exists() and "recovery_training" in index.read_text(),
-                                 timeout=120, what="a recovery checkpoint")
+                                 timeout=120, what="a recovery's saved state")
         kill(holder_pid(row))
     failed = stack.wait_row(job_id, lambda r: r["status"] != "running" and r["attempts"] == 2,
                             timeout=stack.settings.takeover_bound_s + 60, what="the job to fail")
@@ -72,5 +72,5 @@ def test_a_job_whose_worker_dies_on_every_attempt_fails_as_worker_lost(stack: St
     job = stack.client.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "failed" and job["error"]["code"] == "worker_lost"
     assert stack.artifact_keys(job_id) == []
-    # The sweeper that ended it removed the checkpoints its attempts saved.
+    # The sweeper that ended it removed the resume state its attempts saved.
     assert not (stack.settings.data_dir / "artifacts" / "jobs" / job_id / "checkpoints").exists()

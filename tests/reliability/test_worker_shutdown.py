@@ -60,8 +60,8 @@ def test_sigterm_hands_the_running_job_back_and_another_worker_resumes_it_at_onc
 
     assert stack.client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
     stack.wait_row(job_id, lambda r: r["status"] in TERMINAL, timeout=120, what="the job to be cancelled")
-    # A job that ended keeps no checkpoints (removed just after its end is committed).
-    wait_for(lambda: not _saved(stack, job_id), timeout=60, what="the ended job's checkpoints to be removed")
+    # A job that ended keeps no resume state (removed just after its end is committed).
+    wait_for(lambda: not _saved(stack, job_id), timeout=60, what="the ended job's resume state to be removed")
     # The job's history: the handed-back attempt, and the next one going on from the step it saved.
     attempts = stack.client.get(f"/v1/jobs/{job_id}").json()["attempts"]
     assert [(a["number"], a["worker"], a["end"]) for a in attempts] == \

@@ -2,7 +2,7 @@
 
 The reporter's estimate from its own progress writes (a controlled clock); the shutdown flag file a
 worker's main process leaves; the conditional hand-back in the database; and what a finished job
-leaves of its checkpoints and in ``cahp_job_duration_seconds``.
+leaves of its resume state and in ``cahp_job_duration_seconds``.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import Job, repository, transaction
 from app.core.metrics import REGISTRY
-from app.core.storage import checkpoint_prefix, open_store
+from app.core.storage import open_store, resume_prefix
 from tests.support.helpers import job_body
 from tests.support.rows import Clock, job_row, running_job
 from worker import shutdown
-from worker.checkpoints import StoreCheckpoints
 from worker.reporting import ETA_MIN_S, KEEP_ALIVE_CHECK_S, KEEP_ALIVE_S, JobReporter
+from worker.resume_store import ArtifactResumeStore
 from worker.runner import Outcome, WorkerContext, execute_job
 
 
@@ -97,22 +97,22 @@ def test_a_hand_back_returns_the_attempt_and_queues_the_job_unless_it_was_cancel
     assert job_row(sessions, cancelled).status == "running"  # the worker ends it cancelled instead
 
 
-def test_a_finished_job_keeps_no_checkpoint_and_its_duration_is_observed(
+def test_a_finished_job_keeps_no_resume_state_and_its_duration_is_observed(
     client: TestClient, auth: dict[str, str], context: WorkerContext, model_uri: str, dataset_uri: str,
     tmp_path: Path,
 ) -> None:
     job_id = client.post("/v1/jobs", json=job_body(model_uri, dataset_uri), headers=auth).json()["id"]
-    # What an earlier attempt left: a checkpoint this attempt finds (it was saved with other settings).
+    # What an earlier attempt left: a saved stage this attempt finds (it was saved with other settings).
     saved = tmp_path / "stage"
     saved.mkdir()
     (saved / "stage.json").write_text('{"settings": {}}')
-    StoreCheckpoints(context.store, job_id=job_id, local=tmp_path / "local").save("selection", saved)
+    ArtifactResumeStore(context.store, job_id=job_id, local=tmp_path / "local").save("selection", saved)
     store = open_store(context.settings)
-    assert store.exists(f"{checkpoint_prefix(job_id)}/index.json")
+    assert store.exists(f"{resume_prefix(job_id)}/index.json")
     before = REGISTRY.get_sample_value("cahp_job_duration_seconds_count", {"status": "succeeded"}) or 0.0
 
     assert execute_job(job_id=job_id, context=context) is Outcome.succeeded
-    assert not store.exists(f"{checkpoint_prefix(job_id)}/index.json")
+    assert not store.exists(f"{resume_prefix(job_id)}/index.json")
     root = context.settings.data_dir / "artifacts" / "jobs" / job_id
     assert sorted(p.name for p in root.iterdir()) == ["1"]
     assert REGISTRY.get_sample_value("cahp_job_duration_seconds_count", {"status": "succeeded"}) == before + 1
@@ -120,7 +120,7 @@ def test_a_finished_job_keeps_no_checkpoint_and_its_duration_is_observed(
     assert any("ignoring the checkpoints selection" in line["message"] for line in logs)
 
 
-def test_a_handed_back_job_cancelled_while_queued_leaves_no_checkpoint(
+def test_a_handed_back_job_cancelled_while_queued_leaves_no_resume_state(
     client: TestClient, auth: dict[str, str], context: WorkerContext, sessions: sessionmaker[Session],
     dataset_uri: str, tmp_path: Path,
 ) -> None:
@@ -130,10 +130,10 @@ def test_a_handed_back_job_cancelled_while_queued_leaves_no_checkpoint(
     saved = tmp_path / "stage"
     saved.mkdir()
     (saved / "stage.json").write_text("{}")
-    StoreCheckpoints(context.store, job_id=job_id, local=tmp_path / "local").save("selection", saved)
+    ArtifactResumeStore(context.store, job_id=job_id, local=tmp_path / "local").save("selection", saved)
     with transaction(sessions) as session:
         assert repository.hand_back_job(session, job_id=job_id, worker_id="w", messages=["handed back"])
     store = open_store(context.settings)
-    assert store.exists(f"{checkpoint_prefix(job_id)}/index.json")  # kept for the next attempt
+    assert store.exists(f"{resume_prefix(job_id)}/index.json")  # kept for the next attempt
     assert client.post(f"/v1/jobs/{job_id}/cancel", headers=auth).json()["status"] == "cancelled"
-    assert not store.exists(f"{checkpoint_prefix(job_id)}/index.json")
+    assert not store.exists(f"{resume_prefix(job_id)}/index.json")

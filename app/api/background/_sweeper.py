@@ -36,7 +36,7 @@ from app.core.errors import UnavailableError
 from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, LEASE_TAKEOVERS, observe_job_end
 from app.core.periodic import Periodic
 from app.core.settings import Settings
-from app.core.storage import ArtifactStore, checkpoint_prefix, job_prefix
+from app.core.storage import ArtifactStore, job_prefix, resume_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def sweep_once(
                 with transaction(sessions) as session:
                     ended = repository.get_job(session, job_id=job.id)
                     observe_job_end(status.value, ended.created_at if ended is not None else None)
-                _remove_checkpoints(store, job.id)
+                _remove_resume_state(store, job.id)
             if status is JobStatus.failed:
                 JOB_FAILURES.labels("worker_lost").inc()
     sent = _send_queued(sessions=sessions, queue=queue, settings=settings)
@@ -90,10 +90,10 @@ def sweep_once(
                        uploads_removed=tuple(uploads), spool_files_removed=spool, artifacts_expired=tuple(expired))
 
 
-def _remove_checkpoints(store: ArtifactStore, job_id: str) -> None:
-    """The checkpoints of a job the sweeper ended (a requeued one keeps them for its next attempt)."""
+def _remove_resume_state(store: ArtifactStore, job_id: str) -> None:
+    """The resume state of a job the sweeper ended (a requeued one keeps it for its next attempt)."""
     try:
-        store.delete_prefix(checkpoint_prefix(job_id))
+        store.delete_prefix(resume_prefix(job_id))
     except Exception as exc:  # deleted with the job, or by the retention rule, later
         logger.warning("sweeper: cannot delete the checkpoints of job %s: %s", job_id, exc)
 

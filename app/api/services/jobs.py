@@ -61,7 +61,7 @@ from app.core.params import stored_params
 from app.core.sandbox import inspection_pool
 from app.core.security import ArtifactRef, artifact_link, check_webhook_url, generate_webhook_secret
 from app.core.settings import Settings
-from app.core.storage import ArtifactStore, checkpoint_prefix, job_prefix
+from app.core.storage import ArtifactStore, job_prefix, resume_prefix
 
 logger = logging.getLogger(__name__)
 MAX_PAGE = 100
@@ -249,7 +249,7 @@ def _decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
 def cancel_job(*, session: Session, store: ArtifactStore | None = None, owner_id: str, job_id: str) -> Job:
     """Cancel a queued job, or ask a running one to stop; cancelling twice is harmless.
 
-    A queued job cancelled here ends at once: the checkpoints an earlier attempt left in ``store``
+    A queued job cancelled here ends at once: the resume state an earlier attempt left in ``store``
     (a job handed back by a worker that stopped) go with it.
     """
     job = get_job(session=session, owner_id=owner_id, job_id=job_id)
@@ -261,7 +261,7 @@ def cancel_job(*, session: Session, store: ArtifactStore | None = None, owner_id
     job = get_job(session=session, owner_id=owner_id, job_id=job_id)
     if was_queued and job.status == JobStatus.cancelled.value and store is not None:
         try:
-            store.delete_prefix(checkpoint_prefix(job_id))
+            store.delete_prefix(resume_prefix(job_id))
         except Exception as exc:  # removed with the job (DELETE) or by the retention rule later
             logger.warning("cannot delete the checkpoints of cancelled job %s: %s", job_id, exc)
     return job

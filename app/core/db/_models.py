@@ -160,7 +160,7 @@ class AttemptEnd(enum.StrEnum):
     completed = "completed"
     failed = "failed"
     cancelled = "cancelled"
-    #: Its worker shut down (SIGTERM) and put the job back in the queue with its checkpoints.
+    #: Its worker shut down (SIGTERM) and put the job back in the queue with its resume state.
     handed_back = "handed_back"
     #: Its worker stopped renewing the lease (killed, crashed, cut off from the database).
     lost = "lost"

@@ -122,7 +122,7 @@ def test_a_paused_and_resumed_fine_tuning_ends_as_an_uninterrupted_one(train, va
         a.advance()
         b.advance()
         torch.rand(5)  # the caller's own draws between two pieces of work
-    # ... and the rest in another FineTuning built from a checkpoint of the first.
+    # ... and the rest in another FineTuning built from the saved state of the first.
     resumed_model = make_classifier("bert", layers=2, heads=4, seed=0)
     resumed = FineTuning(resumed_model, train, validate=_scorer(validation), **kwargs)
     resumed.load_state_dict(copy.deepcopy(a.state_dict()))

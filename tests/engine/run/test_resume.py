@@ -1,7 +1,7 @@
-"""A run stopped in recovery goes on from its last checkpoint and ends as the run that was never stopped.
+"""A run stopped in recovery goes on from its last saved state and ends as the run that was never stopped.
 
 Real runs of ``run_pruning`` on a tiny model: one uninterrupted, one stopped (cancelled) once recovery
-has saved its first epoch, then resumed from the same checkpoint store in a fresh call. Also: a run's
+has saved its first epoch, then resumed from the same resume store in a fresh call. Also: a run's
 overall progress never goes back, and a long stage logs its pace.
 """
 
@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.errors import JobCancelledError
-from cahp_engine.run import DirectoryCheckpoints, RunHooks, RunRequest, run_pruning
+from cahp_engine.run import DirectoryResumeStore, RunHooks, RunRequest, run_pruning
 from tests.support.helpers import write_tiny_dataset, write_tiny_model
 
-#: Dense fine-tuning and distillation on, so every stage that can be checkpointed is.
+#: Dense fine-tuning and distillation on, so every stage that can be saved for a resume is.
 CONFIG = PruningConfig(epochs=3, dense_finetune="always", dense_epochs=2, batch_size=16, max_length=32, seed=0,
                        export="none", recovery_loss="distill", latency_repeats=1, latency_warmup=0)
 
@@ -43,7 +43,7 @@ def uninterrupted(inputs: tuple[str, str], tmp_path_factory: pytest.TempPathFact
 def test_a_run_stopped_in_recovery_resumes_from_its_last_epoch_and_ends_as_the_uninterrupted_one(
     inputs: tuple[str, str], uninterrupted: dict, tmp_path: Path,
 ) -> None:
-    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+    store = DirectoryResumeStore(tmp_path / "checkpoints")
 
     def stop_after_first_epoch() -> bool:
         saved = store.restore().get("recovery_training")
@@ -52,14 +52,14 @@ def test_a_run_stopped_in_recovery_resumes_from_its_last_epoch_and_ends_as_the_u
     first: list[str] = []
     with pytest.raises(JobCancelledError):
         run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=CONFIG),
-                    RunHooks(checkpoints=store, should_cancel=stop_after_first_epoch, log=first.append))
+                    RunHooks(resume_store=store, should_cancel=stop_after_first_epoch, log=first.append))
     # The dense fine-tuning's own state went once its result was saved.
     assert set(store.restore()) == {"dense", "selection", "pruned", "recovery_training"}
     saved_step = json.loads((store.restore()["recovery_training"] / "stage.json").read_text())["step"]
 
     lines: list[str] = []
     report = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=CONFIG),
-                         RunHooks(checkpoints=store, log=lines.append))
+                         RunHooks(resume_store=store, log=lines.append))
     text = "\n".join(lines)
     assert "resuming from the checkpoints of an earlier attempt" in text
     assert "the fine-tuned dense model saved by an earlier attempt" in text
@@ -79,16 +79,16 @@ def test_a_run_stopped_in_recovery_resumes_from_its_last_epoch_and_ends_as_the_u
         torch.testing.assert_close(tensor, theirs[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_checkpoints_of_a_run_with_other_settings_are_not_used(inputs: tuple[str, str], tmp_path: Path) -> None:
-    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+def test_resume_state_of_a_run_with_other_settings_is_not_used(inputs: tuple[str, str], tmp_path: Path) -> None:
+    store = DirectoryResumeStore(tmp_path / "checkpoints")
     quick = PruningConfig(epochs=1, dense_finetune="never", untrained_dense="warn", batch_size=16, max_length=32,
                           seed=0, export="none",
                           latency_repeats=1, latency_warmup=0)
     run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=quick),
-                RunHooks(checkpoints=store))
+                RunHooks(resume_store=store))
     lines: list[str] = []
     run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=PruningConfig(**{**quick.to_dict(), "seed": 1})),
-                RunHooks(checkpoints=store, log=lines.append))
+                RunHooks(resume_store=store, log=lines.append))
     assert any(line.startswith("ignoring the checkpoints ") for line in lines)
     assert "selecting heads" in lines
 
@@ -108,16 +108,16 @@ def test_a_fine_tuning_logs_its_epoch_loss_and_pace(uninterrupted: dict) -> None
     assert all(" of 3, step " in line and ", loss " in line and " rows/s" in line for line in training)
 
 
-def test_a_damaged_checkpoint_is_said_and_its_stage_runs_again(inputs: tuple[str, str], tmp_path: Path) -> None:
-    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+def test_a_damaged_saved_stage_is_said_and_runs_again(inputs: tuple[str, str], tmp_path: Path) -> None:
+    store = DirectoryResumeStore(tmp_path / "checkpoints")
     quick = PruningConfig(epochs=1, dense_finetune="never", untrained_dense="warn", batch_size=16,
                           max_length=32, seed=0, export="none", latency_repeats=1, latency_warmup=0)
     first = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=quick),
-                        RunHooks(checkpoints=store))
+                        RunHooks(resume_store=store))
     (store.restore()["selection"] / "selection.json").write_text('{"selection": "not one"}')
     lines: list[str] = []
     again = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=quick),
-                        RunHooks(checkpoints=store, log=lines.append))
+                        RunHooks(resume_store=store, log=lines.append))
     assert any(line.startswith("the checkpoint selection cannot be used (") for line in lines)
     assert "selecting heads" in lines and again.selection.kept == first.selection.kept
 
@@ -130,7 +130,7 @@ def test_a_run_stopped_mid_epoch_saves_its_last_step_only_when_asked_and_resumes
     per_epoch = round(whole.recovery.steps / whole.recovery.epochs)
     stop_at = per_epoch + per_epoch // 2 + 1  # in the middle of recovery's second epoch
     assert stop_at % per_epoch and stop_at < whole.recovery.steps
-    store = DirectoryCheckpoints(tmp_path / "checkpoints")
+    store = DirectoryResumeStore(tmp_path / "checkpoints")
     steps_taken: list[float] = []
 
     def progress(stage: str, _fraction: float) -> None:
@@ -141,9 +141,9 @@ def test_a_run_stopped_mid_epoch_saves_its_last_step_only_when_asked_and_resumes
     with pytest.raises(JobCancelledError):
         # Recovery reports once before training and once per step: stop once stop_at steps are taken.
         run_pruning(RunRequest(*inputs, output_dir=tmp_path / "a", config=CONFIG),
-                    RunHooks(checkpoints=store, progress=progress, log=first.append,
+                    RunHooks(resume_store=store, progress=progress, log=first.append,
                              should_cancel=lambda: len(steps_taken) > stop_at,
-                             checkpoint_when_stopped=lambda: save_when_stopped))
+                             save_when_stopped=lambda: save_when_stopped))
     saved = json.loads((store.restore()["recovery_training"] / "stage.json").read_text())["step"]
     if save_when_stopped:
         assert saved % per_epoch and saved > per_epoch, saved  # the last step taken, not an epoch's end
@@ -154,7 +154,7 @@ def test_a_run_stopped_mid_epoch_saves_its_last_step_only_when_asked_and_resumes
 
     lines: list[str] = []
     report = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "b", config=CONFIG),
-                         RunHooks(checkpoints=store, log=lines.append))
+                         RunHooks(resume_store=store, log=lines.append))
     assert f"recovery: going on from step {saved} (saved by an earlier attempt)" in lines
     assert report.recovery.steps == whole.recovery.steps
     assert report.recovery.loss_per_epoch == pytest.approx(whole.recovery.loss_per_epoch, rel=1e-5)

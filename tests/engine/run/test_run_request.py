@@ -28,12 +28,12 @@ def test_a_request_is_frozen_names_its_inputs_twice_and_hides_its_token(tmp_path
         request.model_ref = "elsewhere"  # type: ignore[misc]
 
 
-def test_candidate_inputs_refuse_a_run_without_a_budget_or_without_its_checkpoints(tmp_path: Path) -> None:
+def test_candidate_inputs_refuse_a_run_without_a_budget_or_without_its_resume_store(tmp_path: Path) -> None:
     plain = RunRequest(model_ref="m", dataset_ref="d", output_dir=tmp_path, config=PruningConfig())
     with pytest.raises(PipelineError, match="max_accuracy_drop"):
         candidate_inputs(plain, RunHooks())
     budget = dataclasses.replace(plain, config=PruningConfig(max_accuracy_drop=1.0))
-    with pytest.raises(PipelineError, match="hooks.checkpoints must be the run's store, got None"):
+    with pytest.raises(PipelineError, match="hooks.resume_store must be the run's store, got None"):
         candidate_inputs(budget, RunHooks())
 
 

@@ -1,11 +1,12 @@
-"""A job's checkpoints in the artifact store: what the engine saved, for the next attempt on any worker.
+"""A job's resume state in the artifact store: what the engine saved, for the next attempt on any worker.
 
-:class:`StoreCheckpoints` is the engine's :class:`~cahp_engine.run.CheckpointStore` over the
-artifact store, under ``jobs/<id>/checkpoints/``: every stage's files under a prefix of their own,
+:class:`ArtifactResumeStore` is the engine's :class:`~cahp_engine.run.ResumeStore` over the
+artifact store, under ``jobs/<id>/checkpoints/`` (the folder keeps its old name so that a job saved by an earlier
+release is still found): every stage's files under a prefix of their own,
 and ``index.json`` naming the prefix that holds each stage now. A save uploads the files, then
 replaces the index (the one write that makes them current), then deletes the stage's previous files,
-so a worker killed at any moment leaves an index that names complete checkpoints. ``restore`` downloads
-what the index names into the attempt's scratch directory. The checkpoints are removed when the job
+so a worker killed at any moment leaves an index that names complete stages. ``restore`` downloads
+what the index names into the attempt's scratch directory. The resume state is removed when the job
 ends (:func:`worker.runner.execute_job`), with the job (``DELETE``), or by the sweeper for a job it
 ends.
 """
@@ -20,20 +21,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from app.core.errors import ResourceNotFoundError
-from app.core.storage import ArtifactStore, checkpoint_prefix
+from app.core.storage import ArtifactStore, resume_prefix
 
 logger = logging.getLogger(__name__)
 
 
-class StoreCheckpoints:
-    """The checkpoints of job ``job_id`` in ``store``; restored into ``local`` (the attempt's scratch space)."""
+class ArtifactResumeStore:
+    """The resume state of job ``job_id`` in ``store``; restored into ``local`` (the attempt's scratch space)."""
 
     def __init__(self, store: ArtifactStore, *, job_id: str, local: Path,
                  on_restore: Callable[[Mapping[str, Path]], None] | None = None) -> None:
         self._store = store
         # Told what a restore found (the attempt's history records where it went on from).
         self._on_restore = on_restore
-        self._prefix = checkpoint_prefix(job_id)
+        self._prefix = resume_prefix(job_id)
         self._local = local
 
     @property
@@ -67,7 +68,7 @@ class StoreCheckpoints:
         if isinstance(previous, str) and previous != prefix:
             try:
                 self._store.delete_prefix(previous)
-            except Exception as exc:  # left behind, removed with the job's other checkpoints at its end
+            except Exception as exc:  # left behind, removed with the job's resume state at its end
                 logger.warning("could not delete the replaced checkpoint %s: %s", previous, exc)
 
     def restore(self) -> Mapping[str, Path]:
@@ -102,9 +103,9 @@ class StoreCheckpoints:
         if isinstance(prefix, str):
             try:
                 self._store.delete_prefix(prefix)
-            except Exception as exc:  # removed with the job's other checkpoints at its end
+            except Exception as exc:  # removed with the job's resume state at its end
                 logger.warning("could not delete the discarded checkpoint %s: %s", prefix, exc)
 
     def remove(self) -> None:
-        """Delete every checkpoint of the job (at its end)."""
+        """Delete the job's whole resume state (at its end)."""
         self._store.delete_prefix(self._prefix)

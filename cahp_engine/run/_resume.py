@@ -1,6 +1,6 @@
 """Going on where an earlier run of the same job stopped: the stages saved as a run goes, and resuming.
 
-A run given a :class:`CheckpointStore` saves, as it goes:
+A run given a :class:`ResumeStore` saves, as it goes:
 
 ``dense``
     the dense model after dense fine-tuning (its weights and the fine-tuning's record);
@@ -23,6 +23,10 @@ carries the run's settings: a store holding another run's stages is not used. Wi
 the candidates' search starts again (its candidates are not saved). The engine writes no storage of its
 own: the caller's store keeps the directories (the job service: the artifact store, removed when the
 job ends).
+
+The words: what a run saves for a later run to go on from is its *resume state*, kept in a
+:class:`ResumeStore` and driven by a :class:`Resumer`; a *checkpoint* in cahp is only the pruned model's
+files (``report.checkpoint``, :func:`~cahp_engine.models.load_pruned`).
 """
 
 from __future__ import annotations
@@ -58,10 +62,10 @@ _WEIGHTS_FILE = "weights.safetensors"
 _SELECTION_FILE = "selection.json"
 
 
-class CheckpointStore(Protocol):
+class ResumeStore(Protocol):
     """Where a run keeps what it finished, for a later run of the same job to go on from.
 
-    ``save(stage, directory)`` keeps the files of ``directory`` as ``stage``'s checkpoint, replacing
+    ``save(stage, directory)`` keeps the files of ``directory`` as ``stage``'s saved state, replacing
     an earlier one of that stage, and returns once they are kept (a run killed afterwards finds them).
     ``restore()`` answers every stage kept so far as a local directory holding its files.
     ``discard(stage)`` drops a stage a later one made useless (a fine-tuning's state once its result
@@ -75,8 +79,8 @@ class CheckpointStore(Protocol):
     def discard(self, stage: str) -> None: ...
 
 
-class DirectoryCheckpoints:
-    """A :class:`CheckpointStore` in a local directory (one subdirectory per stage, replaced whole)."""
+class DirectoryResumeStore:
+    """A :class:`ResumeStore` in a local directory (one subdirectory per stage, replaced whole)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -98,13 +102,13 @@ class DirectoryCheckpoints:
         shutil.rmtree(self.root / stage, ignore_errors=True)
 
 
-class Checkpointer:
-    """One run's side of its checkpoints: what an earlier run saved, and saving each stage as it ends.
+class Resumer:
+    """One run's side of its resume state: what an earlier run saved, and saving each stage as it ends.
 
     Without a store it saves nothing and restores nothing; its :class:`LiveLog` still logs the fine-tunings.
     """
 
-    def __init__(self, store: CheckpointStore | None, config: PruningConfig, say: Callable[[str], None], *,
+    def __init__(self, store: ResumeStore | None, config: PruningConfig, say: Callable[[str], None], *,
                  live: LiveLog, interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
                  save_when_stopped: Callable[[], bool] | None = None) -> None:
         self._store, self._say, self._live = store, say, live
@@ -122,7 +126,7 @@ class Checkpointer:
         if self.saved:
             say(f"resuming from the checkpoints of an earlier attempt: {', '.join(sorted(self.saved))}")
 
-    # --- the steps, each taken from its checkpoint or run and saved ------------------------------------
+    # --- the steps, each taken from its saved state or run and saved -----------------------------------
 
     def dense_finetune(self, run: steps.RunContext, *, model: nn.Module, inputs: steps.Inputs,
                        classifier_trained: bool) -> DenseFinetuneRecord:
@@ -275,12 +279,12 @@ _RUN_ORDER = ("dense_finetune_training", "dense", "selection", "pruned", "recove
 
 
 def resume_point(restored: Mapping[str, Path]) -> str | None:
-    """Where a run given these restored checkpoints goes on from, in words; None when from the start.
+    """Where a run given these restored stages goes on from, in words; None when from the start.
 
     Parameters
     ----------
     restored : mapping of str to Path
-        A :class:`CheckpointStore`'s ``restore()``: stage name -> its directory.
+        A :class:`ResumeStore`'s ``restore()``: stage name -> its directory.
 
     Returns
     -------
@@ -297,7 +301,7 @@ def resume_point(restored: Mapping[str, Path]) -> str | None:
 
 
 def _fingerprint(config: PruningConfig) -> dict[str, Any]:
-    """The settings a checkpoint must share with the run using it (``device`` may differ between attempts)."""
+    """The settings a saved stage must share with the run using it (``device`` may differ between attempts)."""
     return json.loads(json.dumps({k: v for k, v in config.to_dict().items() if k != "device"}))
 
 

@@ -51,7 +51,8 @@ from cahp_engine.run._report import (
 )
 from cahp_engine.run._request import RunRequest
 from cahp_engine.run._resume import Resumer
-from cahp_engine.run._target_stage import has_target, prune_for_run
+from cahp_engine.run._target_check import has_target
+from cahp_engine.run._target_stage import prune_for_run
 from cahp_engine.selection import SelectionResult
 
 

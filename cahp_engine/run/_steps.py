@@ -58,7 +58,7 @@ from cahp_engine.run._reconstruct import (
 )
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
-from cahp_engine.run._target_stage import check_target_reachable
+from cahp_engine.run._target_check import check_target_reachable
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
 

@@ -17,7 +17,8 @@ from tests.support.tiny_models import make_classifier, make_texts, make_tokenize
 
 #: What makes a whole run on the tiny model take a second.
 TINY_RUN = {"resolution": 6, "signature_samples": "all", "calibration_fraction": 1.0, "stability_shards": 0,
-            "latency_warmup": 0, "latency_repeats": 1, "batch_size": 16, "max_length": 32}
+            "latency_warmup": 0, "latency_repeats": 1, "batch_size": 16, "max_length": 32,
+            "untrained_dense": "warn"}  # the tiny random model stands for the study's fine-tuned dense one
 
 
 def _write_split(path: Path, n: int, seed: int) -> None:

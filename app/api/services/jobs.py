@@ -376,7 +376,9 @@ def to_public(job: Job | Row[Any], *, attempts: Sequence[Any] | None = None) -> 
     """
     base = f"/v1/jobs/{job.id}"
     if attempts is None:
-        attempts = job.attempt_history if isinstance(job, Job) else []
+        # A job never claimed has no attempts: a submit's answer makes no second query (100 at once must
+        # not starve the connection pool).
+        attempts = job.attempt_history if isinstance(job, Job) and job.started_at is not None else []
     eta, eta_reason = _eta(job)
     return JobPublic(
         id=job.id,

@@ -121,6 +121,12 @@ class ClaimedJob:
     attempt: int
 
 
+def latency_cache_dir(settings: Settings) -> Path:
+    """Where this worker keeps the latency tables of speed targets: ``data_dir/cache/latency``, on the data
+    volume, so a table measured once serves every later job on the machine, container restarts included."""
+    return settings.data_dir / "cache" / "latency"
+
+
 def run_request(job: JobDefinition, config: PruningConfig, fetched: Fetched, output: Path,
                 settings: Settings) -> RunRequest:
     """The engine's request for ``job`` run with ``config`` on the inputs ``fetched`` into the worker's scratch
@@ -134,6 +140,7 @@ def run_request(job: JobDefinition, config: PruningConfig, fetched: Fetched, out
         hub_token=settings.hub_token.get_secret_value() if settings.hub_token else None,
         cache_dir=str(settings.hub_cache_dir) if settings.hub_cache_dir else None,
         max_dataset_rows=settings.max_dataset_rows, max_model_params=settings.model_params_limit,
+        latency_cache_dir=latency_cache_dir(settings),
     )
 
 

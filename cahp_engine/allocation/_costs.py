@@ -215,19 +215,51 @@ def latency_costs(
     return costs
 
 
+#: Config entries that do not change a forward pass's time (``problem_type`` is set by the first loss computed).
+_NOT_SHAPE = frozenset({"cahp", "_name_or_path", "transformers_version", "problem_type"})
+
+
 def _cache_key(model: nn.Module, *, batch_size: int, seq_len: int, runtime: str) -> str:
-    """A file name that changes with anything that changes the timings: machine, model shape, runtime, threads."""
+    """A file name that changes with anything that changes the timings: the processor, the device, the model
+    shape, the runtime and its version, torch's version and threads, the serving shape.
+
+    Not the host name: a worker in a container gets a new one each time it starts, and would measure the
+    same machine's table again; two hosts with the same processor share a table."""
     config = cast(Any, model.config).to_dict()
     shape = {k: config.get(k) for k in sorted(config) if isinstance(config.get(k), int | float | str | bool)
-             and k not in {"cahp", "_name_or_path", "transformers_version"}}
-    device = str(next(model.parameters()).device)
+             and k not in _NOT_SHAPE}
+    device = next(model.parameters()).device
     identity = json.dumps({
-        "format": TABLE_FORMAT, "machine": platform.machine(), "node": platform.node(),
-        "processor": platform.processor(), "cpus": os.cpu_count(), "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "device": device, "runtime": runtime, "batch": batch_size,
+        "format": TABLE_FORMAT, "machine": platform.machine(), "processor": processor_name(),
+        "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "runtime": runtime, "runtime_version": _runtime_version(runtime), "batch": batch_size,
         "seq_len": seq_len, "shape": shape,
     }, sort_keys=True)
     return f"latency-{hashlib.sha256(identity.encode()).hexdigest()[:20]}.json"
+
+
+def processor_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :func:`platform.processor` says."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _runtime_version(runtime: str) -> str | None:
+    if runtime == "pytorch":
+        return None  # torch's version is in the key already
+    from importlib import metadata
+
+    try:
+        return metadata.version("onnxruntime")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _read_cache(cache_dir: str | Path | None, key: str) -> CostModel | None:

@@ -57,6 +57,10 @@ class RunRequest:
         Most parameters the model may declare (a pruned one: before pruning); a larger model, or one whose
         weights do not fit its config, is refused before it is allocated
         (:data:`~cahp_engine.models.DEFAULT_MAX_MODEL_PARAMS`).
+    latency_cache_dir : path or None
+        Where a speed target's latency tables are kept between runs (one file per machine, model shape,
+        runtime and serving shape); None: ``$XDG_CACHE_HOME/cahp/latency``. The job service names a
+        directory on its data volume, so a worker measures a table once, not once per container.
     """
 
     model_ref: str
@@ -73,6 +77,7 @@ class RunRequest:
     overwrite: bool = False
     max_dataset_rows: int | None = DEFAULT_MAX_ROWS
     max_model_params: int = DEFAULT_MAX_MODEL_PARAMS
+    latency_cache_dir: Path | str | None = None
 
     @property
     def model_shown(self) -> str:

@@ -144,7 +144,8 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
     if config.max_accuracy_drop is None:
         target: TargetRecord | None = None
         if has_target(config):
-            pruned, parameters, result, target = prune_for_run(run, model=model, result=result, rows=inputs.rows)
+            pruned, parameters, result, target = prune_for_run(run, model=model, result=result, rows=inputs.rows,
+                                                           cache_dir=request.latency_cache_dir)
         else:
             pruned, parameters = steps.prune(run, model=model, selection=result.selection)
         before = resumed.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)

@@ -35,8 +35,9 @@ from cahp_engine.selection import HeadAnalysis, Selection, SelectionResult, choo
 if TYPE_CHECKING:
     from cahp_engine.run._steps import RunContext
 
-#: Timed passes per latency measurement of a target run (median); the run's ``latency_repeats`` if fewer.
-TARGET_REPEATS = 5
+#: Timed passes per latency measurement of a target run (median; the first allocation is timed in three
+#: alternating rounds of them); the run's ``latency_repeats`` if fewer.
+TARGET_REPEATS = 3
 
 
 def latency_cache_dir() -> Path:
@@ -99,10 +100,12 @@ def heads_within(analysis: HeadAnalysis, strategy: str, counts: Sequence[int], *
 
 def prune_for_run(
     run: RunContext, *, model: nn.Module, result: SelectionResult, rows: TrainRows,
+    cache_dir: str | Path | None = None,
 ) -> tuple[nn.Module, RunParameters, SelectionResult, TargetRecord]:
     """The surgery of a run with a target (:func:`has_target`): the target's allocation.
 
-    Returns the pruned copy, its parameter counts, the selection result the report and the head map
+    The latency table is read from ``cache_dir`` (None: :func:`latency_cache_dir`), or measured once and
+    kept there. Returns the pruned copy, its parameter counts, the selection result the report and the head map
     describe (its selection replaced by the heads the target kept) and the target's record.
 
     Raises
@@ -124,7 +127,7 @@ def prune_for_run(
             batch_size=config.target_batch, seq_len=config.target_seq_len,
             runtime=ENGINE_RUNTIMES[config.target_runtime],  # type: ignore[arg-type]
             # Without an analysis (none to choose from) the allocation keeps its most important heads.
-            choose_heads=pick if analysis is not None else None, cache_dir=latency_cache_dir(),
+            choose_heads=pick if analysis is not None else None, cache_dir=cache_dir or latency_cache_dir(),
             repeats=max(1, min(TARGET_REPEATS, config.latency_repeats)),
         )
         pruned.eval()

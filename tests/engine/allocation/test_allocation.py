@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,22 @@ def test_latency_table_is_fitted_on_the_model_once_and_read_from_its_cache(tmp_p
     with pytest.raises(TargetUnreachableError, match=rf"at most x{best:.2f}"):
         prune_to_target(model, _batches(), target_speedup=best + 0.1, batch_size=2, seq_len=8, cache_dir=tmp_path,
                         repeats=2, clock=clock)
+
+
+def test_a_cached_table_is_found_again_by_a_new_container_of_the_machine_and_after_a_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = _model()
+    clock = _ModelClock(fixed=0.5, per_head=0.01, per_neuron=0.001)
+    clock.attach(model)
+    costs = latency_costs(model, batch_size=2, seq_len=8, repeats=1, rounds=1, cache_dir=tmp_path, clock=clock)
+    # A worker's container gets a new host name each start; the first loss computed sets `problem_type`.
+    monkeypatch.setattr(platform, "node", lambda: "another-container-7f3a")
+    model(**_batches()[0])
+    assert model.config.problem_type is not None
+    clock.calls = 0
+    assert latency_costs(model, batch_size=2, seq_len=8, repeats=1, rounds=1, cache_dir=tmp_path, clock=clock) == costs
+    assert clock.calls == 0
 
 
 def test_timings_that_do_not_follow_the_model_are_refused(tmp_path: Path) -> None:

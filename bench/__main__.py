@@ -23,6 +23,8 @@ BENCHMARKS = {
     "int8-batch": "bench.int8_batch",
     "eta": "bench.eta",
     "ffn_speed": "bench.ffn_speed",
+    "target_cost": "bench.target_cost",
+    "target_sides": "bench.target_sides",
     "reconstruction": "bench.reconstruction",
 }
 

@@ -63,9 +63,12 @@ def runner(model: nn.Module, batch: Mapping[str, torch.Tensor], runtime: Runtime
         yield lambda: run_logits(session, feed)
 
 
-def median_seconds(run: Callable[[], object], *, repeats: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """Median wall time of ``repeats`` calls of ``run`` after one untimed warm-up call."""
-    run()  # warm-up: allocator, kernels, the session's first run
+def median_seconds(run: Callable[[], object], *, repeats: int, warmup: int = 1,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median wall time of ``repeats`` calls of ``run`` after ``warmup`` untimed calls (allocator, kernels, the
+    session's first run)."""
+    for _ in range(warmup):
+        run()
     times = []
     for _ in range(repeats):
         start = clock()

@@ -29,6 +29,9 @@ from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstr
 
 #: Relative shortfall of the measured speed-up below the target that is accepted without a correction.
 TOLERANCE = 0.02
+#: Alternating rounds timing the first allocation (:func:`time_pair`), and each correction: a correction
+#: decides where to aim next, and one round costs a third of three (timing is most of a target's cost).
+FIRST_ROUNDS, CORRECTION_ROUNDS = 3, 1
 #: A head choice: the counts of an allocation per layer -> the original head indices each layer keeps.
 HeadChoice = Callable[[Sequence[int]], Sequence[Sequence[int]]]
 
@@ -113,7 +116,8 @@ def prune_to_target(
     repeats : timed passes per measurement (median)
     corrections : int
         When the measured speed-up misses ``target_speedup`` by more than 2 % either way, the allocation
-        aims again by the ratio missed and is measured again, at most this many times; of the tries, the
+        aims again by the ratio missed and is measured again (in one round of dense and pruned passes, the
+        first allocation in three), at most this many times; of the tries, the
         least pruned one that meets the target is kept (the fastest one if none does).
     clock : callable returning seconds
     reconstruction : ReconstructionOptions, optional
@@ -152,7 +156,7 @@ def prune_to_target(
     if target_speedup is not None:
         goal = float(target_speedup)
         dense_seconds, pruned_seconds = time_pair(model, pruned, batch_size=batch_size, seq_len=seq_len,
-                                                  runtime=runtime, repeats=repeats, clock=clock)
+                                                  runtime=runtime, repeats=repeats, rounds=FIRST_ROUNDS, clock=clock)
         tried = [_Tried(dense_seconds / pruned_seconds, plan, pruned, heads, dense_seconds, pruned_seconds)]
         asked, best = goal, reachable(costs)
         # The cost model is linear; the runtime is not quite. The allocation aims again by the ratio missed
@@ -166,7 +170,7 @@ def prune_to_target(
             candidate = allocate(scores, costs, target_speedup=asked)
             cut, kept = _cut(model, candidate, choose_heads)
             dense_s, pruned_s = time_pair(model, cut, batch_size=batch_size, seq_len=seq_len, runtime=runtime,
-                                          repeats=repeats, clock=clock)
+                                          repeats=repeats, rounds=CORRECTION_ROUNDS, clock=clock)
             tried.append(_Tried(dense_s / pruned_s, candidate, cut, kept, dense_s, pruned_s))
         meeting = [t for t in tried if t.speedup >= goal * (1 - TOLERANCE)]
         chosen = min(meeting, key=lambda t: t.speedup) if meeting else max(tried, key=lambda t: t.speedup)
@@ -232,7 +236,8 @@ def time_pair(
 ) -> tuple[float, float]:
     """Median latency of ``dense`` and of ``pruned`` on one random batch and ``runtime``, in alternating rounds.
 
-    Alternating the two in the same run keeps their ratio fair on a machine whose load changes.
+    Alternating the two in the same run keeps their ratio fair on a machine whose load changes. Each is
+    made ready to run once (an onnxruntime session: one export each) and warmed up once, in the first round.
     """
     config: Any = dense.config
     generator = torch.Generator().manual_seed(1)
@@ -241,9 +246,9 @@ def time_pair(
     ids = ids.to(next(dense.parameters()).device)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     firsts, seconds = [], []
-    for _ in range(rounds):
-        with runner(dense, batch, runtime) as run:
-            firsts.append(median_seconds(run, repeats=repeats, clock=clock))
-        with runner(pruned, batch, runtime) as run:
-            seconds.append(median_seconds(run, repeats=repeats, clock=clock))
+    with runner(dense, batch, runtime) as run_dense, runner(pruned, batch, runtime) as run_pruned:
+        for round_ in range(rounds):
+            warmup = 1 if round_ == 0 else 0
+            firsts.append(median_seconds(run_dense, repeats=repeats, warmup=warmup, clock=clock))
+            seconds.append(median_seconds(run_pruned, repeats=repeats, warmup=warmup, clock=clock))
     return float(np.median(firsts)), float(np.median(seconds))

@@ -23,12 +23,15 @@ from cahp_engine.run import RunReport
 
 def event_details(settings: Settings, store: ArtifactStore, *, job_id: str, owner_id: str,
                   artifacts: Sequence[ArtifactRecord], report: RunReport | None) -> dict[str, Any]:
-    """What the job's final event adds to its row: the artifacts' signed links, the run's identity and recipe."""
+    """What the job's final event adds to its row: the artifacts' signed links, the run's identity and recipe,
+    and a speed or FLOPs target's record (``report.json``'s ``target``: requested, predicted and measured
+    speed-up, FLOPs kept, heads and neurons kept per layer) as fields a receiver reads without parsing text."""
     details: dict[str, Any] = {"artifacts": signed_links(settings, store, job_id=job_id, owner_id=owner_id,
                                                          artifacts=artifacts)}
     if report is not None:
         details["identity"] = report.identity.to_dict() if report.identity is not None else None
         details["recipe"] = report.recipe.to_dict() if report.recipe is not None else None
+        details["target"] = report.target.to_dict() if report.target is not None else None
     return details
 
 

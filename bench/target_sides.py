@@ -131,7 +131,9 @@ def _seed_cells(dense: torch.nn.Module, data: dict[str, Any], seed: int, args: a
                 dense, pruned, context=context, reachable=True, reachable_speedup=most,
                 heads_per_layer=list(result.heads_per_layer), neurons_per_layer=list(result.neurons_per_layer),
                 predicted_speedup=result.allocation.predicted_speedup, measured_speedup=result.measured_speedup,
-                corrections=result.corrections))
+                corrections=result.corrections,
+                # A correction aiming past what heads reach would take neurons too: said, not hidden.
+                neurons_removed=layers * costs.num_neurons - sum(result.neurons_per_layer)))
     if f"{key}/cahp" not in done:
         pruned, result = prune_to_target(dense, batches, target_speedup=args.target, batch_size=args.batch,
                                          seq_len=args.seq_len, runtime=runtime, importance=scores,

@@ -17,6 +17,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
@@ -254,8 +255,6 @@ def processor_name() -> str:
 def _runtime_version(runtime: str) -> str | None:
     if runtime == "pytorch":
         return None  # torch's version is in the key already
-    from importlib import metadata
-
     try:
         return metadata.version("onnxruntime")
     except metadata.PackageNotFoundError:

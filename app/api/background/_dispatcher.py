@@ -63,7 +63,7 @@ CLAIM_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True)
-class Attempt:
+class SendOutcome:
     """What one send learned, as recorded."""
 
     delivery_id: int
@@ -94,7 +94,7 @@ def _no_lookup(_host: str) -> list[str]:
     return []
 
 
-def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings: Settings) -> Attempt:
+def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings: Settings) -> SendOutcome:
     """POST one delivery, signed; says whether it was delivered, is to be retried, or has failed.
 
     ``http`` must come from :func:`app.api.background._webhook_http.webhook_client`: its backend checks the
@@ -145,7 +145,7 @@ def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings
         next_at = started + dt.timedelta(seconds=wait)
         if next_at > delivery.created_at + dt.timedelta(seconds=settings.webhook_retry_period_s):
             outcome, next_at = "failed", None
-    return Attempt(delivery_id=delivery.id, webhook_id=delivery.webhook_id, outcome=outcome, attempted_at=started,
+    return SendOutcome(delivery_id=delivery.id, webhook_id=delivery.webhook_id, outcome=outcome, attempted_at=started,
                    duration_ms=round((time.perf_counter() - clock) * 1000, 1), status_code=status, error=error,
                    next_attempt_at=next_at)
 
@@ -185,7 +185,7 @@ def claim_due(*, sessions: sessionmaker[Session], settings: Settings, limit: int
 
 
 def deliver(delivery: DueDelivery, secret: str | None, *, sessions: sessionmaker[Session], settings: Settings,
-            http: httpx.Client) -> Attempt:
+            http: httpx.Client) -> SendOutcome:
     """Send one claimed delivery and record the attempt."""
     attempt = send(http, delivery, secret, settings)
     with transaction(sessions) as session:
@@ -204,7 +204,7 @@ def deliver(delivery: DueDelivery, secret: str | None, *, sessions: sessionmaker
 
 def dispatch_once(
     *, sessions: sessionmaker[Session], settings: Settings, http: httpx.Client | None = None
-) -> list[Attempt]:
+) -> list[SendOutcome]:
     """Send every delivery due now (at most :data:`BATCH`), one after the other; returns the attempts.
 
     For tests and one-off runs; ``cahp serve`` runs :class:`WebhookDispatcher`.

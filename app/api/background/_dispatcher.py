@@ -48,7 +48,7 @@ from app.core.db import repository, transaction, utcnow
 from app.core.db.repository import DueDelivery
 from app.core.errors import OutboundUrlRefusedError
 from app.core.metrics import WEBHOOK_DELIVERIES
-from app.core.periodic import Periodic
+from app.core.periodic import Periodic, PeriodicDuty
 from app.core.security import check_webhook_url
 from app.core.settings import Settings
 from app.http_headers import retry_after_s
@@ -220,7 +220,7 @@ def dispatch_once(
             client.close()
 
 
-class WebhookDispatcher:
+class WebhookDispatcher(PeriodicDuty):
     """Keeps deliveries in flight in a thread pool, claiming due ones whenever a slot is free.
 
     A daemon loop (:class:`app.core.periodic.Periodic`) claims at once and every
@@ -241,13 +241,9 @@ class WebhookDispatcher:
         self._loop = Periodic(self.fill, interval_s=settings.webhook_interval_s, name="cahp-webhooks",
                               immediately=True)
 
-    def start(self) -> WebhookDispatcher:
-        self._loop.start()
-        return self
-
     def stop(self) -> None:
         """Stop claiming and wait for the sends in flight (each ends within its deadline)."""
-        self._loop.stop()
+        super().stop()
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 from cahp_engine._strategy_names import STRATEGIES
 from cahp_engine._validation import Amount, Constraint, Device, Interval, OffOr, Options, SubsetOf, TupleOf
@@ -142,14 +142,22 @@ def parse_sample_amount(text: str) -> int | float | str:
     raise ValueError(f"expected auto, all, a count like 2000 or a fraction like 0.5, got {text!r}")
 
 
-def parse_fraction_or_auto(text: str) -> float | str:
-    """``auto`` or a fraction (``0.25``)."""
-    if text == "auto":
+_N = TypeVar("_N", int, float)
+
+
+def _word_or(text: str, word: str, convert: Callable[[str], _N], expected: str) -> _N | str:
+    """``word`` itself, or ``convert(text)``; a ValueError naming both when it is neither."""
+    if text == word:
         return text
     try:
-        return float(text)
+        return convert(text)
     except ValueError:
-        raise ValueError(f"expected auto or a fraction like 0.25, got {text!r}") from None
+        raise ValueError(f"expected {word} or {expected}, got {text!r}") from None
+
+
+def parse_fraction_or_auto(text: str) -> float | str:
+    """``auto`` or a fraction (``0.25``)."""
+    return _word_or(text, "auto", float, "a fraction like 0.25")
 
 
 def parse_name_list(text: str) -> tuple[str, ...]:
@@ -159,12 +167,7 @@ def parse_name_list(text: str) -> tuple[str, ...]:
 
 def parse_length(text: str) -> int | str:
     """``p95`` or a number of tokens (``64``)."""
-    if text == "p95":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"expected p95 or a number of tokens like 64, got {text!r}") from None
+    return _word_or(text, "p95", int, "a number of tokens like 64")
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:

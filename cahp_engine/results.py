@@ -42,14 +42,17 @@ def _hints(cls: type) -> dict[str, Any]:
 def from_json(hint: Any, value: Any) -> Any:
     """Rebuild a value of type ``hint`` from its :func:`jsonable` form.
 
-    Dataclasses are built field by field (unknown or missing keys raise ``ValueError``), tuples and
-    mappings element by element (integer keys from their strings); scalars pass through as they are.
+    Dataclasses are built field by field (unknown or missing keys raise ``ValueError``; a class's
+    ``RENAMED_KEYS`` maps the older names of its keys to their names now, so that older files still read),
+    tuples and mappings element by element (integer keys from their strings); scalars pass through as they are.
     """
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         if not isinstance(value, Mapping):
             raise ValueError(f"{hint.__name__} is read from an object, got {type(value).__name__}")
+        renamed: Mapping[str, str] = getattr(hint, "RENAMED_KEYS", {})  # a key's older name -> its name now
+        value = {renamed.get(key, key): item for key, item in value.items()} if renamed else value
         fields = [f for f in dataclasses.fields(hint) if f.init]
         names = {f.name for f in fields}
         unknown = sorted(set(value) - names)

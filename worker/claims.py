@@ -29,7 +29,7 @@ from cahp_engine.data import DatasetOptions
 from cahp_engine.run import CandidateSpec, RunIdentity, RunRequest
 
 
-class Fetched(Protocol):
+class FetchedInputs(Protocol):
     """Inputs fetched into the worker's scratch space (:meth:`app.core.inputs.InputFetcher.prepare`)."""
 
     @property
@@ -127,7 +127,7 @@ def latency_cache_dir(settings: Settings) -> Path:
     return settings.data_dir / "cache" / "latency"
 
 
-def run_request(job: JobDefinition, config: PruningConfig, fetched: Fetched, output: Path,
+def run_request(job: JobDefinition, config: PruningConfig, fetched: FetchedInputs, output: Path,
                 settings: Settings) -> RunRequest:
     """The engine's request for ``job`` run with ``config`` on the inputs ``fetched`` into the worker's scratch
     space, writing to ``output``, under the worker's limits and hub access."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.db.repository import ArtifactRecord
-from app.core.mlflow_registry import RegisterRequest, Registration, failed_registration, register_model
+from app.core.mlflow_registry import RegisterRequest, RegistrationOutcome, failed_registration, register_model
 from app.core.security import ArtifactRef, artifact_link
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore
@@ -53,7 +53,7 @@ def signed_links(settings: Settings, store: ArtifactStore, *, job_id: str, owner
 
 
 def register(settings: Settings, *, output: Path, job_id: str, owner_id: str, request: RegisterRequest,
-             labels: Mapping[str, str], name: str | None) -> tuple[Registration, Exception | None]:
+             labels: Mapping[str, str], name: str | None) -> tuple[RegistrationOutcome, Exception | None]:
     """Register the job's model as ``request`` asks, for its key ``owner_id``; the outcome, and the error if it
     failed."""
     try:

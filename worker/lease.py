@@ -18,12 +18,12 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import repository, transaction
-from app.core.periodic import Periodic
+from app.core.periodic import Periodic, PeriodicDuty
 
 logger = logging.getLogger(__name__)
 
 
-class LeaseKeeper:
+class LeaseKeeper(PeriodicDuty):
     """Renews ``job_id``'s lease for ``worker_id`` every ``interval_s`` seconds until stopped."""
 
     def __init__(
@@ -50,13 +50,6 @@ class LeaseKeeper:
     def lost(self) -> bool:
         """True once this worker must stop: the job is held by another worker, or may be."""
         return self._lost.is_set()
-
-    def start(self) -> LeaseKeeper:
-        self._loop.start()
-        return self
-
-    def stop(self) -> None:
-        self._loop.stop()
 
     def beat(self) -> None:
         """Renew the lease once (the thread's body; tests call it directly)."""

@@ -30,7 +30,7 @@ from cahp_engine.data import DATASET_OPTION_FIELDS
 if TYPE_CHECKING:  # the client is imported when a command runs, not when the parser is built
     from collections.abc import Sequence
 
-    from app.client import ApiClient, JobCheck, JobSnapshot, LogLine
+    from app.client import ApiClient, CheckReport, JobSnapshot, LogEntry
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: How long a client command keeps trying an unreachable or busy server (``--timeout``).
@@ -204,7 +204,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_check(check: JobCheck, *, as_json: bool) -> int:
+def _print_check(check: CheckReport, *, as_json: bool) -> int:
     if as_json:
         print_json(check.raw)
         return 0
@@ -282,7 +282,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
             print(_describe(job), file=sys.stderr)
             last[:] = [key]
 
-    def log(line: LogLine) -> None:
+    def log(line: LogEntry) -> None:
         # The log is the output of `wait --follow`; with --json it goes to stderr, keeping stdout JSON.
         print(line.message, file=sys.stderr if args.json else sys.stdout, flush=True)
 

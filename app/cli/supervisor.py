@@ -28,7 +28,7 @@ MAX_DELAY_S = 60.0
 
 
 @dataclass
-class _Slot:
+class _Supervised:
     process: subprocess.Popen[bytes] | None
     started: float
     delay_s: float = FIRST_DELAY_S
@@ -58,7 +58,7 @@ class WorkerSupervisor:
         self._pid_file = pid_file
         self._stop_worker = stop_worker
         self._poll_s = poll_s
-        self._slots: list[_Slot] = []
+        self._slots: list[_Supervised] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,7 +77,7 @@ class WorkerSupervisor:
     def start(self) -> WorkerSupervisor:
         now = time.monotonic()
         with self._lock:
-            self._slots = [_Slot(self._start(), now) for _ in range(self._count)]
+            self._slots = [_Supervised(self._start(), now) for _ in range(self._count)]
             self._write_pids()
         if self._count:
             self._thread = threading.Thread(target=self._watch, name="worker-supervisor", daemon=True)

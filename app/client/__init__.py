@@ -7,8 +7,8 @@ since the call began. ``wait`` keeps going for as long as the job runs, and tole
 being away for up to :data:`OUTAGE_S` at a time. A download resumes where it broke off (HTTP
 ``Range``, ``If-Range`` on the artifact's sha256) and is checked against the manifest's sha256.
 
-Answers come back as frozen records (:class:`JobSnapshot`, :class:`Artifact`, :class:`Upload`,
-:class:`Page`, :class:`LogLine`); failures as one tree of :class:`ClientError` (drawn in
+Answers come back as frozen records (:class:`JobSnapshot`, :class:`ArtifactEntry`, :class:`UploadReceipt`,
+:class:`ListPage`, :class:`LogEntry`); failures as one tree of :class:`ClientError` (drawn in
 ``_exceptions``). Imports httpx, tenacity, the standard library and :mod:`app.http_headers`, nothing
 of the service or the engine: a CI loop calls ``cahp status`` often.
 
@@ -32,18 +32,18 @@ from app.client._exceptions import (
 )
 from app.client._records import (
     TERMINAL,
-    Artifact,
+    ArtifactEntry,
     Attempt,
-    DatasetSpec,
-    JobCheck,
-    JobError,
+    CheckReport,
+    DatasetRef,
+    JobFailure,
     JobResult,
     JobSnapshot,
-    LogLine,
-    ModelSpec,
-    Page,
+    ListPage,
+    LogEntry,
+    ModelRef,
     Registration,
-    Upload,
+    UploadReceipt,
 )
 from app.client._retries import OUTAGE_S, RETRY_STATUSES, backoff_s
 from app.client._sse import ServerSentEvent, parse_sse
@@ -53,29 +53,29 @@ __all__ = [
     "RETRY_STATUSES",
     "TERMINAL",
     "ApiClient",
-    "Artifact",
+    "ArtifactEntry",
     "Attempt",
     "AuthError",
     "BadRequestError",
+    "CheckReport",
     "ChecksumError",
     "ClientError",
-    "DatasetSpec",
+    "DatasetRef",
     "InvalidResponseError",
-    "JobSnapshot",
-    "JobCheck",
-    "JobError",
+    "JobFailure",
     "JobResult",
-    "LogLine",
-    "ModelSpec",
+    "JobSnapshot",
+    "ListPage",
+    "LogEntry",
+    "ModelRef",
     "NotFoundError",
-    "Page",
     "ProblemError",
     "RateLimitedError",
     "Registration",
     "ServerError",
     "ServerSentEvent",
     "TransportError",
-    "Upload",
+    "UploadReceipt",
     "WaitTimeoutError",
     "backoff_s",
     "parse_sse",

@@ -19,7 +19,7 @@ from app.client._exceptions import (
     httpx_errors,
     problem_from_response,
 )
-from app.client._records import Artifact, JobCheck, JobSnapshot, LogLine, Page, Registration, Upload
+from app.client._records import ArtifactEntry, CheckReport, JobSnapshot, ListPage, LogEntry, Registration, UploadReceipt
 from app.client._retries import OUTAGE_S, Outage, retrying
 from app.client._sse import ServerSentEvent, parse_sse
 from app.client._transfers import download, multipart_file, packed, sha256_of, upload_suffix
@@ -32,8 +32,8 @@ class ApiClient:
     """The API over HTTP. ``timeout``: how long one call keeps trying (None: until it succeeds).
 
     ``on_retry(message)`` hears of each retry, for the command line to say what is going on.
-    Every method returns records (:class:`JobSnapshot`, :class:`Artifact`, :class:`Upload`, :class:`Page`)
-    and raises a :class:`ClientError`.
+    Every method returns records (:class:`JobSnapshot`, :class:`ArtifactEntry`, :class:`UploadReceipt`,
+    :class:`ListPage`) and raises a :class:`ClientError`.
     """
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float | None = 30.0,
@@ -87,9 +87,9 @@ class ApiClient:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return JobSnapshot.from_json(self._json("POST", "/v1/jobs", json=dict(body), headers=headers))
 
-    def check(self, body: Mapping[str, Any]) -> JobCheck:
+    def check(self, body: Mapping[str, Any]) -> CheckReport:
         """Check a job as a submit would (``POST /v1/jobs/check``) without queuing it; a 422 is a ProblemError."""
-        return JobCheck.from_json(self._json("POST", "/v1/jobs/check", json=dict(body)))
+        return CheckReport.from_json(self._json("POST", "/v1/jobs/check", json=dict(body)))
 
     def job(self, job_id: str, *, budget: float | None = None) -> JobSnapshot:
         return JobSnapshot.from_json(self._json("GET", f"/v1/jobs/{job_id}", budget=budget))
@@ -101,7 +101,7 @@ class ApiClient:
         self._request("DELETE", f"/v1/jobs/{job_id}")
 
     def jobs(self, *, labels: Mapping[str, str] | None = None, status: str | None = None, limit: int = 20,
-             cursor: str | None = None) -> Page[JobSnapshot]:
+             cursor: str | None = None) -> ListPage[JobSnapshot]:
         """One page of this key's jobs, newest first; pass ``next_cursor`` as ``cursor`` for the next."""
         params: list[tuple[str, str | int]] = [("limit", limit)]
         params += [("label", f"{k}:{v}") for k, v in (labels or {}).items()]
@@ -109,7 +109,7 @@ class ApiClient:
             params.append(("status", status))
         if cursor:
             params.append(("cursor", cursor))
-        return Page.from_json(self._json("GET", "/v1/jobs", params=params), JobSnapshot.from_json)
+        return ListPage.from_json(self._json("GET", "/v1/jobs", params=params), JobSnapshot.from_json)
 
     def wait(self, job_id: str, *, timeout: float | None = None, interval: float = 2.0,
              on_update: Callable[[JobSnapshot], None] | None = None) -> JobSnapshot:
@@ -126,7 +126,7 @@ class ApiClient:
             time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
 
     def follow(self, job_id: str, *, timeout: float | None = None, on_job: Callable[[JobSnapshot], None] | None = None,
-               on_log: Callable[[LogLine], None] | None = None) -> JobSnapshot:
+               on_log: Callable[[LogEntry], None] | None = None) -> JobSnapshot:
         """Read the job's event stream until its terminal status, reconnecting where it broke off.
 
         ``on_log`` gets each log line once, in order, across reconnects (``Last-Event-ID``). The
@@ -141,7 +141,7 @@ class ApiClient:
                     outage.ok()
                     last_id = event.id or last_id
                     if event.event == "log" and on_log is not None:
-                        on_log(LogLine.from_json(_loads(event)))
+                        on_log(LogEntry.from_json(_loads(event)))
                     elif event.event in ("status", "stage", "progress"):
                         job = JobSnapshot.from_json(_loads(event))
                         if on_job is not None:
@@ -184,11 +184,11 @@ class ApiClient:
         except ValueError as exc:
             raise InvalidResponseError(f"POST /v1/jobs/{job_id}/register: the answer is not JSON") from exc
 
-    def artifacts(self, job_id: str) -> tuple[Artifact, ...]:
+    def artifacts(self, job_id: str) -> tuple[ArtifactEntry, ...]:
         """The job's artifact manifest."""
-        return Page.from_json(self._json("GET", f"/v1/jobs/{job_id}/artifacts"), Artifact.from_json).data
+        return ListPage.from_json(self._json("GET", f"/v1/jobs/{job_id}/artifacts"), ArtifactEntry.from_json).data
 
-    def download(self, job_id: str, artifact: Artifact, directory: Path) -> Path:
+    def download(self, job_id: str, artifact: ArtifactEntry, directory: Path) -> Path:
         """Download one artifact into ``directory``, resuming a ``.partial`` file, and check its sha256.
 
         A transfer that breaks off is resumed with ``Range`` from the bytes already written; the
@@ -197,11 +197,11 @@ class ApiClient:
         """
         return download(self._http, job_id, artifact, directory, timeout=self.timeout, on_retry=self._on_retry)
 
-    def upload(self, path: Path) -> Upload:
+    def upload(self, path: Path) -> UploadReceipt:
         """Upload a file, or a directory packed as ``<name>.tar.gz``, unless this key already holds the same bytes."""
         return self.ensure_uploaded(path)[0]
 
-    def ensure_uploaded(self, path: Path) -> tuple[Upload, bool]:
+    def ensure_uploaded(self, path: Path) -> tuple[UploadReceipt, bool]:
         """``(upload, sent)``: the upload of ``path``'s bytes, and whether they were sent now.
 
         A directory is packed deterministically (same files, same bytes), and the server is asked
@@ -213,12 +213,12 @@ class ApiClient:
             if found is not None and upload_suffix(found.filename or "") == upload_suffix(file.name):
                 return found, False
             with multipart_file(file) as files:
-                return Upload.from_json(self._json("POST", "/v1/uploads", files_factory=files)), True
+                return UploadReceipt.from_json(self._json("POST", "/v1/uploads", files_factory=files)), True
 
-    def find_upload(self, sha256: str) -> Upload | None:
+    def find_upload(self, sha256: str) -> UploadReceipt | None:
         """This key's upload of the bytes whose sha256 is ``sha256`` (hex), or None; other keys' are never found."""
         try:
-            return Upload.from_json(self._json("GET", f"/v1/uploads/sha256:{sha256}"))
+            return UploadReceipt.from_json(self._json("GET", f"/v1/uploads/sha256:{sha256}"))
         except NotFoundError:
             return None
 

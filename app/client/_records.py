@@ -1,14 +1,18 @@
 """The API's answers as small frozen records, built from their JSON.
 
-Each record holds the fields of its schema in ``/openapi.json`` that a caller acts on (a test checks
-them against the real app's schemas: ``JobPublic``, ``ArtifactPublic``, ``UploadPublic``,
-``LogLine``, ``Page[...]``). Fields the client does not know are ignored, so a newer server's answers
-still build; a field the client needs that is missing or of the wrong JSON type is an
-:class:`InvalidResponseError`. A missing optional field takes its default, so an older server's
-answers build too.
+Each record holds the fields of its schema in ``/openapi.json`` that a caller acts on (a test checks them
+against the real app's schemas: ``JobPublic``, ``ArtifactPublic``, ``UploadPublic``, ``LogLine``,
+``Page[...]``). The records have names of their own, so that no class name means two things in this
+repository: ``JobFailure`` reads the schema ``JobError``, ``ModelRef`` and ``DatasetRef`` read ``ModelSpec``
+and ``DatasetSpec``, ``ArtifactEntry`` ``ArtifactPublic``, ``UploadReceipt`` ``UploadPublic``, ``LogEntry``
+``LogLine``, ``ListPage`` ``Page[...]``, ``CheckReport`` ``JobCheck``. Fields the client does not know are
+ignored, so a newer server's answers still build; a field the client needs that is missing or of the wrong
+JSON type is an :class:`InvalidResponseError`. A missing optional field takes its default, so an older
+server's answers build too.
 
-``JobSnapshot``, ``Artifact`` and ``Upload`` also keep the answer as sent in ``raw`` (read-only, left out of
-comparisons): ``cahp ... --json`` prints it, every field included. Code reads the attributes.
+``JobSnapshot``, ``ArtifactEntry``, ``UploadReceipt``, ``Registration`` and ``CheckReport`` also keep the answer
+as sent in ``raw`` (read-only, left out of comparisons): ``cahp ... --json`` prints it, every field included.
+Code reads the attributes.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from app.client._exceptions import InvalidResponseError
 
-__all__ = ["TERMINAL", "Artifact", "Attempt", "DatasetSpec", "JobError", "JobResult", "JobSnapshot", "LogLine",
-           "ModelSpec", "Page", "Upload"]
+__all__ = ["TERMINAL", "ArtifactEntry", "Attempt", "CheckReport", "DatasetRef", "JobFailure", "JobResult",
+           "JobSnapshot", "ListPage", "LogEntry", "ModelRef", "Registration", "UploadReceipt"]
 
 #: The statuses a job does not leave.
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -140,20 +144,31 @@ def _read(cls: type[R], data: object) -> R:
     return cls(**values)
 
 
+class _Record:
+    """A record the API sends: :meth:`from_json` reads each dataclass field by its type."""
+
+    @classmethod
+    def from_json(cls, data: object) -> Self:
+        return _read(cls, data)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class JobError:
+class _Answer(_Record):
+    """A record that also keeps the answer as sent (read-only, left out of ``repr`` and comparisons)."""
+
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobFailure(_Record):
     """Why a job failed: a stable ``code`` and a message for people."""
 
     code: str
     message: str
 
-    @classmethod
-    def from_json(cls, data: object) -> JobError:
-        return _read(cls, data)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Attempt:
+class Attempt(_Record):
     """One attempt at a job (``AttemptPublic``): its worker, its start and end, why it ended
     (``completed``, ``failed``, ``cancelled``, ``handed_back``, ``lost``; None while it runs) and the
     saved step it resumed from (None: from the start)."""
@@ -165,13 +180,9 @@ class Attempt:
     end: str | None = None
     resumed_from: str | None = None
 
-    @classmethod
-    def from_json(cls, data: object) -> Attempt:
-        return _read(cls, data)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class JobResult:
+class JobResult(_Record):
     """The headline figures of a succeeded job (each None where the run did not measure it): the API's
     ``JobResult`` (built from the engine's ``RunSummary``) field for field, in its order; the client imports
     neither, so a test reads the real app's /openapi.json and keeps the fields equal."""
@@ -209,38 +220,25 @@ class JobResult:
     #: A stable code for each warning, in the same order (``class_lost``, ``near_chance``...).
     warning_codes: tuple[str, ...] | None = None
 
-    @classmethod
-    def from_json(cls, data: object) -> JobResult:
-        return _read(cls, data)
-
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelSpec:
+class ModelRef(_Record):
     """Where a job's model comes from."""
 
     uri: str
     revision: str | None = None
 
-    @classmethod
-    def from_json(cls, data: object) -> ModelSpec:
-        return _read(cls, data)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DatasetSpec:
+class DatasetRef(_Record):
     """Where a job's dataset comes from (its column and split options are in the job's ``raw``)."""
 
     uri: str
     eval_uri: str | None = None
 
-    @classmethod
-    def from_json(cls, data: object) -> DatasetSpec:
-        return _read(cls, data)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class JobSnapshot:
+class JobSnapshot(_Answer):
     """A job as ``GET /v1/jobs/{id}`` answers it (``JobPublic``)."""
 
     id: str
@@ -250,12 +248,12 @@ class JobSnapshot:
     #: Seconds the running attempt still needs by its pace so far (None: not known yet, or not running).
     eta_s: float | None = None
     cancel_requested: bool = False
-    model: ModelSpec | None = None
-    dataset: DatasetSpec | None = None
+    model: ModelRef | None = None
+    dataset: DatasetRef | None = None
     created_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
-    error: JobError | None = None
+    error: JobFailure | None = None
     result: JobResult | None = None
     labels: Mapping[str, str] = dataclasses.field(default_factory=_empty)
     notify_url: str | None = None
@@ -265,20 +263,15 @@ class JobSnapshot:
     model_name: str | None = None
     #: Every attempt so far, oldest first (``started_at`` is the first one's).
     attempts: tuple[Attempt, ...] = ()
-    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
         """Whether the job has reached a status it does not leave."""
         return self.status in TERMINAL
 
-    @classmethod
-    def from_json(cls, data: object) -> JobSnapshot:
-        return _read(cls, data)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Artifact:
+class ArtifactEntry(_Answer):
     """One entry of a job's artifact manifest (``ArtifactPublic``)."""
 
     name: str
@@ -286,15 +279,10 @@ class Artifact:
     sha256: str
     media_type: str = "application/octet-stream"
     url: str | None = None
-    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: object) -> Artifact:
-        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Upload:
+class UploadReceipt(_Answer):
     """A stored upload (``UploadPublic``); a job refers to it by ``uri`` (``upload://<id>``)."""
 
     id: str
@@ -305,35 +293,26 @@ class Upload:
     sha256: str | None = None
     media_type: str | None = None
     created_at: dt.datetime | None = None
-    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: object) -> Upload:
-        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LogLine:
+class LogEntry(_Record):
     """One line of a job's log, as the event stream's ``log`` events carry it."""
 
     offset: int
     message: str
     time: dt.datetime | None = None
 
-    @classmethod
-    def from_json(cls, data: object) -> LogLine:
-        return _read(cls, data)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Page(Generic[T]):
+class ListPage(Generic[T]):
     """One page of a list: its items, and the cursor of the next page (None on the last)."""
 
     data: tuple[T, ...]
     next_cursor: str | None = None
 
     @classmethod
-    def from_json(cls, data: object, item: Callable[[object], T]) -> Page[T]:
+    def from_json(cls, data: object, item: Callable[[object], T]) -> ListPage[T]:
         d = _object(data, "Page")
         items = _field(d, "data", "Page", _items, _REQUIRED)
         return cls(data=tuple(item(entry) for entry in items),
@@ -341,7 +320,7 @@ class Page(Generic[T]):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Registration:
+class Registration(_Answer):
     """Where a job's model went in the MLflow registry (``RegistrationPublic``)."""
 
     status: str
@@ -351,21 +330,12 @@ class Registration:
     model_uri: str | None = None
     tracking_uri: str | None = None
     error: str | None = None
-    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, data: object) -> Registration:
-        return _read(cls, data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class JobCheck:
-    """What ``POST /v1/jobs/check`` checked of a job without queuing it (``JobCheck``)."""
+class CheckReport(_Answer):
+    """What ``POST /v1/jobs/check`` checked of a job without queuing it (``CheckReport``)."""
 
     checked: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
-    raw: Mapping[str, Any] = dataclasses.field(default_factory=_empty, repr=False, compare=False)
 
-    @classmethod
-    def from_json(cls, data: object) -> JobCheck:
-        return _read(cls, data)

@@ -23,11 +23,11 @@ from typing import IO, Any
 import httpx
 
 from app.client._exceptions import ChecksumError, ClientError, TransportError, httpx_errors, problem_from_response
-from app.client._records import Artifact
+from app.client._records import ArtifactEntry
 from app.client._retries import Outage
 
 
-def download(http: httpx.Client, job_id: str, artifact: Artifact, directory: Path, *, timeout: float | None,
+def download(http: httpx.Client, job_id: str, artifact: ArtifactEntry, directory: Path, *, timeout: float | None,
              on_retry: Callable[[str], None] | None) -> Path:
     """Download ``artifact`` of ``job_id`` into ``directory``, resuming a ``.partial`` file; its path.
 

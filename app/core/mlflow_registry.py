@@ -73,7 +73,7 @@ class RegisterRequest:
 
 
 @dataclass(frozen=True)
-class Registration:
+class RegistrationOutcome:
     """How a registration went; stored on the job (``registration``) and shown by the API."""
 
     status: str
@@ -252,7 +252,7 @@ def _same_owner(current: str, owner: str, settings: Settings) -> bool:
 def register_model(
     settings: Settings, *, files: Path, job_id: str, owner_id: str, request: RegisterRequest,
     labels: Mapping[str, str], name: str | None = None, work: Path | None = None,
-) -> Registration:
+) -> RegistrationOutcome:
     """Log the job's run and register its model as a new version of ``request.model_name``.
 
     Parameters
@@ -314,15 +314,15 @@ def register_model(
         raise RegistryError(hide_credentials(f"the MLflow registry at {uri} failed while {step}: {message}")) from exc
     finally:
         shutil.rmtree(staged.parent, ignore_errors=True)
-    return Registration(status="registered", model_name=request.model_name, version=str(version.version),
+    return RegistrationOutcome(status="registered", model_name=request.model_name, version=str(version.version),
                         run_id=run_id, model_uri=f"models:/{request.model_name}/{version.version}",
                         tracking_uri=uri,
                         registered_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
 
-def failed_registration(settings: Settings, request: RegisterRequest, error: Exception) -> Registration:
+def failed_registration(settings: Settings, request: RegisterRequest, error: Exception) -> RegistrationOutcome:
     uri = settings.mlflow_tracking_uri
-    return Registration(status="failed", model_name=request.model_name,
+    return RegistrationOutcome(status="failed", model_name=request.model_name,
                         tracking_uri=_without_userinfo(uri)[0] if uri else None,
                         error=hide_credentials(str(error)),
                         registered_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))

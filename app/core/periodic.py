@@ -1,6 +1,7 @@
 """A daemon thread that calls a function every few seconds until it is stopped.
 
-The API's sweeper and the worker's lease heartbeat both need one; this is the one loop they share.
+The API's sweeper and webhook dispatcher and the worker's lease heartbeat each need one; this is the one loop
+they share, and :class:`PeriodicDuty` the one way they start and stop it.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Self
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +62,18 @@ class Periodic:
                 logger.exception("%s failed; trying again in %s s", self._thread.name, self._interval_s)
             if self._stop.wait(self._interval_s):
                 return
+
+
+class PeriodicDuty:
+    """A duty done by a :class:`Periodic` loop its ``__init__`` makes as ``self._loop``: started once by
+    :meth:`start`, stopped by :meth:`stop` (a subclass that holds more extends it)."""
+
+    _loop: Periodic
+
+    def start(self) -> Self:
+        self._loop.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the loop and wait for a tick in progress to finish."""
+        self._loop.stop()

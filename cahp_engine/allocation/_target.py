@@ -157,7 +157,7 @@ def prune_to_target(
         goal = float(target_speedup)
         dense_seconds, pruned_seconds = time_pair(model, pruned, batch_size=batch_size, seq_len=seq_len,
                                                   runtime=runtime, repeats=repeats, rounds=FIRST_ROUNDS, clock=clock)
-        tried = [_Tried(dense_seconds / pruned_seconds, plan, pruned, heads, dense_seconds, pruned_seconds)]
+        tried = [_TimedCut(dense_seconds / pruned_seconds, plan, pruned, heads, dense_seconds, pruned_seconds)]
         asked, best = goal, reachable(costs)
         # The cost model is linear; the runtime is not quite. The allocation aims again by the ratio missed
         # (higher after a shortfall, lower after an overshoot that removed more than needed), at most
@@ -171,7 +171,7 @@ def prune_to_target(
             cut, kept = _cut(model, candidate, choose_heads)
             dense_s, pruned_s = time_pair(model, cut, batch_size=batch_size, seq_len=seq_len, runtime=runtime,
                                           repeats=repeats, rounds=CORRECTION_ROUNDS, clock=clock)
-            tried.append(_Tried(dense_s / pruned_s, candidate, cut, kept, dense_s, pruned_s))
+            tried.append(_TimedCut(dense_s / pruned_s, candidate, cut, kept, dense_s, pruned_s))
         meeting = [t for t in tried if t.speedup >= goal * (1 - TOLERANCE)]
         chosen = min(meeting, key=lambda t: t.speedup) if meeting else max(tried, key=lambda t: t.speedup)
         plan, pruned, heads = chosen.plan, chosen.model, chosen.heads
@@ -190,7 +190,7 @@ def prune_to_target(
 
 
 @dataclass(frozen=True)
-class _Tried:
+class _TimedCut:
     """One allocation cut and timed while aiming at a speed target."""
 
     speedup: float

@@ -157,22 +157,22 @@ class ModelCardInputs:
     def dataset_hub_id_or_none(self) -> str | None:
         return self.dataset_hub_id or (self.dataset if _namespaced(self.dataset) else None)
 
+    def _of_this_directory(self, metric: str) -> float | None:
+        """``metric`` (``accuracy``, ``macro_f1``) of the int8 graph, of the ONNX graph (else the PyTorch
+        model's), or of the model, as the variant says."""
+        if self.variant == "onnx-int8":
+            return getattr(self, f"int8_{metric}")
+        onnx = getattr(self, f"onnx_{metric}")
+        return onnx if self.variant == "onnx" and onnx is not None else getattr(self, f"pruned_{metric}")
+
     @property
     def accuracy(self) -> float | None:
         """This directory's accuracy: the int8 graph's, the ONNX graph's (else the PyTorch model's), or the model's."""
-        if self.variant == "onnx-int8":
-            return self.int8_accuracy
-        if self.variant == "onnx" and self.onnx_accuracy is not None:
-            return self.onnx_accuracy
-        return self.pruned_accuracy
+        return self._of_this_directory("accuracy")
 
     @property
     def macro_f1(self) -> float | None:
-        if self.variant == "onnx-int8":
-            return self.int8_macro_f1
-        if self.variant == "onnx" and self.onnx_macro_f1 is not None:
-            return self.onnx_macro_f1
-        return self.pruned_macro_f1
+        return self._of_this_directory("macro_f1")
 
     @property
     def title(self) -> str:

@@ -131,8 +131,7 @@ def _quiet_quantizer() -> Iterator[None]:
 
     root.addFilter(no_hint)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(action="ignore"):
             yield
     finally:
         root.removeFilter(no_hint)

@@ -57,22 +57,35 @@ def gate_heads(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[None
     """
     adapter = get_adapter(model)
     d = adapter.head_dim(model.config)
-    layers = adapter.layers(model)
-    if len(gates) != len(layers):
-        raise ValueError(f"expected {len(layers)} gate vectors, one per layer, got {len(gates)}")
-    handles = []
+
+    def gated(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return (x.view(*x.shape[:-1], -1, d) * gate.to(x.dtype).view(-1, 1)).view(x.shape)
+
+    with scaled_inputs([adapter.attention(layer).output for layer in adapter.layers(model)], gates, gated):
+        yield
+
+
+@contextlib.contextmanager
+def scaled_inputs(projections: Sequence[nn.Module], gates: Sequence[torch.Tensor],
+                  scale: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """While the context is open, each layer's projection reads ``scale(x, gate)`` instead of its input ``x``.
+
+    One forward pre-hook per projection (``projections[l]`` takes ``gates[l]``), removed on exit;
+    :func:`gate_heads` and :func:`~cahp_engine.models.gate_neurons` are this over two kinds of projection.
+    """
+    if len(gates) != len(projections):
+        raise ValueError(f"expected {len(projections)} gate vectors, one per layer, got {len(gates)}")
 
     def make_hook(gate: torch.Tensor) -> Callable[..., tuple[torch.Tensor, ...]]:
         def hook(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-            x = args[0]
-            shaped = x.view(*x.shape[:-1], -1, d) * gate.to(x.dtype).view(-1, 1)
-            return (shaped.view(x.shape), *args[1:])
+            return (scale(args[0], gate), *args[1:])
 
         return hook
 
+    handles = []
     try:
-        for layer, gate in zip(layers, gates, strict=True):
-            handles.append(adapter.attention(layer).output.register_forward_pre_hook(make_hook(gate)))
+        for projection, gate in zip(projections, gates, strict=True):
+            handles.append(projection.register_forward_pre_hook(make_hook(gate)))
         yield
     finally:
         for handle in handles:

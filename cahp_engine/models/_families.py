@@ -8,6 +8,7 @@ eager switching) is in :mod:`cahp_engine.models._adapters`. Adding a family mean
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,9 +81,10 @@ class ModelAdapter:
     qkv_names: tuple[str, ...]
     output_path: str
     heads_attr: str | None
-    config_heads_attr: str
-    config_layers_attr: str
-    config_hidden_attr: str
+    #: The config's names for the head count, the layer count and the hidden size (transformers' usual ones).
+    config_heads_attr: str = "num_attention_heads"
+    config_layers_attr: str = "num_hidden_layers"
+    config_hidden_attr: str = "hidden_size"
     all_head_size_attr: str | None = None
     position_names: tuple[str, ...] = ()
     fused_qkv: bool = False
@@ -177,9 +179,6 @@ def _bert_like(family: str, base: str, *, pad_offset_positions: bool = False) ->
         output_path="attention.output.dense",
         heads_attr="num_attention_heads",
         all_head_size_attr="all_head_size",
-        config_heads_attr="num_attention_heads",
-        config_layers_attr="num_hidden_layers",
-        config_hidden_attr="hidden_size",
         pad_offset_positions=pad_offset_positions,
     )
 
@@ -218,21 +217,11 @@ _ADAPTERS: dict[str, ModelAdapter] = {
             ffn_output_path="ffn.lin2",
             config_ffn_attr="hidden_dim",
         ),
-        ModelAdapter(
-            family="deberta-v2",
-            model_types=("deberta-v2",),
-            base_model_attr="deberta",
-            layers_path="encoder.layer",
-            attention_path="attention.self",
+        dataclasses.replace(
+            _bert_like("deberta-v2", "deberta"),
             qkv_names=("query_proj", "key_proj", "value_proj"),
             # With share_att_key the relative positions go through query_proj/key_proj instead.
             position_names=("pos_key_proj", "pos_query_proj"),
-            output_path="attention.output.dense",
-            heads_attr="num_attention_heads",
-            all_head_size_attr="all_head_size",
-            config_heads_attr="num_attention_heads",
-            config_layers_attr="num_hidden_layers",
-            config_hidden_attr="hidden_size",
             config_head_dim_attr="attention_head_size",
             probs_flag="output_attentions",
         ),
@@ -249,9 +238,6 @@ _ADAPTERS: dict[str, ModelAdapter] = {
             ffn_input_path="mlp.Wi",  # the gated linear unit: rows [0, I) the input, [I, 2I) the gate
             ffn_output_path="mlp.Wo",
             ffn_blocks=2,
-            config_heads_attr="num_attention_heads",
-            config_layers_attr="num_hidden_layers",
-            config_hidden_attr="hidden_size",
         ),
     )
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from torch import nn
 
 from cahp_engine._torch import num_parameters
 from cahp_engine.errors import ModelLoadError
-from cahp_engine.models._adapters import get_adapter
+from cahp_engine.models._adapters import get_adapter, scaled_inputs
 from cahp_engine.models._families import FeedForwardParts
 from cahp_engine.models._kept import NEURONS, current_kept, parse_kept, plan_kept
 from cahp_engine.models._surgery import NEURONS_FORMAT_VERSION, RECORD_ATTR, _keep_features, _record, current_kept_heads
@@ -174,24 +174,9 @@ def gate_neurons(model: nn.Module, gates: Sequence[torch.Tensor]) -> Iterator[No
     A gate of zero computes exactly what removing the neuron computes.
     """
     adapter = get_adapter(model)
-    layers = adapter.layers(model)
-    if len(gates) != len(layers):
-        raise ValueError(f"expected {len(layers)} gate vectors, one per layer, got {len(gates)}")
-
-    def make_hook(gate: torch.Tensor) -> Callable[..., tuple[torch.Tensor, ...]]:
-        def hook(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-            return (args[0] * gate.to(args[0].dtype), *args[1:])
-
-        return hook
-
-    handles = []
-    try:
-        for layer, gate in zip(layers, gates, strict=True):
-            handles.append(adapter.feed_forward(layer).output.register_forward_pre_hook(make_hook(gate)))
+    outputs = [adapter.feed_forward(layer).output for layer in adapter.layers(model)]
+    with scaled_inputs(outputs, gates, lambda x, gate: x * gate.to(x.dtype)):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _slice_feed_forward(parts: FeedForwardParts, positions: list[int]) -> None:

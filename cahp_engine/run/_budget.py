@@ -55,10 +55,8 @@ from cahp_engine.run._candidates import (
     CandidateResult,
     CandidateSpec,
     SearchInputs,
-    finish_run,
-    recover_candidate,
 )
-from cahp_engine.run._executors import CandidateExecutor, InTurn
+from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candidate
 from cahp_engine.run._holdout import ValidationData
 from cahp_engine.selection import HeadAnalysis, Selection, choose
 
@@ -195,11 +193,7 @@ def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: Validat
         "the end of the protocol")
     t0 = time.perf_counter()
     finishing = dataclasses.replace(winner.spec, until_epochs=float(config.epochs), finish=True, gain_per_epoch=None)
-    winner.last = recover_candidate(finishing, inputs, resume=executor.resume(winner.spec, inputs))
-    executor.release(winner.spec)
-    assert winner.last.run is not None
-    model, recovery = finish_run(winner.last.run)
-    winner.last = dataclasses.replace(winner.last, run=None)
+    winner.last, model, recovery = finish_candidate(finishing, winner.spec, inputs, executor)
     final_s = time.perf_counter() - t0
     point = winner.last.best
     winner.reason += (f"; chosen, then trained on to {recovery.epochs:g} epoch(s)"

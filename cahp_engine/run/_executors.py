@@ -22,19 +22,21 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from torch import nn
 
 from cahp_engine.errors import PipelineError
-from cahp_engine.recovery import TRAINING_FILES, load_training_state, save_training_state
+from cahp_engine.recovery import TRAINING_FILES, TrainingResult, load_training_state, save_training_state
 from cahp_engine.run._candidates import (
     CandidateResult,
     CandidateRun,
     CandidateSpec,
     SearchInputs,
+    finish_run,
     recover_candidate,
     start_run,
 )
 
-__all__ = ["CANDIDATE_FILES", "CandidateExecutor", "InTurn", "load_candidate", "save_candidate"]
+__all__ = ["CANDIDATE_FILES", "CandidateExecutor", "InTurn", "finish_candidate", "load_candidate", "save_candidate"]
 
 #: Beside the fine-tuning's own files: the candidate's bookkeeping and every evaluation's predictions.
 CANDIDATE_FILE = "candidate.json"
@@ -79,6 +81,20 @@ class InTurn:
 
     def release(self, spec: CandidateSpec) -> None:
         self._runs.pop(spec.key, None)
+
+
+def finish_candidate(finishing: CandidateSpec, spec: CandidateSpec, inputs: SearchInputs,
+                     executor: CandidateExecutor) -> tuple[CandidateResult, nn.Module, TrainingResult]:
+    """Recover the chosen candidate ``spec`` on from where the search left it, as far as ``finishing`` says.
+
+    The executor lets the candidate go. Returns its last result (without the run, which is finished), the
+    model with its best weights, and the record of its whole recovery.
+    """
+    last = recover_candidate(finishing, inputs, resume=executor.resume(spec, inputs))
+    executor.release(spec)
+    assert last.run is not None
+    model, recovery = finish_run(last.run)
+    return dataclasses.replace(last, run=None), model, recovery
 
 
 def save_candidate(run: CandidateRun, directory: Path) -> None:

@@ -43,8 +43,8 @@ from cahp_engine.models import prune_heads
 from cahp_engine.recovery import Reconstruction, finetune
 from cahp_engine.results import BudgetCandidate, BudgetRecord, ValidationPoint
 from cahp_engine.run._budget import BudgetOutcome, LadderStep, budget_record, failure_message
-from cahp_engine.run._candidates import CandidateResult, CandidateSpec, SearchInputs, finish_run, recover_candidate
-from cahp_engine.run._executors import CandidateExecutor, InTurn
+from cahp_engine.run._candidates import CandidateResult, CandidateSpec, SearchInputs
+from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candidate
 from cahp_engine.run._holdout import ValidationData, ValidationScorer
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.selection import Selection
@@ -124,11 +124,7 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
         "end of the protocol")
     t0 = time.perf_counter()
     finishing = dataclasses.replace(winner.spec, until_epochs=float(config.epochs), finish=True)
-    winner.last = recover_candidate(finishing, inputs, resume=executor.resume(winner.spec, inputs))
-    executor.release(winner.spec)
-    assert winner.last.run is not None
-    model, recovery = finish_run(winner.last.run)
-    winner.last = dataclasses.replace(winner.last, run=None)
+    winner.last, model, recovery = finish_candidate(finishing, winner.spec, inputs, executor)
     final_s = time.perf_counter() - t0
     return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery,
                          record=_record(inputs, validation, steps, judged, search_s, final_s),

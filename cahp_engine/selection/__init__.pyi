@@ -17,7 +17,7 @@ from ._head_structure import head_structure
 from ._knee import chord_knee, find_knee, knees_by_degree
 from ._records import ConsensusRecord, SamplingRecord, StabilityRecord
 from ._salience import gradient_salience, minmax
-from ._sampling import checkpoint_sizes, resolve_amount, stratified_order
+from ._sampling import ladder_sizes, resolve_amount, stratified_order
 from ._select_heads import SelectionResult, select_heads
 from ._separation import bhattacharyya_normal, jeffries_matusita, separation_features
 from ._signatures import (
@@ -37,7 +37,7 @@ from ._sweep import cluster, mean_simplified_silhouette, mss_sweep
 __all__ = [
     "ConsensusRecord", "SamplingRecord", "StabilityRecord",
     "PLATEAU_GAIN",
-    "analyze_heads", "bhattacharyya_normal", "checkpoint_sizes",
+    "analyze_heads", "bhattacharyya_normal", "ladder_sizes",
     "choose", "chord_knee", "class_difference_noise", "ClassMoments", "cluster", "co_association",
     "consensus_runs", "crop_and_resize", "default_perplexity", "default_resolution", "embed_heads",
     "extract_signatures", "find_knee", "get_strategy", "gradient_salience", "head_structure", "HeadAnalysis",

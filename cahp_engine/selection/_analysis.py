@@ -170,7 +170,7 @@ def analyze_heads(
         calibration batch at a time and the scores are averaged over the batches (the stopping rule
         needs their spread). Default: CAHP's gradient salience.
     plateau_gain : float or None
-        With ``"auto"`` amounts, a pass also stops once its noise share, at most 0.8 two checkpoints
+        With ``"auto"`` amounts, a pass also stops once its noise share, at most 0.8 two rungs
         ago, fell by less than this share of itself since (:func:`~cahp_engine.selection.is_plateau`;
         :data:`~cahp_engine.selection.PLATEAU_GAIN` is the measured rule). None (the default) leaves
         the rule off: on all-MiniLM-L6-v2 with a new head and SST-5 it cut the selection from 70 to

@@ -2,9 +2,9 @@
 seeded stratified order and stop once what they estimate is mostly signal, not sampling noise.
 
 Both passes read the rows of a :class:`~cahp_engine.selection._sampling.SampleOrder` in chunks. With an explicit
-amount they read exactly that many rows. With ``"auto"`` they look at a ladder of checkpoints (the
-first once every class has its floor of samples, then x :data:`GROWTH` each time, the last at every
-row: the cap) and stop at the first checkpoint where the noise share of what they measure is small:
+amount they read exactly that many rows. With ``"auto"`` they look at a ladder of row counts (its
+rungs: the first once every class has its floor of samples, then x :data:`GROWTH` each time, the last at
+every row: the cap) and stop at the first rung where the noise share of what they measure is small:
 
 * **signatures**: :func:`class_difference_noise`, the share of the measured squared class-mean
   differences (summed over heads, class pairs and pixels, each in units of the pooled variance, as
@@ -15,9 +15,9 @@ row: the cap) and stop at the first checkpoint where the noise share of what the
   head's score; stop at <= :data:`SALIENCE_NOISE`.
 
 Either pass also stops on a **plateau** (:func:`is_plateau`): once a signal has shown (the noise
-share was at most :data:`PLATEAU_ONSET` two checkpoints ago) and the share fell by less than
+share was at most :data:`PLATEAU_ONSET` two rungs ago) and the share fell by less than
 :data:`PLATEAU_GAIN` of itself since (while the rows read grew x2.25). With a fixed signal and sampling
-noise alone the share is 1 / (1 + n / n0), whose fall over two checkpoints from a share of 0.8 or less
+noise alone the share is 1 / (1 + n / n0), whose fall over two rungs from a share of 0.8 or less
 is 20 % or more: a smaller fall means it stopped following 1 / n (a floor), and more rows buy little.
 A share still near 1 is not a plateau: there the signal may not have emerged yet (all-MiniLM-L6-v2
 with a new head on SST-5 read 1.0, 1.0, 0.97 at 512, 768 and 1,152 rows, then 0.65 at 1,728).
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -45,10 +45,10 @@ from cahp_engine.errors import PipelineError
 from cahp_engine.progress import Monitor
 from cahp_engine.selection._records import SamplingRecord
 from cahp_engine.selection._salience import HeadImportance
-from cahp_engine.selection._sampling import SampleOrder, checkpoint_sizes, class_floor_size
+from cahp_engine.selection._sampling import SampleOrder, class_floor_size, ladder_sizes
 from cahp_engine.selection._signatures import ShardedSignatures, SignatureProfiler, Signatures
 
-#: Each checkpoint reads this many times the samples of the one before.
+#: Each rung reads this many times the samples of the one before.
 GROWTH = 1.5
 #: Signatures: no stop before every class has this many samples (or all of its rows), nor before
 #: :data:`SIGNATURE_FIRST` samples in all.
@@ -64,7 +64,7 @@ SIGNATURE_NOISE = 0.2
 #: noise (reliability >= 0.9).
 SALIENCE_NOISE = 0.1
 #: Stop either pass when its noise share fell by less than this share of itself over the last two
-#: checkpoints (the rows read x2.25), once it was at most :data:`PLATEAU_ONSET` at the first of them.
+#: rungs (the rows read x2.25), once it was at most :data:`PLATEAU_ONSET` at the first of them.
 #: A share 1 / (1 + n / n0) (fixed signal, sampling noise alone) falls by 1.25a / (1 + 2.25a) there,
 #: a = n / n0: at least 0.2 from a share of 0.8 (a = 0.25) down, 0.56 when mostly signal.
 PLATEAU_GAIN = 0.2
@@ -76,12 +76,12 @@ CHUNK_ROWS = 2048
 
 
 def plan(order: SampleOrder, labels: np.ndarray, amount: int | None, *, floor: int, first: int) -> list[int]:
-    """The sample counts at which a pass looks: ``[amount]`` when fixed, else the checkpoint ladder."""
+    """The sample counts at which a pass looks: ``[amount]`` when fixed, else the ladder."""
     n = len(order)
     if amount is not None:
         return [amount]
     start = max(first, class_floor_size(labels, order, floor))
-    return checkpoint_sizes(n, first=start, growth=GROWTH)
+    return ladder_sizes(n, first=start, growth=GROWTH)
 
 
 def class_difference_noise(signatures: Signatures, *, var_floor: float) -> float:
@@ -150,13 +150,13 @@ def salience_noise(sums: np.ndarray, squares: np.ndarray, batches: int) -> float
 def is_plateau(measures: Sequence[float], *, min_gain: float | None = PLATEAU_GAIN,
                onset: float = PLATEAU_ONSET) -> bool:
     """Whether a noise share stopped improving after a signal showed: it was at most ``onset`` two
-    checkpoints ago and fell by less than ``min_gain`` of itself since.
+    rungs ago and fell by less than ``min_gain`` of itself since.
 
     Parameters
     ----------
     measures : sequence of float
-        The noise share at each checkpoint so far, in order (each checkpoint reads x1.5 the rows of
-        the one before).
+        The noise share at each rung so far, in order (each rung reads x1.5 the rows of the one
+        before).
     min_gain : float or None
         The smallest relative fall ``(m[-3] - m[-1]) / m[-3]`` that is not a plateau; None turns the
         rule off.
@@ -176,7 +176,7 @@ def is_plateau(measures: Sequence[float], *, min_gain: float | None = PLATEAU_GA
 
 
 def _chunks(sizes: list[int]) -> Iterator[tuple[int, int, bool]]:
-    """``(start, stop, at_checkpoint)`` pieces of at most :data:`CHUNK_ROWS` rows covering every size."""
+    """``(start, stop, at_rung)`` pieces of at most :data:`CHUNK_ROWS` rows covering every size."""
     done = 0
     for size in sizes:
         while done < size:
@@ -185,22 +185,39 @@ def _chunks(sizes: list[int]) -> Iterator[tuple[int, int, bool]]:
             done = stop
 
 
-def _record(auto: bool, samples: int, available: int, stopped: str, checkpoints: list[int],
-            measures: list[float], what: str, threshold: float) -> SamplingRecord:
-    reasons = {
-        "requested": f"{samples} {what}, as asked",
-        "converged": f"noise share {measures[-1]:.3f} <= {threshold} after {samples} of {available} rows"
-        if measures else "",
-        "plateau": f"noise share {measures[-1]:.3f} after {samples} of {available} rows, only "
-                   f"{1 - measures[-1] / measures[-3]:.0%} below its {measures[-3]:.3f} at {checkpoints[-3]} "
-                   "rows: it stopped falling, and more rows buy little" if len(measures) >= 3 else "",
-        "cap": f"read every row ({available}); the noise share was still "
-               f"{measures[-1]:.3f} > {threshold} at the last checkpoint" if measures
-               else f"read every row ({available}): fewer than the first checkpoint",
-    }
-    return SamplingRecord(mode="auto" if auto else "fixed", samples=samples, available=available, stopped=stopped,
-                          reason=reasons[stopped], checkpoints=tuple(checkpoints),
-                          measures=tuple(float(m) for m in measures))
+@dataclass
+class _Ladder:
+    """Where a pass's stopping rule has looked so far: the rows read at each rung and the noise share there."""
+
+    threshold: float
+    plateau_gain: float | None
+    rows: list[int] = field(default_factory=list)
+    measures: list[float] = field(default_factory=list)
+
+    def stop_at(self, rows: int, noise: float) -> str | None:
+        """Record a rung; why the pass stops there (``converged``, ``plateau``), or None to read on."""
+        self.rows.append(rows)
+        self.measures.append(noise)
+        if noise <= self.threshold:
+            return "converged"
+        return "plateau" if is_plateau(self.measures, min_gain=self.plateau_gain) else None
+
+    def record(self, auto: bool, samples: int, available: int, stopped: str, what: str) -> SamplingRecord:
+        measures, threshold = self.measures, self.threshold
+        reasons = {
+            "requested": f"{samples} {what}, as asked",
+            "converged": f"noise share {measures[-1]:.3f} <= {threshold} after {samples} of {available} rows"
+            if measures else "",
+            "plateau": f"noise share {measures[-1]:.3f} after {samples} of {available} rows, only "
+                       f"{1 - measures[-1] / measures[-3]:.0%} below its {measures[-3]:.3f} at {self.rows[-3]} "
+                       "rows: it stopped falling, and more rows buy little" if len(measures) >= 3 else "",
+            "cap": f"read every row ({available}); the noise share was still "
+                   f"{measures[-1]:.3f} > {threshold} at the last rung" if measures
+                   else f"read every row ({available}): fewer than the first rung",
+        }
+        return SamplingRecord(mode="auto" if auto else "fixed", samples=samples, available=available,
+                              stopped=stopped, reason=reasons[stopped], rungs=tuple(self.rows),
+                              measures=tuple(float(m) for m in measures))
 
 
 def run_signatures(
@@ -217,7 +234,7 @@ def run_signatures(
     monitor: Monitor,
     plateau_gain: float | None = PLATEAU_GAIN,
 ) -> tuple[ShardedSignatures, SamplingRecord]:
-    """Profile the rows of ``order`` up to the first checkpoint of ``sizes`` where the class
+    """Profile the rows of ``order`` up to the first rung of ``sizes`` where the class
     differences are mostly signal or stopped falling (:func:`is_plateau` with ``plateau_gain``), or
     exactly ``sizes[-1]`` rows when not ``auto``.
 
@@ -228,12 +245,11 @@ def run_signatures(
     record : SamplingRecord
     """
     tick = monitor.counter("signatures", sizes[-1])
-    checkpoints: list[int] = []
-    measures: list[float] = []
+    ladder = _Ladder(SIGNATURE_NOISE, plateau_gain)
     stopped = "cap" if auto else "requested"
     with SignatureProfiler(model, num_classes=train.num_classes, resolution=resolution,
                            shards=order.shards) as profiler:
-        for start, stop, at_checkpoint in _chunks(sizes):
+        for start, stop, at_rung in _chunks(sizes):
             chunk = take_rows(train, order.rows[start:stop])
             shard = order.shard[start:stop]
             for batch_idx in length_grouped_batches(chunk.lengths, np.arange(len(chunk)), batch_size,
@@ -241,19 +257,13 @@ def run_signatures(
                 batch = next(iterate_batches(chunk, [batch_idx], device))
                 profiler.update(batch, torch.as_tensor(shard[batch_idx], device=device))
                 tick(len(batch_idx))
-            if auto and at_checkpoint and stop < sizes[-1]:
-                noise = class_difference_noise(profiler.snapshot().merged(), var_floor=var_floor)
-                checkpoints.append(stop)
-                measures.append(noise)
-                if noise <= SIGNATURE_NOISE:
-                    stopped = "converged"
-                    break
-                if is_plateau(measures, min_gain=plateau_gain):
-                    stopped = "plateau"
+            if auto and at_rung and stop < sizes[-1]:
+                ended = ladder.stop_at(stop, class_difference_noise(profiler.snapshot().merged(), var_floor=var_floor))
+                if ended is not None:
+                    stopped = ended
                     break
         signatures = profiler.snapshot()
-    record = _record(auto, signatures.samples, len(train), stopped, checkpoints, measures, "signature samples",
-                     SIGNATURE_NOISE)
+    record = ladder.record(auto, signatures.samples, len(train), stopped, "signature samples")
     return signatures, record
 
 
@@ -298,7 +308,7 @@ def run_calibration(
     monitor: Monitor,
     plateau_gain: float | None = PLATEAU_GAIN,
 ) -> Calibration:
-    """Average ``importance`` over the rows of ``order`` up to the first checkpoint of ``sizes`` where
+    """Average ``importance`` over the rows of ``order`` up to the first rung of ``sizes`` where
     the salience ranking is reliable or its noise share stopped falling (:func:`is_plateau` with
     ``plateau_gain``), or exactly ``sizes[-1]`` rows when not ``auto``.
 
@@ -312,11 +322,10 @@ def run_calibration(
     counts = np.zeros(shards, dtype=np.int64)
     rng = np.random.default_rng(seed)
     tick = monitor.counter("salience", sizes[-1])
-    checkpoints: list[int] = []
-    measures: list[float] = []
+    ladder = _Ladder(SALIENCE_NOISE, plateau_gain)
     stopped = "cap" if auto else "requested"
     seen = 0
-    for start, stop, at_checkpoint in _chunks(sizes):
+    for start, stop, at_rung in _chunks(sizes):
         chunk = take_rows(train, order.rows[start:stop])
         batches = length_grouped_batches(chunk.lengths, np.arange(len(chunk)), batch_size, longest_first=True)
         for i in rng.permutation(len(batches)):
@@ -333,17 +342,12 @@ def run_calibration(
             counts[shard] += 1
             tick(len(batches[i]))
         seen = stop
-        if auto and at_checkpoint and stop < sizes[-1]:
-            noise = salience_noise(sums.sum(axis=0), squares, int(counts.sum()))
-            checkpoints.append(stop)
-            measures.append(noise)
-            if noise <= SALIENCE_NOISE:
-                stopped = "converged"
-                break
-            if is_plateau(measures, min_gain=plateau_gain):
-                stopped = "plateau"
+        if auto and at_rung and stop < sizes[-1]:
+            ended = ladder.stop_at(stop, salience_noise(sums.sum(axis=0), squares, int(counts.sum())))
+            if ended is not None:
+                stopped = ended
                 break
     if counts.sum() == 0:
         raise PipelineError("no calibration batches: cannot compute salience")
-    record = _record(auto, seen, len(train), stopped, checkpoints, measures, "calibration samples", SALIENCE_NOISE)
+    record = ladder.record(auto, seen, len(train), stopped, "calibration samples")
     return Calibration(sums=sums, batches=counts, samples=seen, record=record)

@@ -2,7 +2,7 @@
 MSS sweep -> knees.
 
 They see only the N heads, never the samples, so they can be rerun on other statistics at little
-cost: the stopping rule of :mod:`cahp_engine.selection._convergence` reruns them at each checkpoint and the
+cost: the stopping rule of :mod:`cahp_engine.selection._convergence` reruns them at each rung of its ladder and the
 stability measure once per left-out shard.
 
 References

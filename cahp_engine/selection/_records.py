@@ -5,7 +5,10 @@ importable without torch or numpy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar
 
 from cahp_engine.results import JsonRecord
 
@@ -17,16 +20,19 @@ class SamplingRecord(JsonRecord):
     ``mode`` is ``auto`` (a stopping rule decided) or ``fixed`` (an explicit amount, used exactly).
     ``stopped`` is ``converged`` (the rule was met), ``plateau`` (the noise share stopped falling
     before it was), ``cap`` (every row was read before either) or ``requested`` (a fixed amount).
-    ``checkpoints`` are the sample counts at which the rule looked and ``measures`` its measure (the
-    noise share) at each of them.
+    ``rungs`` are the sample counts at which the rule looked (the rungs of its ladder) and ``measures`` its
+    measure (the noise share) at each of them. A report written when they were named ``checkpoints`` reads
+    as well.
     """
+
+    RENAMED_KEYS: ClassVar[Mapping[str, str]] = MappingProxyType({"checkpoints": "rungs"})
 
     mode: str
     samples: int
     available: int
     stopped: str
     reason: str
-    checkpoints: tuple[int, ...] = ()
+    rungs: tuple[int, ...] = ()
     measures: tuple[float | None, ...] = ()
 
 

@@ -81,7 +81,7 @@ def resolve_amount(amount: int | float | str, n: int) -> int | None:
     return min(n, int(amount))
 
 
-def checkpoint_sizes(total: int, *, first: int, growth: float) -> list[int]:
+def ladder_sizes(total: int, *, first: int, growth: float) -> list[int]:
     """Sample counts at which a stopping rule looks: ``first``, then x ``growth`` each time, ending at ``total``.
 
     Parameters
@@ -89,7 +89,7 @@ def checkpoint_sizes(total: int, *, first: int, growth: float) -> list[int]:
     total : int
         The cap.
     first : int
-        The first checkpoint (clipped to ``total``).
+        The first rung (clipped to ``total``).
     growth : float > 1
     """
     sizes = [min(first, total)]

@@ -159,7 +159,7 @@ def crop_and_resize(attn: torch.Tensor, mask: torch.Tensor, resolution: int) -> 
 
 
 class SignatureProfiler:
-    """Profiles heads batch by batch into per-shard, per-class statistics; resumable between checkpoints.
+    """Profiles heads batch by batch into per-shard, per-class statistics, read at any batch (each rung of a ladder).
 
     Parameters
     ----------

@@ -72,7 +72,7 @@ def test_agreement_pairs_runs_that_differ_only_in_the_sample_order_and_resumes(t
                     values = row["methods"][method]["jaccard"]["values"]
                     assert len(values) == 2 and all(0.0 <= v <= 1.0 for v in values)
     # On 1,500 rows the plateau rule stops at the third checkpoint, and without it the pass reads every
-    # row; 300 rows are fewer than the first checkpoint either way.
+    # row; 300 rows are fewer than the first rung either way.
     single = payload["tasks"]["single"]
     assert {r["signature_rows"] for r in single["on"]["runs"].values()} == {1152}
     assert single["on"]["summary"]["cost"]["signature_stopped"] == ["plateau"]

@@ -19,29 +19,29 @@ from typing import Any
 import pytest
 
 from app.client import (
-    Artifact,
+    ArtifactEntry,
     Attempt,
-    DatasetSpec,
+    CheckReport,
+    DatasetRef,
     InvalidResponseError,
-    JobCheck,
-    JobError,
+    JobFailure,
     JobResult,
     JobSnapshot,
-    LogLine,
-    ModelSpec,
-    Page,
-    Upload,
+    ListPage,
+    LogEntry,
+    ModelRef,
+    UploadReceipt,
 )
 
 #: Each record and the schema component it reads.
-SCHEMA_OF: dict[type, str] = {JobSnapshot: "JobPublic", JobError: "JobError", JobResult: "JobResult",
-                              ModelSpec: "ModelSpec", DatasetSpec: "DatasetSpec", Artifact: "ArtifactPublic",
-                              Upload: "UploadPublic", LogLine: "LogLine", JobCheck: "JobCheck",
+SCHEMA_OF: dict[type, str] = {JobSnapshot: "JobPublic", JobFailure: "JobError", JobResult: "JobResult",
+                              ModelRef: "ModelSpec", DatasetRef: "DatasetSpec", ArtifactEntry: "ArtifactPublic",
+                              UploadReceipt: "UploadPublic", LogEntry: "LogLine", CheckReport: "JobCheck",
                               Attempt: "AttemptPublic"}
 #: The fields app/cli/client_commands.py reads from each record.
 USED_BY_THE_CLI: dict[type, set[str]] = {JobSnapshot: {"id", "status", "stage", "progress", "error", "labels"},
-                                         JobError: {"code", "message"}, Artifact: {"name", "size", "sha256"},
-                                         Upload: {"uri"}, LogLine: {"message"}}
+                                         JobFailure: {"code", "message"}, ArtifactEntry: {"name", "size", "sha256"},
+                                         UploadReceipt: {"uri"}, LogEntry: {"message"}}
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +114,10 @@ def test_the_result_has_every_field_of_the_schema_in_its_order(components: dict[
     assert list(_fields(JobResult)) == list(components["JobResult"]["properties"])
 
 
-@pytest.mark.parametrize(("item", "page"), [(JobSnapshot, "Page_JobPublic_"), (Artifact, "Page_ArtifactPublic_")])
+@pytest.mark.parametrize(("item", "page"), [(JobSnapshot, "Page_JobPublic_"), (ArtifactEntry, "Page_ArtifactPublic_")])
 def test_a_page_reads_the_lists_envelope(item: type, page: str, components: dict[str, Any]) -> None:
     schema = components[page]
-    assert set(_fields(Page)) == set(schema["properties"]) and _required(Page) <= set(schema["required"])
+    assert set(_fields(ListPage)) == set(schema["properties"]) and _required(ListPage) <= set(schema["required"])
     assert schema["properties"]["data"]["items"]["$ref"].endswith(f"/{SCHEMA_OF[item]}")
     assert _schema_types(schema["properties"]["next_cursor"], components) == {"string", "null"}
 
@@ -153,8 +153,8 @@ FULL_JOB = {
 
 def test_a_job_is_read_whole_and_unknown_fields_are_kept_only_in_raw() -> None:
     job = JobSnapshot.from_json({**FULL_JOB, "a_field_from_a_newer_server": {"x": 1}})
-    assert job.error == JobError(code="oom", message="out of memory")
-    assert job.model == ModelSpec(uri="hf://org/m") and job.dataset == DatasetSpec(uri="upload://abc")
+    assert job.error == JobFailure(code="oom", message="out of memory")
+    assert job.model == ModelRef(uri="hf://org/m") and job.dataset == DatasetRef(uri="upload://abc")
     assert job.result == JobResult(heads_total=8, retention=0.5)
     assert job.created_at == dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC) and job.finished_at is None
     assert dict(job.labels) == {"branch": "main"} and job.finished and job.progress == 0.25
@@ -171,8 +171,8 @@ def test_an_older_servers_answer_builds_with_defaults() -> None:
     job = JobSnapshot.from_json({"id": "j1", "status": "queued"})
     assert (job.stage, job.progress, job.error, job.result, dict(job.labels), job.finished, job.attempts) == \
         (None, 0.0, None, None, {}, False, ())
-    assert Artifact.from_json({"name": "report.json", "size": 3, "sha256": "ab"}).url is None
-    assert Upload.from_json({"id": "u1", "uri": "upload://u1"}).size is None
+    assert ArtifactEntry.from_json({"name": "report.json", "size": 3, "sha256": "ab"}).url is None
+    assert UploadReceipt.from_json({"id": "u1", "uri": "upload://u1"}).size is None
 
 
 @pytest.mark.parametrize(("record", "data", "words"), [
@@ -180,8 +180,8 @@ def test_an_older_servers_answer_builds_with_defaults() -> None:
     (JobSnapshot, {"id": "j1", "status": "running", "progress": "half"}, "`progress` is not what the API documents"),
     (JobSnapshot, {"id": "j1", "status": "running", "created_at": "yesterday"}, "`created_at`"),
     (JobSnapshot, {"id": "j1", "status": "running", "labels": {"a": 1}}, "`labels`"),
-    (JobSnapshot, {"id": "j1", "status": "running", "error": "oom"}, "JobError: expected a JSON object"),
-    (Artifact, {"name": "m.bin", "size": True, "sha256": "ab"}, "`size`"),
+    (JobSnapshot, {"id": "j1", "status": "running", "error": "oom"}, "JobFailure: expected a JSON object"),
+    (ArtifactEntry, {"name": "m.bin", "size": True, "sha256": "ab"}, "`size`"),
     (JobSnapshot, ["not", "an", "object"], "JobSnapshot: expected a JSON object, got list"),
 ])
 def test_an_answer_that_is_not_the_record_is_an_invalid_response(record: type, data: Any, words: str) -> None:
@@ -190,11 +190,11 @@ def test_an_answer_that_is_not_the_record_is_an_invalid_response(record: type, d
 
 
 def test_a_page_keeps_its_cursor_and_reads_each_item() -> None:
-    page = Page.from_json({"data": [FULL_JOB, {"id": "j2", "status": "queued"}], "next_cursor": "c2"},
+    page = ListPage.from_json({"data": [FULL_JOB, {"id": "j2", "status": "queued"}], "next_cursor": "c2"},
                           JobSnapshot.from_json)
     assert [job.id for job in page.data] == ["j1", "j2"] and page.next_cursor == "c2"
-    assert Page.from_json({"data": [], "next_cursor": None}, Artifact.from_json) == Page(data=())
+    assert ListPage.from_json({"data": [], "next_cursor": None}, ArtifactEntry.from_json) == ListPage(data=())
     with pytest.raises(InvalidResponseError, match="`data`"):
-        Page.from_json({"data": {"j1": {}}}, JobSnapshot.from_json)
-    line = LogLine.from_json({"offset": 3, "time": "2025-01-02T03:04:05Z", "message": "epoch 1"})
+        ListPage.from_json({"data": {"j1": {}}}, JobSnapshot.from_json)
+    line = LogEntry.from_json({"offset": 3, "time": "2025-01-02T03:04:05Z", "message": "epoch 1"})
     assert (line.offset, line.message) == (3, "epoch 1")

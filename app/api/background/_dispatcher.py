@@ -48,7 +48,7 @@ from app.core.db import repository, transaction, utcnow
 from app.core.db.repository import DueDelivery
 from app.core.errors import OutboundUrlRefusedError
 from app.core.metrics import WEBHOOK_DELIVERIES
-from app.core.periodic import Periodic
+from app.core.periodic import Periodic, PeriodicDuty
 from app.core.security import check_webhook_url
 from app.core.settings import Settings
 from app.http_headers import retry_after_s
@@ -63,7 +63,7 @@ CLAIM_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True)
-class Attempt:
+class SendOutcome:
     """What one send learned, as recorded."""
 
     delivery_id: int
@@ -94,7 +94,7 @@ def _no_lookup(_host: str) -> list[str]:
     return []
 
 
-def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings: Settings) -> Attempt:
+def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings: Settings) -> SendOutcome:
     """POST one delivery, signed; says whether it was delivered, is to be retried, or has failed.
 
     ``http`` must come from :func:`app.api.background._webhook_http.webhook_client`: its backend checks the
@@ -145,7 +145,7 @@ def send(http: httpx.Client, delivery: DueDelivery, secret: str | None, settings
         next_at = started + dt.timedelta(seconds=wait)
         if next_at > delivery.created_at + dt.timedelta(seconds=settings.webhook_retry_period_s):
             outcome, next_at = "failed", None
-    return Attempt(delivery_id=delivery.id, webhook_id=delivery.webhook_id, outcome=outcome, attempted_at=started,
+    return SendOutcome(delivery_id=delivery.id, webhook_id=delivery.webhook_id, outcome=outcome, attempted_at=started,
                    duration_ms=round((time.perf_counter() - clock) * 1000, 1), status_code=status, error=error,
                    next_attempt_at=next_at)
 
@@ -185,7 +185,7 @@ def claim_due(*, sessions: sessionmaker[Session], settings: Settings, limit: int
 
 
 def deliver(delivery: DueDelivery, secret: str | None, *, sessions: sessionmaker[Session], settings: Settings,
-            http: httpx.Client) -> Attempt:
+            http: httpx.Client) -> SendOutcome:
     """Send one claimed delivery and record the attempt."""
     attempt = send(http, delivery, secret, settings)
     with transaction(sessions) as session:
@@ -204,7 +204,7 @@ def deliver(delivery: DueDelivery, secret: str | None, *, sessions: sessionmaker
 
 def dispatch_once(
     *, sessions: sessionmaker[Session], settings: Settings, http: httpx.Client | None = None
-) -> list[Attempt]:
+) -> list[SendOutcome]:
     """Send every delivery due now (at most :data:`BATCH`), one after the other; returns the attempts.
 
     For tests and one-off runs; ``cahp serve`` runs :class:`WebhookDispatcher`.
@@ -220,7 +220,7 @@ def dispatch_once(
             client.close()
 
 
-class WebhookDispatcher:
+class WebhookDispatcher(PeriodicDuty):
     """Keeps deliveries in flight in a thread pool, claiming due ones whenever a slot is free.
 
     A daemon loop (:class:`app.core.periodic.Periodic`) claims at once and every
@@ -241,13 +241,9 @@ class WebhookDispatcher:
         self._loop = Periodic(self.fill, interval_s=settings.webhook_interval_s, name="cahp-webhooks",
                               immediately=True)
 
-    def start(self) -> WebhookDispatcher:
-        self._loop.start()
-        return self
-
     def stop(self) -> None:
         """Stop claiming and wait for the sends in flight (each ends within its deadline)."""
-        self._loop.stop()
+        super().stop()
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=True)

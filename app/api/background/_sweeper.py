@@ -34,7 +34,7 @@ from app.api.background._producer import JobQueue
 from app.core.db import JobStatus, repository, transaction, utcnow
 from app.core.errors import UnavailableError
 from app.core.metrics import JOB_FAILURES, JOBS_FINISHED, LEASE_TAKEOVERS, observe_job_end
-from app.core.periodic import Periodic
+from app.core.periodic import Periodic, PeriodicDuty
 from app.core.settings import Settings
 from app.core.storage import ArtifactStore, job_prefix, resume_prefix
 
@@ -184,7 +184,7 @@ def _clean_spool(settings: Settings) -> int:
     return removed
 
 
-class Sweeper:
+class Sweeper(PeriodicDuty):
     """Runs :func:`sweep_once` in a daemon thread: at once, then every ``settings.sweep_interval_s``."""
 
     def __init__(
@@ -193,13 +193,6 @@ class Sweeper:
         self._sessions, self._queue, self._store, self._settings = sessions, queue, store, settings
         self._loop = Periodic(self._sweep, interval_s=settings.sweep_interval_s, name="cahp-sweeper",
                               immediately=True)
-
-    def start(self) -> Sweeper:
-        self._loop.start()
-        return self
-
-    def stop(self) -> None:
-        self._loop.stop()
 
     def _sweep(self) -> None:
         report = sweep_once(sessions=self._sessions, queue=self._queue, store=self._store, settings=self._settings)

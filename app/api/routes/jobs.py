@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import ApiKeyDep, JobReaderDep, KeyCheckDep, QueueDep, SessionDep, SettingsDep, StoreDep
+from app.api.routes.downloads import IfRangeHeader, RangeHeader, download_responses, stream_artifact
 from app.api.routes.problem_docs import problem_responses
 from app.api.schemas import (
     ArtifactPublic,
@@ -22,16 +23,8 @@ from app.api.schemas import (
 )
 from app.api.services import events, jobs, registrations, webhooks
 from app.core.db import JobStatus
-from app.core.storage import ARTIFACT_MEDIA_TYPES
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-#: An artifact is served with its own media type; the JSON ones (report, MSS curve, head map) are objects.
-_ARTIFACT_CONTENT: dict[str, dict[str, object]] = {
-    kind: {"schema": {"type": "object"} if kind == "application/json" else {"type": "string", "format": "binary"}}
-    for kind in sorted({*ARTIFACT_MEDIA_TYPES.values(), "application/octet-stream"})
-}
-
-
 @router.post("", status_code=202, responses=problem_responses(400, 401, 422, 429, 503))
 def submit_job(
     body: JobCreate,
@@ -124,9 +117,7 @@ def list_artifacts(job_id: str, request: Request, session: SessionDep, settings:
 @router.get(
     "/{job_id}/artifacts/{name}",
     response_class=StreamingResponse,
-    responses={200: {"content": _ARTIFACT_CONTENT, "description": "The artifact's bytes, with its own media type"},
-               206: {"content": _ARTIFACT_CONTENT, "description": "The requested byte range (`Content-Range`)"},
-               **problem_responses(401, 404, 410, 416, 422)},
+    responses=download_responses(401, 404, 410, 416, 422),
 )
 def download_artifact(
     job_id: str,
@@ -134,24 +125,13 @@ def download_artifact(
     session: SessionDep,
     store: StoreDep,
     key: ApiKeyDep,
-    range_: Annotated[str | None, Header(alias="Range", max_length=200,
-                                         description="One byte range, e.g. `bytes=1048576-`")] = None,
-    if_range: Annotated[str | None, Header(alias="If-Range", max_length=200,
-                                           description="The ETag the range belongs to")] = None,
+    range_: RangeHeader = None,
+    if_range: IfRangeHeader = None,
 ) -> StreamingResponse:
     """Stream one artifact; ``ETag`` is its sha256. ``Range`` resumes an interrupted download (206)."""
     artifact, span, stream = jobs.open_artifact(session=session, store=store, owner_id=key.id, job_id=job_id,
                                                 name=name, range_header=range_, if_range=if_range)
-    headers = {
-        "Content-Length": str(artifact.size if span is None else span.length),
-        "ETag": jobs.etag_of(artifact),
-        "Accept-Ranges": "bytes",
-        "Content-Disposition": f'attachment; filename="{artifact.name}"',
-    }
-    if span is not None:
-        headers["Content-Range"] = span.content_range(artifact.size)
-    return StreamingResponse(stream, status_code=200 if span is None else 206, media_type=artifact.media_type,
-                             headers=headers)
+    return stream_artifact(artifact, span, stream)
 
 
 @router.get(

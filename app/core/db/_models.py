@@ -141,7 +141,7 @@ class Job(Base):
     model_name: Mapped[str | None] = mapped_column(String(255), default=None)
     dataset_name: Mapped[str | None] = mapped_column(String(255), default=None)
     # The MLflow registration the job asked for (JobCreate.register), and how the last one went
-    # (app.core.mlflow_registry.Registration as a dict: status, model, version, run id, error).
+    # (app.core.mlflow_registry.RegistrationOutcome as a dict: status, model, version, run id, error).
     register: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     registration: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # Every registration, oldest first: the job's own, then each one `cahp register` added (None: a row

@@ -48,6 +48,17 @@ def storage_error(exc: OSError, what: str) -> InsufficientStorageError | None:
     return None
 
 
+def _not_an_archive(name: str) -> InvalidUploadError:
+    return InvalidUploadError(f"{name} is not a tar or zip archive; pack the files with tar or zip")
+
+
+def _unreadable(exc: OSError, name: str, doing: str) -> InsufficientStorageError | InvalidUploadError:
+    """What an OSError while ``doing`` (``unpacking``, ``reading``) the archive ``name`` means: a full disk is
+    the server's, anything else a truncated or corrupt archive."""
+    full = storage_error(exc, f"{doing} {name}")
+    return full if full is not None else InvalidUploadError(f"{name} is truncated or corrupt ({type(exc).__name__})")
+
+
 def unpack(archive: Path, dest: Path, *, max_bytes: int, max_members: int) -> Path:
     """Unpack ``archive`` into the new directory ``dest`` and return the content root.
 
@@ -69,12 +80,9 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int, max_members: int) -> Pa
             elif tarfile.is_tarfile(archive):
                 _unpack_tar(archive, dest, max_bytes=max_bytes, max_members=max_members)
             else:
-                raise InvalidUploadError(f"{archive.name} is not a tar or zip archive; pack the files with tar or zip")
+                raise _not_an_archive(archive.name)
         except OSError as exc:
-            full = storage_error(exc, f"unpacking {archive.name}")
-            if full is not None:
-                raise full from exc
-            raise InvalidUploadError(f"{archive.name} is truncated or corrupt ({type(exc).__name__})") from exc
+            raise _unreadable(exc, archive.name, "unpacking") from exc
         entries = [p for p in dest.iterdir() if not p.name.startswith(".") and p.name != "__MACOSX"]
         if not entries:
             raise InvalidUploadError(f"{archive.name} is empty; pack the model or dataset files into it")
@@ -173,12 +181,9 @@ def check_archive(archive: Path, *, max_bytes: int, max_members: int, shown: str
                 for path, member in _tar_members(tar, name, max_bytes=max_bytes, max_members=max_members):
                     layout.add(path, is_dir=member.isdir())
         else:
-            raise InvalidUploadError(f"{name} is not a tar or zip archive; pack the files with tar or zip")
+            raise _not_an_archive(name)
     except OSError as exc:
-        full = storage_error(exc, f"reading {name}")
-        if full is not None:
-            raise full from exc
-        raise InvalidUploadError(f"{name} is truncated or corrupt ({type(exc).__name__})") from exc
+        raise _unreadable(exc, name, "reading") from exc
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise InvalidUploadError(f"{name} is truncated or corrupt ({type(exc).__name__})") from exc
 

@@ -40,7 +40,7 @@ CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json")
 
 
 @dataclass(frozen=True)
-class Inputs:
+class LocalInputs:
     """Arguments for ``run_pruning``: local directories or hub ids."""
 
     model_ref: str
@@ -66,7 +66,7 @@ class InputFetcher:
         with transaction(self.sessions) as session:
             return find_upload(session, upload_id=upload_id, owner_id=self.owner_id)
 
-    def prepare(self, *, model: dict[str, Any], dataset: dict[str, Any]) -> Inputs:
+    def prepare(self, *, model: dict[str, Any], dataset: dict[str, Any]) -> LocalInputs:
         self.workdir.mkdir(parents=True, exist_ok=True)
         model_ref = self._as_directory(parse_reference(model["uri"], role="model"), "model", "model")
         data = parse_reference(dataset["uri"], role="dataset")
@@ -75,7 +75,7 @@ class InputFetcher:
             dataset_ref = self._as_directory(data, "dataset", "dataset")
         else:
             dataset_ref = self._split_files(data, parse_reference(eval_uri, role="dataset"), dataset)
-        return Inputs(model_ref=model_ref, dataset_ref=dataset_ref)
+        return LocalInputs(model_ref=model_ref, dataset_ref=dataset_ref)
 
     def _as_directory(self, ref: Reference, role: Role, name: str) -> str:
         """A hub id, or a local directory holding the model or dataset."""

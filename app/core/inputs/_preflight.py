@@ -204,18 +204,25 @@ def _check_model(files: _Model, settings: Settings, *, size: bool = True) -> str
     return f"model: {adapter.family} config, {len(shapes)} tensors in safetensors"
 
 
-def _model_files(ref: Reference, context: SourceContext, skipped: list[str]) -> _Model | None:
+def _on_this_server(ref: Reference, context: SourceContext) -> tuple[Path | None, dict[str, Any] | None] | None:
+    """What ``ref`` is here: a directory ``(path, None)``, or an upload's or archive's indexed contents
+    ``(None, contents)`` (None when not indexed); None for a scheme the worker fetches."""
     if ref.scheme == "upload":
         upload = context.find_upload(ref.target)
-        contents = upload.contents if upload is not None else None
-        return _from_contents(contents, ref, skipped)
+        return None, (upload.contents if upload is not None else None)
     if ref.scheme == "file":
         path = resolve_local(ref.target, context.settings)
-        if path.is_dir():
-            return _from_directory(path)
-        return _from_contents(_archive_contents(path, context), ref, skipped)
-    skipped.append(f"model {ref.uri}: checked by the worker ({ref.scheme}:// inputs are fetched there)")
+        return (path, None) if path.is_dir() else (None, _archive_contents(path, context))
     return None
+
+
+def _model_files(ref: Reference, context: SourceContext, skipped: list[str]) -> _Model | None:
+    here = _on_this_server(ref, context)
+    if here is None:
+        skipped.append(f"model {ref.uri}: checked by the worker ({ref.scheme}:// inputs are fetched there)")
+        return None
+    directory, contents = here
+    return _from_directory(directory) if directory is not None else _from_contents(contents, ref, skipped)
 
 
 def _from_contents(contents: dict[str, Any] | None, ref: Reference, skipped: list[str]) -> _Model | None:
@@ -265,17 +272,14 @@ def _dataset(ref: Reference, eval_ref: Reference | None, options: DatasetOptions
              skipped: list[str]) -> tuple[DatasetProfile | None, str]:
     if eval_ref is not None:
         return _split_pair(ref, eval_ref, options, context, skipped), "<dataset>"
-    if ref.scheme == "upload":
-        upload = context.find_upload(ref.target)
-        contents = upload.contents if upload is not None else None
-        return _archive_dataset(contents, ref, skipped)
-    if ref.scheme == "file":
-        path = resolve_local(ref.target, context.settings)
-        if path.is_dir():
-            return profile_directory(path, max_rows=context.settings.max_dataset_rows), str(path)
-        return _archive_dataset(_archive_contents(path, context), ref, skipped)
-    skipped.append(f"dataset {ref.uri}: checked by the worker ({ref.scheme}:// inputs are fetched there)")
-    return None, ""
+    here = _on_this_server(ref, context)
+    if here is None:
+        skipped.append(f"dataset {ref.uri}: checked by the worker ({ref.scheme}:// inputs are fetched there)")
+        return None, ""
+    directory, contents = here
+    if directory is not None:
+        return profile_directory(directory, max_rows=context.settings.max_dataset_rows), str(directory)
+    return _archive_dataset(contents, ref, skipped)
 
 
 def _archive_dataset(contents: dict[str, Any] | None, ref: Reference, skipped: list[str]

@@ -38,6 +38,8 @@ the report's selection and the head map gained a `consensus` key, null for CAHP:
 files by hand, and a fresh run checked to write the same selection, head map, curve and selections.
 The settings' ``budget_parallel`` (1, the bisection the files were made with) was added by hand too.
 So was the quality record's ``drop_metric`` (``accuracy``: the golden run sets no budget).
+The sampling records' ``checkpoints`` (the row counts the stopping rule looked at; empty here) were renamed
+``rungs`` by hand, the name the report has used since, and "checkpoint" became "rung" in their ``reason``.
 Regenerate the files only from a commit whose behaviour is the reference.
 """
 

@@ -7,13 +7,14 @@ import torch
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, LazyEncodedDataset, encode, iterate_batches, length_grouped_batches
 from cahp_engine.selection import (
+    SamplingRecord,
     SignatureProfiler,
     Signatures,
     analyze_heads,
-    checkpoint_sizes,
     class_difference_noise,
     is_plateau,
     jaccard,
+    ladder_sizes,
     merge_moments,
     resolve_amount,
     salience_noise,
@@ -69,8 +70,8 @@ def test_amounts_and_checkpoints():
     assert resolve_amount("all", 100) == 100
     assert resolve_amount(1.0, 100) == 100 and resolve_amount(0.25, 1001) == 250
     assert resolve_amount(40, 100) == 40 and resolve_amount(400, 100) == 100
-    assert checkpoint_sizes(2000, first=512, growth=1.5) == [512, 768, 1152, 1728, 2000]
-    assert checkpoint_sizes(300, first=512, growth=1.5) == [300]
+    assert ladder_sizes(2000, first=512, growth=1.5) == [512, 768, 1152, 1728, 2000]
+    assert ladder_sizes(300, first=512, growth=1.5) == [300]
 
 
 def test_merging_shards_gives_the_single_pass_statistics(model, separated):
@@ -136,7 +137,7 @@ def test_the_rule_stops_early_on_well_separated_classes(model, separated):
     record = analysis.signature_sampling
     assert record.mode == "auto" and record.stopped == "converged"
     assert record.samples == analysis.signature_samples < len(separated)
-    assert record.samples == record.checkpoints[-1] and record.measures[-1] <= 0.2
+    assert record.samples == record.rungs[-1] and record.measures[-1] <= 0.2
     assert analysis.calibration_sampling.mode == "auto"
     assert analysis.calibration_samples == analysis.calibration_sampling.samples <= len(separated)
 
@@ -183,10 +184,22 @@ def test_a_pass_records_the_plateau_it_stopped_at(model, indistinct, monkeypatch
     big = encode(make_tokenizer(), _texts(6000, separated=False, seed=4), max_length=32)
     config = PruningConfig(resolution=6, seed=2, calibration_fraction=0.05, stability_shards=0)
     record = analyze_heads(model, big, config, plateau_gain=_convergence.PLATEAU_GAIN).signature_sampling
-    assert record.stopped == "plateau" and record.checkpoints == (512, 768, 1152, 1728, 2592)
+    assert record.stopped == "plateau" and record.rungs == (512, 768, 1152, 1728, 2592)
     assert record.samples == 2592 and record.measures == (1.0, 0.82, 0.63, 0.61, 0.55)
     assert record.reason == ("noise share 0.550 after 2592 of 6000 rows, only 13% below its 0.630 at 1152 rows: "
                              "it stopped falling, and more rows buy little")
+
+
+def test_the_sampling_record_writes_its_rungs_and_reads_a_report_that_called_them_checkpoints():
+    record = SamplingRecord(mode="auto", samples=768, available=2000, stopped="converged", reason="r",
+                            rungs=(512, 768), measures=(0.4, 0.15))
+    written = record.to_dict()
+    assert written["rungs"] == [512, 768] and "checkpoints" not in written
+    assert SamplingRecord.from_dict(written) == record
+    older = {("checkpoints" if key == "rungs" else key): value for key, value in written.items()}
+    assert SamplingRecord.from_dict(older) == record
+    with pytest.raises(ValueError, match="unknown keys"):
+        SamplingRecord.from_dict({**written, "ladder": [1]})
 
 
 @pytest.mark.parametrize(("amount", "expected"), [(700, 700), ("all", 1500), (1.0, 1500), (0.3, 450)])
@@ -195,7 +208,7 @@ def test_explicit_signature_samples_are_honoured_exactly(model, indistinct, amou
     analysis = analyze_heads(model, indistinct, config)
     assert analysis.signature_samples == expected
     assert analysis.signature_sampling.mode == "fixed" and analysis.signature_sampling.stopped == "requested"
-    assert analysis.signature_sampling.checkpoints == ()
+    assert analysis.signature_sampling.rungs == ()
     assert analysis.calibration_samples == 150 and analysis.calibration_sampling.mode == "fixed"
     assert analysis.leave_one_out == ()
 

@@ -47,7 +47,7 @@ def test_selection_is_complete_and_consistent(model):
     for layer, head in sel.representatives:
         members = np.flatnonzero(result.clustering.labels == result.clustering.labels[layer * 4 + head])
         assert flat[layer * 4 + head] == flat[members].max()
-    # 120 rows are fewer than the first checkpoint of either stopping rule: both read every row.
+    # 120 rows are fewer than the first rung of either stopping rule: both read every row.
     assert result.analysis.signature_samples == 120 and result.analysis.calibration_samples == 120
     assert result.analysis.signature_sampling.stopped == result.analysis.calibration_sampling.stopped == "cap"
     assert {"signatures", "separation", "graph_space", "sweep", "knee", "salience", "stability",
@@ -119,7 +119,7 @@ SCRIPT = textwrap.dedent(
     from cahp_engine.data import LabelledTexts, encode
     from cahp_engine.selection._select_heads import select_heads
     from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
-    texts, labels = make_texts(700, num_classes=3, seed=4)  # past the first checkpoints of both rules
+    texts, labels = make_texts(700, num_classes=3, seed=4)  # past the first rungs of both rules
     data = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("a", "b", "c")), max_length=32)
     model = make_classifier("bert", layers=4, heads=6, seed=2)
     r = select_heads(model, data, PruningConfig(seed=11))

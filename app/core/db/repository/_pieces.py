@@ -86,24 +86,24 @@ def renew_piece(session: Session, *, piece_id: str, worker_id: str, lease_s: flo
 
 def finish_piece(session: Session, *, piece_id: str, worker_id: str, result: dict[str, Any]) -> bool:
     """Record what the piece left; False when ``worker_id`` no longer holds it (its result is not kept)."""
-    done = session.execute(
-        update(BudgetPiece)
-        .where(BudgetPiece.id == piece_id, BudgetPiece.worker_id == worker_id, BudgetPiece.status == "running")
-        .values(status="done", result=result, lease_expires_at=None, updated_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-    return rowcount(done) == 1
+    return _end_held(session, piece_id=piece_id, worker_id=worker_id, values={"status": "done", "result": result})
 
 
 def release_piece(session: Session, *, piece_id: str, worker_id: str) -> bool:
     """Give a held piece back to the queue (its worker could not run it: another will)."""
-    released = session.execute(
+    return _end_held(session, piece_id=piece_id, worker_id=worker_id, values={"status": "queued", "worker_id": None})
+
+
+def _end_held(session: Session, *, piece_id: str, worker_id: str, values: dict[str, Any]) -> bool:
+    """End ``worker_id``'s hold on a running piece with ``values``; False when it no longer holds it. Race-safe:
+    the UPDATE matches only while the piece is running under this worker, so of two racing ends one wins."""
+    ended = session.execute(
         update(BudgetPiece)
         .where(BudgetPiece.id == piece_id, BudgetPiece.worker_id == worker_id, BudgetPiece.status == "running")
-        .values(status="queued", worker_id=None, lease_expires_at=None, updated_at=utcnow())
+        .values(**values, lease_expires_at=None, updated_at=utcnow())
         .execution_options(synchronize_session=False)
     )
-    return rowcount(released) == 1
+    return rowcount(ended) == 1
 
 
 def requeue_lost_pieces(session: Session, *, piece_ids: Sequence[str]) -> list[str]:

@@ -71,7 +71,7 @@ class Fetched:
         return Path(self.path)
 
 
-class Source(Protocol):
+class SourceModule(Protocol):
     """One scheme's module: ``SCHEME`` plus these three functions."""
 
     SCHEME: str

@@ -189,6 +189,26 @@ class BudgetCandidate(JsonRecord):
 
 
 @dataclass(frozen=True)
+class SkippedCandidate(JsonRecord):
+    """A candidate of the ladder the budget's search judged after reconstruction never scored, and why.
+
+    Attributes
+    ----------
+    strategy : str
+    k : int
+    heads_kept : int
+    reason : str
+        In words, with the score that let the search pass it by (its bisection assumes the score rises
+        with the head count).
+    """
+
+    strategy: str
+    k: int
+    heads_kept: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class BudgetRecord(JsonRecord):
     """The accuracy-budget search (:mod:`cahp_engine.run._budget`), here so that ``AccuracyBudgetError`` can carry it.
 
@@ -236,6 +256,9 @@ class BudgetRecord(JsonRecord):
     cost_vs_single_run : float or None
         ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is ``epochs`` at the
         candidates' median seconds per epoch: what the budget cost against one recovery at a knee.
+    skipped : tuple of SkippedCandidate
+        Judged after reconstruction: the ladder's candidates the search's bisection never scored, with
+        why (``candidates`` holds the scored ones, in the order scored: the search's path).
     """
 
     max_accuracy_drop: float
@@ -257,3 +280,4 @@ class BudgetRecord(JsonRecord):
     search_seconds: float
     final_recovery_seconds: float
     cost_vs_single_run: float | None
+    skipped: tuple[SkippedCandidate, ...] = ()

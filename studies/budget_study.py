@@ -71,10 +71,15 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     "p0.5": {"max_accuracy_drop": 0.5},
     "p1.0-macro-f1": {"max_accuracy_drop": 1.0, "budget_metric": "macro_f1"},
     # Recovery by layer-wise reconstruction: alone, before one epoch of fine-tuning, and the budget judged
-    # after it (every candidate scored reconstructed; only the chosen one, and a close runner-up, fine-tuned).
+    # after it (candidates bisected per strategy on their reconstructed score; only the chosen one, and a close
+    # runner-up, fine-tuned).
     "reconstruct": {"recovery": "reconstruct"},
     "reconstruct+finetune-1ep": {"recovery": "reconstruct+finetune", "epochs": 1.0},
     "p1.0-judged": {"max_accuracy_drop": 1.0, "recovery": "reconstruct+finetune",
+                    "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p2.0-judged": {"max_accuracy_drop": 2.0, "recovery": "reconstruct+finetune",
+                    "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p0.5-judged": {"max_accuracy_drop": 0.5, "recovery": "reconstruct+finetune",
                     "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p1.0-reconstruct": {"max_accuracy_drop": 1.0, "recovery": "reconstruct",
                          "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
@@ -328,7 +333,8 @@ def _run_summary(report: dict[str, Any]) -> dict[str, Any]:
             k: budget[k] for k in ("chosen", "chosen_strategy", "strategy_margin", "noise_half_width",
                                    "epochs_trained", "cost_vs_single_run", "ladder", "threshold", "dense_validation")}
         | {"candidates": [{**{k: c[k] for k in ("round", "strategy", "heads_kept", "epochs", "stopped", "drop")},
-                           "reconstructed": c.get("reconstructed")} for c in budget["candidates"]]},
+                           "reconstructed": c.get("reconstructed")} for c in budget["candidates"]],
+                             "skipped": len(budget.get("skipped") or ())},
         "reconstruction_s": (report.get("reconstruction") or {}).get("seconds"),
     }
 

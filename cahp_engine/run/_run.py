@@ -159,7 +159,7 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
     else:
         assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
         try:
-            done = _within_budget(run, inputs=inputs, result=result, teacher=teacher, held=held)
+            done = _within_budget(run, inputs=inputs, result=result, teacher=teacher, held=held, book=resumed)
         except AccuracyBudgetError as exc:
             if exc.budget is not None:
                 warnings.extend(budget_warnings(exc.budget))
@@ -224,7 +224,8 @@ def _dense_on_validation(run: steps.RunContext, inputs: steps.Inputs,
 
 
 def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult,
-                   teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray]) -> _Recovered:
+                   teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray],
+                   book: Resumer | None = None) -> _Recovered:
     """The accuracy budget's search over the dense model, then the chosen candidate as the run's selection
     (docs/method.md).
 
@@ -232,7 +233,7 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: Selec
     """
     model = inputs.loaded.model
     outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
-                                  dense_validation=held[0].dense, dense_predictions=held[1])
+                                  dense_validation=held[0].dense, dense_predictions=held[1], book=book)
     # The report's consensus record stays the one of the configured strategy's choice.
     chosen = dataclasses.replace(outcome.selection, consensus=result.selection.consensus)
     result = dataclasses.replace(result, selection=chosen, k_star=outcome.k, knee=None)

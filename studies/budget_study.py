@@ -83,6 +83,12 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
                     "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p1.0-reconstruct": {"max_accuracy_drop": 1.0, "recovery": "reconstruct",
                          "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    # The fastest model within the budget: a bisection over speed targets (PyTorch fp32, batch 32, 64 tokens),
+    # heads and feed-forward neurons cut, judged after reconstruction; the chosen one fine-tuned, or not.
+    "p1.0-fastest": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",
+                     "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
+    "p1.0-fastest-reconstruct": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct",
+                                 "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016
@@ -334,7 +340,13 @@ def _run_summary(report: dict[str, Any]) -> dict[str, Any]:
                                    "epochs_trained", "cost_vs_single_run", "ladder", "threshold", "dense_validation")}
         | {"candidates": [{**{k: c[k] for k in ("round", "strategy", "heads_kept", "epochs", "stopped", "drop")},
                            "reconstructed": c.get("reconstructed")} for c in budget["candidates"]],
-                             "skipped": len(budget.get("skipped") or ())},
+                             "skipped": len(budget.get("skipped") or ()),
+                             "chosen_target": budget.get("chosen_target"),
+                             "targets_tried": [c.get("target_speedup") for c in budget["candidates"]
+                                               if c.get("target_speedup") is not None]},
+        "target": None if report.get("target") is None else {
+            k: report["target"][k] for k in ("target", "measured_speedup", "predicted_speedup", "heads_per_layer",
+                                             "neurons_per_layer")},
         "reconstruction_s": (report.get("reconstruction") or {}).get("seconds"),
     }
 

@@ -121,8 +121,11 @@ class FastestOutcome:
 
 
 def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: TrainRows, validation: ValidationData,
-                   say: Callable[[str], None] = lambda _line: None) -> FastestOutcome:
+                   say: Callable[[str], None] = lambda _line: None,
+                   scored: Callable[[int, int], None] | None = None) -> FastestOutcome:
     """The fastest speed target within the budget, searched on reconstructed validation scores.
+
+    ``say`` hears a line per target tried, ``scored(done, expected)`` the progress.
 
     Raises
     ------
@@ -178,6 +181,8 @@ def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: Train
                            seconds=time.perf_counter() - t0, meets=False, order=len(tried))
             entry.meets = inputs.meets(point, entry.predictions)
             tried[i] = entry
+            if scored is not None:
+                scored(len(tried), max(len(tried), math.ceil(math.log2(len(targets) + 1)) + 1))
             if entry.meets:
                 cuts.clear()
                 cuts[i] = cut

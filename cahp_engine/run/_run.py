@@ -251,7 +251,8 @@ def _fastest_within_budget(run: steps.RunContext, *, inputs: steps.Inputs, resul
     shared = steps.search_inputs(run, inputs=inputs, model=model, teacher=teacher, dense_validation=held[0].dense,
                                  dense_predictions=held[1])
     with run.monitor.stage("budget"):
-        return fastest_search(shared, result=result, rows=inputs.rows, validation=inputs.held_out, say=run.say)
+        return fastest_search(shared, result=result, rows=inputs.rows, validation=inputs.held_out, say=run.say,
+                              scored=lambda done, expected: run.overall("budget", min(0.99, done / expected)))
 
 
 def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult,

@@ -76,10 +76,13 @@ def inputs(tmp_path_factory) -> tuple[Path, Path]:
 
 def _run(inputs, out: Path, **changes):
     lines: list[str] = []
+    progress: list[tuple[str, float]] = []
     config = PruningConfig(**{**FAST, "recovery_loss": "ce", "max_accuracy_drop": 100.0, "budget_objective": "speed",
                               "recovery": "reconstruct", "target_seq_len": 16, **changes})
     report = run_pruning(RunRequest(model_ref=str(inputs[0]), dataset_ref=str(inputs[1]), output_dir=out,
-                                    config=config), RunHooks(log=lines.append))
+                                    config=config),
+                         RunHooks(log=lines.append, progress=lambda stage, overall: progress.append((stage, overall))))
+    lines.extend(f"progress {stage} {overall}" for stage, overall in progress)
     return report, lines
 
 
@@ -115,6 +118,8 @@ def test_a_run_returns_the_fastest_target_within_the_budget(inputs, tmp_path: Pa
     assert report.recovery.steps == 0
     assert any(line.startswith("accuracy budget, the fastest model within 100 points") for line in lines)
     assert any(line.startswith(f"chosen: target x{budget.chosen_target:g}") for line in lines)
+    during = [float(line.split()[-1]) for line in lines if line.startswith("progress budget ")]
+    assert len(set(during)) > len(budget.candidates) // 2 and during == sorted(during)  # it moves while it tries
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert written["budget"]["chosen_target"] == budget.chosen_target
     assert RunReport.from_dict(written).budget == budget

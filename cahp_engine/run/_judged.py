@@ -53,13 +53,11 @@ __all__ = ["judged_search"]
 def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: ValidationData,
                   executor: CandidateExecutor | None = None,
                   say: Callable[[str], None] = lambda _line: None,
-                  scored: Callable[[int, int], None] | None = None, book: ScoreBook | None = None,
-                  scores: LazyScores | None = None) -> BudgetOutcome:
+                  scored: Callable[[int, int], None] | None = None, book: ScoreBook | None = None) -> BudgetOutcome:
     """Search ``steps`` for the fewest heads within the budget, judging candidates after reconstruction.
 
     ``scored(done, expected)`` hears each candidate scored (its progress); ``say`` a line for each;
-    ``book`` keeps the scores for a resumed run (and hands back an earlier attempt's); ``scores`` (a test
-    may construct them) replaces the scoring.
+    ``book`` keeps the scores for a resumed run (and hands back an earlier attempt's).
 
     Raises
     ------
@@ -69,7 +67,7 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
     config = inputs.config
     executor = executor if executor is not None else InTurn()
     started = time.perf_counter()
-    lazy = scores if scores is not None else LazyScores(steps, inputs, say=say, scored=scored, book=book)
+    lazy = LazyScores(steps, inputs, say=say, scored=scored, book=book)
     say(f"accuracy budget judged after reconstruction: {len(steps)} head counts "
         f"({', '.join(str(s.heads) for s in steps)}) x strategies {', '.join(config.budget_strategies)}; "
         f"{config.budget_metric} must stay >= {inputs.threshold:.4f} with no class lost")

@@ -40,7 +40,7 @@ from cahp_engine.run._holdout import ValidationScorer
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.selection import Selection
 
-__all__ = ["Judged", "LazyScores", "ScoreBook", "Scored"]
+__all__ = ["Judged", "LazyScores", "ScoreBook", "Scored", "every_step", "rebuild"]
 
 #: What scoring one candidate gives: its validation point, its predictions there, its reconstruction.
 Scored = tuple[ValidationPoint, np.ndarray, Reconstruction | None]

@@ -39,6 +39,8 @@ RecoveryLoss = Literal["ce", "distill"]
 #: reconstruction and then fine-tuning from the reconstructed weights.
 RecoveryMode = Literal["finetune", "reconstruct", "reconstruct+finetune"]
 BudgetMetric = Literal["accuracy", "macro_f1"]
+#: ``budget_objective``: what an accuracy budget minimises within P: the heads kept, or the serving time.
+BudgetObjective = Literal["heads", "speed"]
 #: ``target_runtime``: the serving runtime a speed target is measured on (PyTorch fp32, onnxruntime fp32 or int8).
 TargetRuntime = Literal["pytorch", "ort-fp32", "ort-int8"]
 #: ``target_seq_len``: the serving length in tokens, or the 95th percentile of the calibration rows' lengths.
@@ -52,6 +54,7 @@ UNTRAINED_DENSE: tuple[str, ...] = get_args(UntrainedDense)
 RECOVERY_LOSSES: tuple[str, ...] = get_args(RecoveryLoss)
 RECOVERY_MODES: tuple[str, ...] = get_args(RecoveryMode)
 BUDGET_METRICS: tuple[str, ...] = get_args(BudgetMetric)
+BUDGET_OBJECTIVES: tuple[str, ...] = get_args(BudgetObjective)
 TARGET_RUNTIMES: tuple[str, ...] = get_args(TargetRuntime)
 CLASS_WEIGHTS: tuple[str, ...] = get_args(ClassWeight)
 #: The strategies whose choices are an accuracy budget's candidates unless the user names others.
@@ -258,6 +261,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_accuracy_drop", None, Interval("real", 0.0, 100.0),
             "keep the fewest heads whose validation score stays within P points of the dense model's "
             "(tries candidate head counts; off by default)", nullable=True, group="accuracy budget", metavar="P"),
+    Setting("budget_objective", "heads", Options(BUDGET_OBJECTIVES),
+            "what the budget minimises within P: heads (the fewest heads) or speed (the fastest model: a bisection "
+            "over speed targets on target_runtime, heads and feed-forward neurons pruned, judged after "
+            "reconstruction)", group="accuracy budget"),
     Setting("budget_metric", "accuracy", Options(BUDGET_METRICS),
             "the validation score the budget compares and recovery's early stopping watches",
             group="accuracy budget"),

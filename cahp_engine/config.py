@@ -16,6 +16,7 @@ from typing import Any
 
 from cahp_engine._spec import (
     BUDGET_METRICS,
+    BUDGET_OBJECTIVES,
     BUDGET_STRATEGIES,
     CLASS_WEIGHTS,
     DEFAULTS,
@@ -28,6 +29,7 @@ from cahp_engine._spec import (
     SETTINGS,
     TARGET_RUNTIMES,
     BudgetMetric,
+    BudgetObjective,
     CalibrationAmount,
     ClassWeight,
     DenseFinetune,
@@ -60,7 +62,8 @@ from cahp_engine._validation import (
 from cahp_engine.errors import ConfigError
 
 __all__ = [
-    "BUDGET_METRICS", "BUDGET_STRATEGIES", "CLASS_WEIGHTS", "CONSENSUS_STRATEGIES", "ClassWeight", "STRATEGIES",
+    "BUDGET_METRICS", "BUDGET_OBJECTIVES", "BudgetObjective", "BUDGET_STRATEGIES", "CLASS_WEIGHTS",
+    "CONSENSUS_STRATEGIES", "ClassWeight", "STRATEGIES",
     "SubsetOf", "DEFAULTS",
     "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES", "RECOVERY_MODES", "RecoveryMode",
     "REPORTED_DEGREES", "SETTINGS", "Amount", "BudgetMetric", "CalibrationAmount", "Constraint", "DenseFinetune",
@@ -161,6 +164,12 @@ class PruningConfig:
         An accuracy budget in points (0-100): search the head counts for the smallest whose
         recovered validation score is within this many points of the dense model's, with no class
         lost (:mod:`cahp_engine.run._budget`). None (the default): one run at the knee.
+    budget_objective : {"heads", "speed"}, default "heads"
+        What the budget minimises within P. ``heads``: the fewest heads (the ladder of head counts).
+        ``speed``: the fastest model, heads and feed-forward neurons pruned to a speed target on
+        ``target_runtime``, the target found by a bisection between x1.1 and the reachable maximum on the
+        candidates' validation scores after reconstruction (:mod:`cahp_engine.run._fastest`); needs
+        ``recovery`` ``reconstruct`` or ``reconstruct+finetune`` and no ``target_speedup`` or ``target_flops``.
     budget_metric : {"accuracy", "macro_f1"}, default "accuracy"
         The validation score the budget compares and recovery's early stopping watches.
     budget_screen_epochs : float, default 1.0
@@ -182,7 +191,7 @@ class PruningConfig:
         pruned model is predicted, then measured, this many times faster than the dense one at
         ``target_batch`` x ``target_seq_len`` (:func:`cahp_engine.allocation.prune_to_target`); the
         strategy chooses which heads within each layer's count. Excludes ``heads_to_keep``,
-        ``max_accuracy_drop`` and ``target_flops``.
+        ``max_accuracy_drop`` (``budget_objective`` ``speed`` searches the target instead) and ``target_flops``.
     target_flops : float in (0, 1] or None
         A FLOPs target: the same allocation by importance per FLOP, keeping at most this fraction of the
         encoder's FLOPs.
@@ -237,6 +246,7 @@ class PruningConfig:
     early_stopping_patience: int = DEFAULTS["early_stopping_patience"]
     eval_steps: int = DEFAULTS["eval_steps"]
     max_accuracy_drop: float | None = DEFAULTS["max_accuracy_drop"]
+    budget_objective: BudgetObjective = DEFAULTS["budget_objective"]
     budget_metric: BudgetMetric = DEFAULTS["budget_metric"]
     budget_screen_epochs: float = DEFAULTS["budget_screen_epochs"]
     budget_strategies: tuple[Strategy, ...] = DEFAULTS["budget_strategies"]
@@ -292,6 +302,18 @@ class PruningConfig:
 
 def _check_target(config: PruningConfig) -> None:
     """The rules a speed or FLOPs target sets on the other settings (its own range is in its rule)."""
+    if config.budget_objective == "speed":
+        if config.max_accuracy_drop is None:
+            raise ConfigError("`budget_objective` 'speed' looks for the fastest model within an accuracy budget; set "
+                              "`max_accuracy_drop` too (or `target_speedup` alone for a speed you name)")
+        if config.target_speedup is not None or config.target_flops is not None:
+            named = "`target_speedup`" if config.target_speedup is not None else "`target_flops`"
+            raise ConfigError(f"`budget_objective` 'speed' searches for the speed target and {named} fixes it; "
+                              f"leave {named} unset (or set `budget_objective` to 'heads' and drop "
+                              "`max_accuracy_drop`)")
+        if config.recovery == "finetune":
+            raise ConfigError("`budget_objective` 'speed' judges its candidates after layer-wise reconstruction; "
+                              "set `recovery` to 'reconstruct' or 'reconstruct+finetune'")
     if config.target_speedup is not None and config.target_flops is not None:
         raise ConfigError("`target_speedup` and `target_flops` each set the size of the model; set one of them")
     named = "`target_speedup`" if config.target_speedup is not None else "`target_flops`"
@@ -301,5 +323,5 @@ def _check_target(config: PruningConfig) -> None:
         raise ConfigError(f"{named} decides how many heads each layer keeps and `heads_to_keep` fixes the count; "
                           "set one of them")
     if config.max_accuracy_drop is not None:
-        raise ConfigError(f"{named} with `max_accuracy_drop` (the fastest model within an accuracy budget) is not "
-                          "supported yet; set one of them")
+        raise ConfigError(f"{named} fixes the model's size and `max_accuracy_drop` searches for it; for the fastest "
+                          f"model within the budget leave {named} unset and set `budget_objective` to 'speed'")

@@ -170,6 +170,11 @@ class BudgetCandidate(JsonRecord):
         The run's result; it then trained to the end of the protocol, ``epochs`` and ``curve`` included.
     reconstructed : ValidationPoint or None
         Its score right after reconstruction (``stopped`` ``judged``: never trained).
+    target_speedup, measured_speedup : float or None
+        ``budget_objective`` ``speed``: the speed target it was cut to, and the speed-up measured on
+        ``target_runtime`` (None for a head-count candidate).
+    neurons_kept : int or None
+        ``budget_objective`` ``speed``: feed-forward neurons kept, all layers together.
     """
 
     strategy: str
@@ -189,6 +194,29 @@ class BudgetCandidate(JsonRecord):
     seconds: float
     chosen: bool = False
     reconstructed: ValidationPoint | None = None
+    target_speedup: float | None = None
+    measured_speedup: float | None = None
+    neurons_kept: int | None = None
+
+
+@dataclass(frozen=True)
+class SkippedCandidate(JsonRecord):
+    """A candidate of the ladder the budget's search judged after reconstruction never scored, and why.
+
+    Attributes
+    ----------
+    strategy : str
+    k : int
+    heads_kept : int
+    reason : str
+        In words, with the score that let the search pass it by (its bisection assumes the score rises
+        with the head count).
+    """
+
+    strategy: str
+    k: int
+    heads_kept: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -239,6 +267,15 @@ class BudgetRecord(JsonRecord):
     cost_vs_single_run : float or None
         ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is ``epochs`` at the
         candidates' median seconds per epoch: what the budget cost against one recovery at a knee.
+    skipped : tuple of SkippedCandidate
+        Judged after reconstruction: the ladder's candidates the search's bisection never scored, with
+        why (``candidates`` holds the scored ones, in the order scored: the search's path).
+    objective : str
+        ``budget_objective``: ``heads`` (the fewest heads within P) or ``speed`` (the fastest target).
+    targets : tuple of float
+        ``speed``: the ladder of speed targets the bisection could try (``ladder`` is then empty).
+    chosen_target : float or None
+        ``speed``: the speed target of the chosen candidate.
     """
 
     max_accuracy_drop: float
@@ -260,3 +297,7 @@ class BudgetRecord(JsonRecord):
     search_seconds: float
     final_recovery_seconds: float
     cost_vs_single_run: float | None
+    skipped: tuple[SkippedCandidate, ...] = ()
+    objective: str = "heads"
+    targets: tuple[float, ...] = ()
+    chosen_target: float | None = None

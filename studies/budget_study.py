@@ -71,13 +71,24 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     "p0.5": {"max_accuracy_drop": 0.5},
     "p1.0-macro-f1": {"max_accuracy_drop": 1.0, "budget_metric": "macro_f1"},
     # Recovery by layer-wise reconstruction: alone, before one epoch of fine-tuning, and the budget judged
-    # after it (every candidate scored reconstructed; only the chosen one, and a close runner-up, fine-tuned).
+    # after it (candidates bisected per strategy on their reconstructed score; only the chosen one, and a close
+    # runner-up, fine-tuned).
     "reconstruct": {"recovery": "reconstruct"},
     "reconstruct+finetune-1ep": {"recovery": "reconstruct+finetune", "epochs": 1.0},
     "p1.0-judged": {"max_accuracy_drop": 1.0, "recovery": "reconstruct+finetune",
                     "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p2.0-judged": {"max_accuracy_drop": 2.0, "recovery": "reconstruct+finetune",
+                    "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p0.5-judged": {"max_accuracy_drop": 0.5, "recovery": "reconstruct+finetune",
+                    "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p1.0-reconstruct": {"max_accuracy_drop": 1.0, "recovery": "reconstruct",
                          "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    # The fastest model within the budget: a bisection over speed targets (PyTorch fp32, batch 32, 64 tokens),
+    # heads and feed-forward neurons cut, judged after reconstruction; the chosen one fine-tuned, or not.
+    "p1.0-fastest": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",
+                     "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
+    "p1.0-fastest-reconstruct": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct",
+                                 "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016
@@ -328,7 +339,14 @@ def _run_summary(report: dict[str, Any]) -> dict[str, Any]:
             k: budget[k] for k in ("chosen", "chosen_strategy", "strategy_margin", "noise_half_width",
                                    "epochs_trained", "cost_vs_single_run", "ladder", "threshold", "dense_validation")}
         | {"candidates": [{**{k: c[k] for k in ("round", "strategy", "heads_kept", "epochs", "stopped", "drop")},
-                           "reconstructed": c.get("reconstructed")} for c in budget["candidates"]]},
+                           "reconstructed": c.get("reconstructed")} for c in budget["candidates"]],
+                             "skipped": len(budget.get("skipped") or ()),
+                             "chosen_target": budget.get("chosen_target"),
+                             "targets_tried": [c.get("target_speedup") for c in budget["candidates"]
+                                               if c.get("target_speedup") is not None]},
+        "target": None if report.get("target") is None else {
+            k: report["target"][k] for k in ("target", "measured_speedup", "predicted_speedup", "heads_per_layer",
+                                             "neurons_per_layer")},
         "reconstruction_s": (report.get("reconstruction") or {}).get("seconds"),
     }
 

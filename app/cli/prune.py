@@ -306,13 +306,20 @@ def _budget_lines(report: RunReport) -> list[str]:
     strict = "" if b.confidence is None else f", upper bound at {b.confidence:g} within P"
     lines = [f"  accuracy budget: validation {b.metric} within {b.max_accuracy_drop:g} points of the dense "
              f"{b.dense_validation:.4f} (>= {b.threshold:.4f}{strict}) on {where}; strategies "
-             f"{', '.join(b.strategies)}; head counts {list(b.ladder)}"]
+             f"{', '.join(b.strategies)}; "
+             + (f"the fastest of speed targets {list(b.targets)}" if b.objective == "speed"
+                else f"head counts {list(b.ladder)}")]
     for c in b.candidates:
         best = c.accuracy_best if b.metric == "accuracy" else c.macro_f1_best
-        lines.append(f"    round {c.round}: {c.heads_kept:>4} heads {c.strategy:<10} best {best:.4f} after "
+        speed = "" if c.target_speedup is None else f"target x{c.target_speedup:g} "
+        lines.append(f"    round {c.round}: {speed}{c.heads_kept:>4} heads {c.strategy:<10} best {best:.4f} after "
                      f"{c.epochs:g} epoch(s), drop {c.drop.drop:+.2f} points (95 % {c.drop.low:+.2f} to "
                      f"{c.drop.high:+.2f}): {c.stopped}" + ("  <- chosen" if c.chosen else ""))
-    if b.chosen is not None:
+    if b.skipped:
+        lines.append(f"    {len(b.skipped)} more not scored by the search (report.json: budget.skipped, with why)")
+    if b.chosen_target is not None:
+        lines.append(f"    chosen: target x{b.chosen_target:g}, {b.chosen} heads (the speed target record below)")
+    elif b.chosen is not None:
         margin = "" if b.strategy_margin is None else (
             f", {b.strategy_margin:+.2f} points against the other strategies at that head count")
         lines.append(f"    chosen: {b.chosen} heads by {b.chosen_strategy}{margin}")

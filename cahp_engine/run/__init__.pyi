@@ -5,7 +5,8 @@ Reading order: ``_request`` and ``_hooks`` (what a run is asked, what it reports
 evaluate) -> ``_resume`` and ``_live`` (resuming an earlier run's stages; the log of long stages)
 -> ``_holdout`` (the validation split recovery judges on) -> ``_candidates`` (one candidate of an
 accuracy budget, recovered) -> ``_executors`` and ``_candidate_inputs`` (who runs the candidates; their
-inputs rebuilt in a pool's worker) -> ``_budget`` (the budget's search instead of a knee) -> ``_deploy``
+inputs rebuilt in a pool's worker) -> ``_budget`` (the budget's search instead of a knee; ``_judged`` and
+``_scoring`` when it is judged after reconstruction; ``_fastest`` for the fastest model within it) -> ``_deploy``
 (ONNX, int8, cards) -> ``_artifacts`` and ``_plots`` (the files) -> ``_records`` (the report's records;
 a missed budget's report) -> ``_identity`` and ``_quality`` (what the model is, how it was made,
 whether it is broken) -> ``_completion`` (the report's last facts) -> ``_report``

@@ -50,7 +50,7 @@ from torch import nn
 
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.recovery import Reconstruction, TrainingResult
-from cahp_engine.results import BudgetCandidate, BudgetRecord
+from cahp_engine.results import BudgetCandidate, BudgetRecord, SkippedCandidate
 from cahp_engine.run._candidates import (
     CandidateResult,
     CandidateSpec,
@@ -65,11 +65,16 @@ __all__ = ["BudgetOutcome", "LadderStep", "budget_warnings", "failure_message", 
 
 @dataclass(frozen=True)
 class LadderStep:
-    """One head count of the ladder: ``k`` clusters, CAHP's ``heads`` there, and each strategy's choice."""
+    """One head count of the ladder: ``k`` clusters, CAHP's ``heads`` there, and each strategy's choice.
+
+    ``same`` names, for a strategy left out of ``options`` because its choice repeats an earlier one's
+    head set, the strategy whose option stands for it.
+    """
 
     k: int
     heads: int
     options: tuple[tuple[str, Selection], ...]
+    same: tuple[tuple[str, str], ...] = ()
 
 
 def ladder(analysis: HeadAnalysis, strategies: tuple[str, ...], *, seed: int) -> list[LadderStep]:
@@ -93,11 +98,16 @@ def ladder(analysis: HeadAnalysis, strategies: tuple[str, ...], *, seed: int) ->
             continue
         seen.add(heads)
         options: list[tuple[str, Selection]] = []
+        same: list[tuple[str, str]] = []
         for name in strategies:
             selection = choose(analysis, k, name, seed=seed)
-            if not any((selection.kept_mask == other.kept_mask).all() for _, other in options):
+            repeated = next((other for other, chosen in options if (selection.kept_mask == chosen.kept_mask).all()),
+                            None)
+            if repeated is None:
                 options.append((name, selection))
-        out.append(LadderStep(k=k, heads=heads, options=tuple(options)))
+            else:
+                same.append((name, repeated))
+        out.append(LadderStep(k=k, heads=heads, options=tuple(options), same=tuple(same)))
     return sorted(out, key=lambda step: step.heads)
 
 
@@ -309,7 +319,7 @@ def _record(inputs: SearchInputs, validation: ValidationData, steps: list[Ladder
 def budget_record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep],
                   candidates: tuple[BudgetCandidate, ...], *, per_epoch: list[float], search_s: float, final_s: float,
                   chosen: int | None, chosen_strategy: str | None, strategy_margin: float | None,
-                  noise_half_width: float | None) -> BudgetRecord:
+                  noise_half_width: float | None, skipped: tuple[SkippedCandidate, ...] = ()) -> BudgetRecord:
     """A search's :class:`BudgetRecord`: the settings, the ladder and the cost every search reports, with what it
     chose (``per_epoch``: the candidates' seconds per recovery epoch, which price a single run)."""
     config = inputs.config
@@ -322,7 +332,7 @@ def budget_record(inputs: SearchInputs, validation: ValidationData, steps: list[
         ladder=tuple(s.heads for s in steps), candidates=candidates, chosen=chosen, chosen_strategy=chosen_strategy,
         strategy_margin=strategy_margin, noise_half_width=noise_half_width,
         epochs_trained=sum(c.epochs for c in candidates), search_seconds=search_s, final_recovery_seconds=final_s,
-        cost_vs_single_run=None if not single else (search_s + final_s) / single)
+        cost_vs_single_run=None if not single else (search_s + final_s) / single, skipped=skipped)
 
 
 def _candidate_record(t: _Tried) -> BudgetCandidate:

@@ -19,8 +19,9 @@ A run given a :class:`ResumeStore` saves, as it goes:
 A run given a store that holds some of these starts from the latest: it loads the model and the data
 as always, then takes each saved stage instead of computing it again, and says so in its log; a
 fine-tuning goes on from its last saved stop and ends as an uninterrupted one would. Every saved stage
-carries the run's settings: a store holding another run's stages is not used. With an accuracy budget
-the candidates' search starts again (its candidates are not saved). The engine writes no storage of its
+carries the run's settings: a store holding another run's stages is not used. An accuracy budget judged
+after reconstruction saves each candidate's score as it is made (``budget_scores``), so a resumed search
+scores none of them again; the budget's fine-tunings start again. The engine writes no storage of its
 own: the caller's store keeps the directories (the job service: the artifact store, removed when the
 job ends).
 
@@ -197,6 +198,24 @@ class Resumer:
         self._save("pruned", before=before.to_dict())
         return before
 
+    # --- the budget's scores (a ScoreBook: cahp_engine.run._scoring) --------------------------------
+
+    def saved_scores(self) -> list[dict[str, Any]]:
+        """The candidates an earlier attempt scored after reconstruction (empty when none)."""
+        saved = self.saved.get("budget_scores")
+        if saved is None:
+            return []
+        entries = _read_stage(saved).get("scores")
+        if not isinstance(entries, list):
+            self._unusable("budget_scores", ValueError("no list of scores"))
+            return []
+        self._say(f"budget: {len(entries)} candidate(s) scored by an earlier attempt are not scored again")
+        return entries
+
+    def save_scores(self, entries: list[dict[str, Any]]) -> None:
+        """Keep every candidate scored so far, for a later attempt."""
+        self._save("budget_scores", scores=entries)
+
     # --- fine-tunings ------------------------------------------------------------------------------
 
     @contextmanager
@@ -275,7 +294,7 @@ class Resumer:
 
 
 #: The stages in the order a run reaches them: the last one restored is where a resumed run goes on from.
-_RUN_ORDER = ("dense_finetune_training", "dense", "selection", "pruned", "recovery_training")
+_RUN_ORDER = ("dense_finetune_training", "dense", "selection", "budget_scores", "pruned", "recovery_training")
 
 
 def resume_point(restored: Mapping[str, Path]) -> str | None:

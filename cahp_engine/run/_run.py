@@ -36,6 +36,7 @@ from cahp_engine.run._deploy import (
     torch_speed,
     write_cards,
 )
+from cahp_engine.run._fastest import FastestOutcome, fastest_search, with_recovery
 from cahp_engine.run._hooks import RunHooks
 from cahp_engine.run._live import LiveLog
 from cahp_engine.run._reconstruct import reconstructs
@@ -141,14 +142,29 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
     warnings.extend(result.warnings)
     teacher = steps.teacher(run, model=model, train=inputs.train)
     held = _dense_on_validation(run, inputs, model)
-    if config.max_accuracy_drop is None:
+    fastest = config.max_accuracy_drop is not None and config.budget_objective == "speed"
+    if config.max_accuracy_drop is None or fastest:
         target: TargetRecord | None = None
-        if has_target(config):
+        budget: BudgetRecord | None = None
+        if fastest:
+            assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
+            try:
+                found = _fastest_within_budget(run, inputs=inputs, result=result, teacher=teacher, held=held,
+                                               cache_dir=request.latency_cache_dir)
+            except AccuracyBudgetError as exc:
+                write_failure(work, run, request, Selected(inputs=inputs, dense=dense, dense_metrics=dense_metrics,
+                                                           result=result, warnings=tuple(warnings),
+                                                           validation=held[0]), exc)
+                raise
+            pruned, parameters, result, target, budget = (found.model, found.parameters, found.result, found.target,
+                                                          found.record)
+        elif has_target(config):
             pruned, parameters, result, target = prune_for_run(run, model=model, result=result, rows=inputs.rows,
                                                            cache_dir=request.latency_cache_dir)
         else:
             pruned, parameters = steps.prune(run, model=model, selection=result.selection)
-        before = resumed.evaluate_pruned(run, model=pruned, evaluation=inputs.evaluation)
+        before = (steps.evaluate_pruned if fastest else resumed.evaluate_pruned)(
+            run, model=pruned, evaluation=inputs.evaluation)
         reconstruction = steps.reconstruct_layers(run, dense=model, pruned=pruned, rows=inputs.rows) \
             if reconstructs(config) else None
         validate = None if held is None or inputs.validation is None else steps.validation_scorer(
@@ -156,11 +172,12 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
         with resumed.training("recovery"):
             recovery = steps.recover(run, model=pruned, train=inputs.train, teacher=teacher, validate=validate)
         done = _Recovered(result=result, pruned=pruned, before=before, recovery=recovery, parameters=parameters,
-                          reconstruction=reconstruction, target=target)
+                          reconstruction=reconstruction, target=target,
+                          budget=None if budget is None else with_recovery(budget, recovery))
     else:
         assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
         try:
-            done = _within_budget(run, inputs=inputs, result=result, teacher=teacher, held=held)
+            done = _within_budget(run, inputs=inputs, result=result, teacher=teacher, held=held, book=resumed)
         except AccuracyBudgetError as exc:
             if exc.budget is not None:
                 warnings.extend(budget_warnings(exc.budget))
@@ -224,8 +241,27 @@ def _dense_on_validation(run: steps.RunContext, inputs: steps.Inputs,
     return record, predictions
 
 
+def _fastest_within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult,
+                           teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray],
+                           cache_dir: str | Path | None) -> FastestOutcome:
+    """The fastest speed target within the accuracy budget (:mod:`cahp_engine.run._fastest`): its cut, not yet
+    reconstructed (the run's reconstruction stage refits it as the search did).
+
+    Raises :class:`AccuracyBudgetError` when no target is within the budget.
+    """
+    model = inputs.loaded.model
+    assert inputs.held_out is not None
+    shared = steps.search_inputs(run, inputs=inputs, model=model, teacher=teacher, dense_validation=held[0].dense,
+                                 dense_predictions=held[1])
+    with run.monitor.stage("budget"):
+        return fastest_search(shared, result=result, rows=inputs.rows, validation=inputs.held_out, say=run.say,
+                              cache_dir=cache_dir,
+                              scored=lambda done, expected: run.overall("budget", min(0.99, done / expected)))
+
+
 def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult,
-                   teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray]) -> _Recovered:
+                   teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray],
+                   book: Resumer | None = None) -> _Recovered:
     """The accuracy budget's search over the dense model, then the chosen candidate as the run's selection
     (docs/method.md).
 
@@ -233,7 +269,7 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: Selec
     """
     model = inputs.loaded.model
     outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
-                                  dense_validation=held[0].dense, dense_predictions=held[1])
+                                  dense_validation=held[0].dense, dense_predictions=held[1], book=book)
     # The report's consensus record stays the one of the configured strategy's choice.
     chosen = dataclasses.replace(outcome.selection, consensus=result.selection.consensus)
     result = dataclasses.replace(result, selection=chosen, k_star=outcome.k, knee=None)

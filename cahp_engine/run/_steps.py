@@ -58,6 +58,7 @@ from cahp_engine.run._reconstruct import (
 )
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
+from cahp_engine.run._scoring import ScoreBook
 from cahp_engine.run._target_check import check_target_reachable
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
@@ -380,7 +381,7 @@ def evaluate_validation(run: RunContext, *, model: nn.Module,
 
 def budget_search(
     run: RunContext, *, inputs: Inputs, model: nn.Module, result: SelectionResult, teacher: TeacherLogits | None,
-    dense_validation: ClassificationMetrics, dense_predictions: np.ndarray,
+    dense_validation: ClassificationMetrics, dense_predictions: np.ndarray, book: ScoreBook | None = None,
 ) -> BudgetOutcome:
     """The accuracy budget's search (:func:`cahp_engine.run._budget.search`) over ``result``'s analysis.
 
@@ -410,7 +411,7 @@ def budget_search(
     with run.monitor.stage("budget"):
         if judged:
             return judged_search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say,
-                                 scored=lambda n, total: run.overall("budget", share * n / max(1, total)))
+                                 book=book, scored=lambda n, total: run.overall("budget", share * n / max(1, total)))
         return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
 
 

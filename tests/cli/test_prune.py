@@ -287,6 +287,10 @@ def test_a_bad_sample_amount_is_a_usage_error(capsys):
         ("target_below_one", "`target_speedup` must be a number in [1.0, 1000.0], got 0.5"),
         ("target_and_heads", "`target_speedup` decides how many heads each layer keeps and `heads_to_keep` fixes"),
         ("target_unreachable", "`target_speedup` 500 is beyond what this model reaches"),
+        ("fastest_without_budget", "`budget_objective` 'speed' looks for the fastest model within an accuracy budget"),
+        ("fastest_with_target", "`budget_objective` 'speed' searches for the speed target and `target_speedup` fixes"),
+        ("fastest_with_heads", "`max_accuracy_drop` searches for the head count and `heads_to_keep` fixes it"),
+        ("fastest_finetune", "set `recovery` to 'reconstruct' or 'reconstruct+finetune'"),
     ],
 )
 def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
@@ -322,6 +326,12 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
         args += ["--max-accuracy-drop", "1", "--heads-to-keep", "4"]
     elif case == "budget_strategy":
         args += ["--max-accuracy-drop", "1", "--budget-strategies", "cahp,topk"]
+    elif case.startswith("fastest_"):
+        budget = ["--max-accuracy-drop", "1", "--recovery", "reconstruct"]
+        args += {"fastest_without_budget": ["--recovery", "reconstruct"],
+                 "fastest_with_target": [*budget, "--target-speedup", "2"],
+                 "fastest_with_heads": [*budget, "--heads-to-keep", "4"],
+                 "fastest_finetune": ["--max-accuracy-drop", "1"]}[case] + ["--budget-objective", "speed"]
     elif case.startswith("target_"):
         speedup = {"target_below_one": "0.5", "target_and_heads": "2", "target_unreachable": "500"}[case]
         args += ["--target-speedup", speedup] + (["--heads-to-keep", "4"] if case == "target_and_heads" else [])

@@ -121,3 +121,17 @@ def test_a_k_ary_search_tries_several_head_counts_per_round(inputs, tmp_path):
     assert b.chosen == b.ladder[0] == report.summary.heads_kept
     assert len(rounds) <= math.ceil(math.log(len(b.ladder) + 1, 4)) + 1
     assert len(rounds) < len(b.ladder)
+
+
+def test_a_budget_judged_after_reconstruction_gets_the_same_answer_through_the_pool(inputs, tmp_path):
+    # The bisection scores in the run's own process; the fine-tunings go to the executor, here through disk.
+    config = PruningConfig(**{**FAST, "epochs": 2}, max_accuracy_drop=3.0, recovery="reconstruct+finetune",
+                           budget_parallel=2)
+    here = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "here", config=config))
+    pool = OnDisk(tmp_path / "pieces")
+    there = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "there", config=config), RunHooks(candidates=pool))
+    assert pool.pieces >= 1 and pool.loaded >= 1  # the chosen one went on from its piece saved on disk
+    assert _timeless(here) == _timeless(there) and here.budget.skipped == there.budget.skipped
+    assert [c.reconstructed for c in here.budget.candidates] == [c.reconstructed for c in there.budget.candidates]
+    assert here.selection.kept == there.selection.kept and here.metrics.pruned == there.metrics.pruned
+    assert not any((tmp_path / "pieces").iterdir())

@@ -37,7 +37,8 @@ model's accuracy and confusion matrix after the distilled recovery. When the con
 the report's selection and the head map gained a `consensus` key, null for CAHP: it was added to the
 files by hand, and a fresh run checked to write the same selection, head map, curve and selections.
 The settings' ``budget_parallel`` (1, the bisection the files were made with) was added by hand too.
-So was the quality record's ``drop_metric`` (``accuracy``: the golden run sets no budget).
+So was the quality record's ``drop_metric`` (``accuracy``: the golden run sets no budget), and the
+settings' ``budget_objective`` (``heads``, the only objective when the files were made).
 The sampling records' ``checkpoints`` (the row counts the stopping rule looked at; empty here) were renamed
 ``rungs`` by hand, the name the report has used since, and "checkpoint" became "rung" in their ``reason``.
 Regenerate the files only from a commit whose behaviour is the reference.

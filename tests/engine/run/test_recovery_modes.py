@@ -102,14 +102,16 @@ def _budget_run(inputs, out: Path, progress: list[tuple[str, float]] | None = No
     return report, lines
 
 
-def test_a_budget_judged_after_reconstruction_scores_every_candidate_and_trains_none(inputs, tmp_path: Path) -> None:
+def test_a_budget_judged_after_reconstruction_scores_a_bisection_and_trains_none(inputs, tmp_path: Path) -> None:
     progress: list[tuple[str, float]] = []
     report, lines = _budget_run(inputs, tmp_path / "out", progress, recovery="reconstruct")
     budget = report.budget
     assert budget is not None and budget.candidates
     assert all(c.reconstructed is not None and c.stopped == "judged" and c.epochs == 0 for c in budget.candidates)
-    # Every head count of the ladder, each strategy's distinct choice: all scored, none trained.
-    assert {c.heads_kept for c in budget.candidates} == set(budget.ladder)
+    # Every candidate of the ladder is either scored or skipped with a reason; none trained. Within a budget
+    # of 100 points every count passes: the bisection goes down to the fewest heads and skips the rest.
+    heads = {c.heads_kept for c in budget.candidates} | {s.heads_kept for s in budget.skipped}
+    assert heads == set(budget.ladder) and budget.skipped
     assert budget.chosen == min(budget.ladder) and report.recovery.steps == 0 and budget.epochs_trained == 0
     assert any("after reconstruction" in line for line in lines)
     written = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -141,9 +143,10 @@ def test_a_budget_judged_after_reconstruction_reports_its_scoring_and_the_chosen
     total = len(budget.candidates)
     # The scoring moves the job: a log line and a step of the overall progress per candidate.
     rows = budget.validation_rows
-    assert f"scoring {total} candidates after reconstruction on {rows} validation rows" in lines
+    assert any(line.startswith("scoring about ") and f"candidates after reconstruction on {rows} validation rows"
+               in line for line in lines)
     assert [line.split("]")[0].strip() for line in lines if line.lstrip().startswith("[")] == \
-        [f"[{i}/{total}" for i in range(1, total + 1)]
+        [f"[{i}" for i in range(1, total + 1)]
     during = [overall for stage, overall in progress if stage == "budget"]
     assert len(set(during)) >= total and during == sorted(during)
     # The chosen candidate's reconstruction is the run's: report.json and the model card say so.

@@ -98,8 +98,14 @@ def test_a_target_beyond_what_the_flops_allow_is_refused_before_any_work(tmp_pat
     ({"target_flops": 0.0}, "`target_flops` must be a number in (0.0, 1.0], got 0.0"),
     ({"target_flops": 1.5}, "`target_flops` must be a number in (0.0, 1.0], got 1.5"),
     ({"target_speedup": 2.0, "heads_to_keep": 4}, "`target_speedup` decides how many heads each layer keeps"),
-    ({"target_flops": 0.5, "max_accuracy_drop": 1.0}, "with `max_accuracy_drop` (the fastest model within an "
-                                                       "accuracy budget) is not supported yet"),
+    ({"target_flops": 0.5, "max_accuracy_drop": 1.0}, "`target_flops` fixes the model's size and "
+                                                       "`max_accuracy_drop` searches for it; for the fastest model"),
+    ({"budget_objective": "speed", "recovery": "reconstruct"},
+     "`budget_objective` 'speed' looks for the fastest model within an accuracy budget; set `max_accuracy_drop`"),
+    ({"budget_objective": "speed", "max_accuracy_drop": 1.0, "recovery": "reconstruct", "target_flops": 0.5},
+     "`budget_objective` 'speed' searches for the speed target and `target_flops` fixes it"),
+    ({"budget_objective": "speed", "max_accuracy_drop": 1.0}, "judges its candidates after layer-wise "
+                                                              "reconstruction; set `recovery`"),
     ({"target_speedup": 2.0, "target_flops": 0.5}, "`target_speedup` and `target_flops` each set the size"),
     ({"target_runtime": "tensorrt"}, "`target_runtime` must be one of pytorch, ort-fp32, ort-int8, got 'tensorrt'"),
     ({"target_seq_len": "p90"}, "`target_seq_len` must be an integer between 1 and 8192 or 'p95', got 'p90'"),

@@ -24,7 +24,7 @@ from cahp_engine.allocation._costs import CostModel, flops_costs, latency_costs
 from cahp_engine.allocation._importance import ImportanceKind, UnitImportance, unit_importance
 from cahp_engine.allocation._runtimes import Runtime, check_runtime, median_seconds, runner
 from cahp_engine.errors import InvalidInputError
-from cahp_engine.models import get_adapter, prune_heads, prune_neurons
+from cahp_engine.models import get_adapter, heads_per_layer, neurons_per_layer, prune_heads, prune_neurons
 from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct
 
 #: Relative shortfall of the measured speed-up below the target that is accepted without a correction.
@@ -172,8 +172,12 @@ def prune_to_target(
             dense_s, pruned_s = time_pair(model, cut, batch_size=batch_size, seq_len=seq_len, runtime=runtime,
                                           repeats=repeats, rounds=CORRECTION_ROUNDS, clock=clock)
             tried.append(_TimedCut(dense_s / pruned_s, candidate, cut, kept, dense_s, pruned_s))
-        meeting = [t for t in tried if t.speedup >= goal * (1 - TOLERANCE)]
-        chosen = min(meeting, key=lambda t: t.speedup) if meeting else max(tried, key=lambda t: t.speedup)
+        # A cut that removes nothing is the dense model, whatever a noisy timing says of it: it never meets a
+        # goal, and is kept only when no try removed anything.
+        whole = (tuple(heads_per_layer(model)), tuple(neurons_per_layer(model)))
+        cutting = [t for t in tried if (tuple(t.heads), tuple(t.plan.neurons_per_layer)) != whole] or tried
+        meeting = [t for t in cutting if t.speedup >= goal * (1 - TOLERANCE)]
+        chosen = min(meeting, key=lambda t: t.speedup) if meeting else max(cutting, key=lambda t: t.speedup)
         plan, pruned, heads = chosen.plan, chosen.model, chosen.heads
         dense_seconds, pruned_seconds, measured = chosen.dense_seconds, chosen.pruned_seconds, chosen.speedup
     neurons = plan.neurons_per_layer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import platform
 from pathlib import Path
@@ -294,6 +295,36 @@ def test_a_measured_miss_is_corrected_and_the_least_pruned_model_meeting_the_tar
     assert fixed.measured_speedup >= 2.0 * 0.98
     assert abs(fixed.measured_speedup - 2.0) < abs(once.measured_speedup - 2.0)
     assert tuple(neurons_per_layer(pruned)) == fixed.neurons_per_layer
+
+
+class _FlatteringClock(_ModelClock):
+    """A runtime whose timings flatter every copy of the model: the dense model itself takes 3 s a pass, any copy
+    1 s plus 0.4 s times the share of units it keeps, so a copy that removes nothing "measures" x2.14."""
+
+    def __init__(self, original: torch.nn.Module) -> None:
+        super().__init__(fixed=0.0, per_head=0.0, per_neuron=0.0)
+        self.original = original
+
+    def _advance(self, module: torch.nn.Module) -> None:
+        kept = (sum(heads_per_layer(module)) + sum(neurons_per_layer(module))) / (LAYERS * (HEADS + NEURONS))
+        self.now += 3.0 if module is self.original else 1.0 + 0.4 * kept
+
+
+def test_a_cut_that_removes_nothing_never_meets_a_speed_target_however_it_was_timed(tmp_path: Path) -> None:
+    model = _model()
+    twin, linear = copy.deepcopy(model), _ModelClock(fixed=0.05, per_head=0.01, per_neuron=0.001)
+    linear.attach(twin)  # the latency table is fitted on a linear runtime and cached: the target reads it
+    latency_costs(twin, batch_size=2, seq_len=8, repeats=1, rounds=1, cache_dir=tmp_path, clock=linear)
+    clock = _FlatteringClock(model)
+    clock.attach(model)
+    # Every try overshoots, so the corrections aim lower and lower, down to a cut that keeps every unit; that
+    # one times as the slowest copy meeting x2.0, yet it is the dense model.
+    pruned, result = prune_to_target(model, _batches(), target_speedup=2.0, batch_size=2, seq_len=8, repeats=1,
+                                     cache_dir=tmp_path, clock=clock, corrections=12)
+    assert result.corrections >= 2
+    total = LAYERS * (HEADS + NEURONS)
+    assert sum(result.heads_per_layer) + sum(result.neurons_per_layer) < total
+    assert sum(heads_per_layer(pruned)) + sum(neurons_per_layer(pruned)) < total
 
 
 @pytest.mark.slow  # two ONNX exports and an int8 quantization

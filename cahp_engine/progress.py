@@ -157,7 +157,7 @@ ROW_STAGES = frozenset({"dense_finetune", "dense_evaluation", "teacher", "pruned
 
 #: The export's share of :data:`STAGE_COST`'s ``export`` when it makes no int8 model (the calibration job
 #: quantized, scored and timed one as well): a 2,000-row SST-5 job's ONNX export took 76.1 s at the 1.32 s
-#: per calibrated second its other fixed-cost stages ran at, 57.6 calibrated seconds of 120.7
+#: per calibrated second its other fixed-cost stages ran at, 57.5 calibrated seconds of 120.7
 #: (``bench/results/eta-sst5-2000.json``, docs/performance.md, "The time left").
 EXPORT_SHARE_WITHOUT_INT8 = 0.48
 

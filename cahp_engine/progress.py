@@ -6,6 +6,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from cahp_engine.errors import JobCancelledError
@@ -43,13 +44,16 @@ STAGE_COST: dict[str, float] = {
 }
 
 
-def stage_spans(skip: Collection[str] = ("budget",)) -> dict[str, tuple[float, float]]:
-    """Each stage's share of a run that skips the stages ``skip``, in proportion to :data:`STAGE_COST`.
+def stage_spans(skip: Collection[str] = ("budget",),
+                costs: dict[str, float] | None = None) -> dict[str, tuple[float, float]]:
+    """Each stage's share of a run that skips the stages ``skip``, in proportion to ``costs`` (by default
+    :data:`STAGE_COST`; a stage ``costs`` leaves out costs nothing).
 
     A skipped stage keeps a span of width zero where it would be, so a run that reports it anyway
     moves nothing.
     """
-    costs = {stage: (0.0 if stage in skip else cost) for stage, cost in STAGE_COST.items()}
+    given = STAGE_COST if costs is None else costs
+    costs = {stage: (0.0 if stage in skip else given.get(stage, 0.0)) for stage in STAGE_COST}
     total = sum(costs.values()) or 1.0
     spans, at = {}, 0.0
     for stage, cost in costs.items():
@@ -101,6 +105,11 @@ class RunProgress:
         self._report = report
         self._spans = spans
         self.overall = 0.0
+
+    def replan(self, spans: dict[str, tuple[float, float]]) -> None:
+        """Place the stages still to come in ``spans`` from now on (:func:`stage_plan` once the rows are
+        known); what was reported stays, and the progress still never goes back."""
+        self._spans = spans
 
     def __call__(self, stage: str, fraction: float) -> None:
         lo, hi = self._spans.get(stage, (self.overall, self.overall))
@@ -162,11 +171,35 @@ ROW_STAGES = frozenset({"dense_finetune", "dense_evaluation", "teacher", "pruned
 EXPORT_SHARE_WITHOUT_INT8 = 0.48
 
 
-def stage_costs(config: Any) -> dict[str, float]:
-    """:data:`STAGE_COST` for a run with ``config``: skipped stages at 0, the fine-tunings by their epochs.
+@dataclass(frozen=True)
+class RowCounts:
+    """The rows a run's row-bound stages go through, known once its data is loaded.
+
+    ``train``: the rows the fine-tunings and the teacher pass go through (the training split, less any
+    validation rows carved from it); ``evaluation``: the rows each evaluation scores.
+    """
+
+    train: int
+    evaluation: int
+
+
+#: The rows of the job :data:`STAGE_COST` was measured on: SST-5's training and test splits.
+CALIBRATION_ROWS = RowCounts(train=8544, evaluation=2210)
+#: The stages whose cost grows with the training rows, and with the evaluation rows. The selection's
+#: stages are not among them: under the stopping rules they decide how many rows to profile as they go
+#: (1,152 to 8,544 of SST-5's, docs/performance.md), so they keep their calibrated cost.
+TRAIN_ROW_STAGES = frozenset({"dense_finetune", "teacher", "budget", "recovery"})
+EVALUATION_ROW_STAGES = frozenset({"dense_evaluation", "pruned_evaluation", "evaluation"})
+
+
+def stage_costs(config: Any, rows: RowCounts | None = None) -> dict[str, float]:
+    """:data:`STAGE_COST` for a run with ``config`` on ``rows``: skipped stages at 0, the fine-tunings by
+    their epochs, the row-bound stages by their rows.
 
     The calibration job trained 3 epochs of each; a run of 1 recovery epoch expects a third of its cost.
-    An export without int8 expects :data:`EXPORT_SHARE_WITHOUT_INT8` of the calibrated one.
+    An export without int8 expects :data:`EXPORT_SHARE_WITHOUT_INT8` of the calibrated one. A run on
+    2,000 training rows expects 2,000 / 8,544 of each calibrated fine-tuning and teacher pass
+    (:data:`CALIBRATION_ROWS`); without ``rows``, the calibration's.
     """
     skip = set(skipped_stages(config))
     costs = {stage: (0.0 if stage in skip else cost) for stage, cost in STAGE_COST.items()}
@@ -175,7 +208,39 @@ def stage_costs(config: Any) -> dict[str, float]:
     costs["budget"] *= float(config.epochs) / 3.0
     if getattr(config, "quantize", "none") != "int8":
         costs["export"] *= EXPORT_SHARE_WITHOUT_INT8
+    if rows is not None:
+        for stage in TRAIN_ROW_STAGES:
+            costs[stage] *= rows.train / CALIBRATION_ROWS.train
+        for stage in EVALUATION_ROW_STAGES:
+            costs[stage] *= rows.evaluation / CALIBRATION_ROWS.evaluation
     return costs
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Where a run places its stages in its overall progress (``spans``) and what each is expected to
+    cost, in calibrated seconds (``costs``): :func:`stage_plan`."""
+
+    spans: dict[str, tuple[float, float]]
+    costs: dict[str, float]
+
+
+def stage_plan(config: Any, rows: RowCounts | None = None) -> StagePlan:
+    """The stages of a run with ``config``, in proportion to their expected costs (:func:`stage_costs`).
+
+    A run starts on the plan without ``rows`` (the calibration's proportions); once its data is loaded
+    it knows its rows and moves to the plan with them, in which loading keeps the span it had (it is
+    over by then) and the stages after it share the rest in proportion to their costs on those rows.
+    So the progress reported never goes back, and on a 2,000-row job the dense fine-tuning takes the
+    share of the run it really takes rather than an 8,544-row job's.
+    """
+    costs = stage_costs(config, rows)
+    skip = skipped_stages(config)
+    _, loaded = stage_spans(skip, stage_costs(config))["load"]
+    rest = stage_spans((*skip, "load"), costs)
+    spans = {stage: (loaded + (1.0 - loaded) * lo, loaded + (1.0 - loaded) * hi) for stage, (lo, hi) in rest.items()}
+    spans["load"] = (0.0, loaded)
+    return StagePlan(spans={stage: spans[stage] for stage in STAGE_COST}, costs=costs)
 
 
 class ThroughputEta:
@@ -229,6 +294,14 @@ class ThroughputEta:
         self._moved = 0.0  # when the current stage's fraction last grew (or it began)
         self._samples: deque[tuple[float, float]] = deque()
         self._last: tuple[float, float] | None = None  # (when, estimate)
+
+    def replan(self, plan: StagePlan) -> None:
+        """Go on with the run's new :class:`StagePlan` (its rows now known): what was measured so far
+        stays, the current stage keeps the cost it is measured against, the stages to come take the plan's."""
+        costs = dict(plan.costs)
+        if self._stage is not None:
+            costs[self._stage] = self._costs.get(self._stage, 0.0)
+        self._spans, self._costs = plan.spans, costs
 
     def _within(self, stage: str, overall: float) -> float | None:
         lo, hi = self._spans.get(stage, (0.0, 0.0))

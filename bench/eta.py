@@ -52,11 +52,54 @@ def _old_eta(trace: list[tuple[float, str, float]]) -> list[float | None]:
     return out
 
 
-def _new_eta(trace: list[tuple[float, str, float]], config: Any) -> list[float | None]:
-    from cahp_engine.progress import ThroughputEta, skipped_stages, stage_costs, stage_spans
+#: A trace's overall progress and the time the run moved to its :class:`StagePlan` on its rows.
+Planned = tuple[float, Any]
 
-    eta = ThroughputEta(stage_spans(skipped_stages(config)), stage_costs(config))
-    return [eta.update(now, stage, overall) for now, stage, overall in trace]
+
+def _new_eta(trace: list[tuple[float, str, float]], config: Any, planned: Planned) -> list[float | None]:
+    """The worker's estimate at each report: on the plan without rows, then, from ``planned``'s time
+    on (the end of loading), on the plan of the run's rows, as the worker hears it (``RunHooks.plan``)."""
+    from cahp_engine.progress import ThroughputEta, stage_plan
+
+    first = stage_plan(config)
+    eta = ThroughputEta(first.spans, first.costs)
+    at, plan = planned
+    out: list[float | None] = []
+    for now, stage, overall in trace:
+        if plan is not None and now > at:
+            eta.replan(plan)
+            plan = None
+        out.append(eta.update(now, stage, overall))
+    return out
+
+
+def _replanned(saved: dict[str, Any], config: Any) -> tuple[list[tuple[float, str, float]], Planned]:
+    """A saved trace's reports and the plan its run moved to once loaded.
+
+    A trace recorded before runs planned their stages by their rows (it has no ``plan``) was placed in the
+    calibration's spans throughout: each report is moved to the span its stage has in the plan the run
+    would have followed (:func:`~cahp_engine.progress.stage_plan` of its settings and its ``rows`` and
+    ``test_rows``), at the same fraction of the stage, from the end of loading on.
+    """
+    from cahp_engine.progress import RowCounts, StagePlan, skipped_stages, stage_plan, stage_spans
+
+    trace = [(float(now), str(stage), float(overall)) for now, stage, overall in saved["trace"]]
+    if "plan" in saved:
+        plan = StagePlan(spans={k: (lo, hi) for k, (lo, hi) in saved["plan"]["spans"].items()},
+                         costs=saved["plan"]["costs"])
+        return trace, (float(saved["plan"]["at_s"]), plan)
+    recorded = stage_spans(skipped_stages(config))
+    first = stage_plan(config)
+    plan = stage_plan(config, RowCounts(train=int(saved["rows"]), evaluation=int(saved["test_rows"])))
+    loaded = max((now for now, stage, _ in trace if stage == "load"), default=0.0)
+    moved = []
+    for now, stage, overall in trace:
+        lo, hi = recorded.get(stage, (0.0, 0.0))
+        if hi > lo:
+            new_lo, new_hi = (first if stage == "load" else plan).spans[stage]
+            overall = new_lo + (new_hi - new_lo) * min(1.0, max(0.0, (overall - lo) / (hi - lo)))
+        moved.append((now, stage, overall))
+    return moved, (loaded, plan)
 
 
 def _on_a_grid(trace: list[tuple[float, str, float]], every_s: float) -> list[tuple[float, str, float, bool]]:
@@ -110,15 +153,16 @@ def _summary(errors: list[float]) -> dict[str, float | None]:
             "within_25pct": round(sum(e <= 0.25 for e in errors) / len(errors), 3)}
 
 
-def _figures(trace: list[tuple[float, str, float]], config: Any, every_s: float) -> dict[str, Any]:
+def _figures(trace: list[tuple[float, str, float]], config: Any, every_s: float,
+             planned: Planned) -> dict[str, Any]:
     """Both estimators scored on the grid (each second weighs the same) and on the reports alone."""
     dense = _on_a_grid(trace, every_s)
     replay = [(now, stage, overall) for now, stage, overall, _ in dense]
     grid = [keep for *_, keep in dense]
     return {"wall_s": round(trace[-1][0], 1), "grid_s": every_s,
-            "throughput": _score(replay, _new_eta(replay, config), grid),
+            "throughput": _score(replay, _new_eta(replay, config, planned), grid),
             "fraction_pace": _score(replay, _old_eta(replay), grid),
-            "per_report": {"throughput": _score(trace, _new_eta(trace, config)),
+            "per_report": {"throughput": _score(trace, _new_eta(trace, config, planned)),
                            "fraction_pace": _score(trace, _old_eta(trace))}}
 
 
@@ -126,15 +170,20 @@ def _load_trace(path: Path) -> dict[str, Any]:
     text = path.read_text()
     if path.suffix == ".partial":  # a run stopped early: its settings, then one report a line
         first, *lines = text.splitlines()
-        return {**json.loads(first), "trace": [json.loads(line) for line in lines]}
+        heard = [json.loads(line) for line in lines]
+        plans = [line for line in heard if isinstance(line, dict)]  # the plan, heard once loaded
+        return {**json.loads(first), **(plans[-1] if plans else {}),
+                "trace": [line for line in heard if not isinstance(line, dict)]}
     saved: dict[str, Any] = json.loads(text)
     return saved
 
 
-def _record(args: argparse.Namespace) -> tuple[list[tuple[float, str, float]], Any, dict[str, float]]:
-    """Run the job, keeping every progress report with its time; also appended, as it comes, to
-    ``<out>.partial`` under bench/results/, so that a run stopped early leaves its trace to replay."""
+def _record(args: argparse.Namespace) -> tuple[dict[str, Any], Any, dict[str, float]]:
+    """Run the job, keeping every progress report with its time and the plan it moved to once loaded;
+    also appended, as they come, to ``<out>.partial`` under bench/results/, so that a run stopped early
+    leaves its trace to replay."""
     from cahp_engine.config import PruningConfig
+    from cahp_engine.progress import StagePlan
     from cahp_engine.run import RunHooks, RunRequest, run_pruning
 
     config = PruningConfig(epochs=args.epochs, dense_epochs=args.epochs, seed=0)
@@ -153,10 +202,17 @@ def _record(args: argparse.Namespace) -> tuple[list[tuple[float, str, float]], A
             with partial.open("a") as handle:
                 handle.write(json.dumps(trace[-1]) + "\n")
 
-        report = run_pruning(RunRequest(minilm_path(), data, root / "out", config), RunHooks(progress=heard))
+        def planned(plan: StagePlan) -> None:
+            recorded["plan"] = {"at_s": time.monotonic() - started, "spans": plan.spans, "costs": plan.costs}
+            with partial.open("a") as handle:
+                handle.write(json.dumps(recorded) + "\n")
+
+        recorded: dict[str, Any] = {}
+        report = run_pruning(RunRequest(minilm_path(), data, root / "out", config),
+                             RunHooks(progress=heard, plan=planned))
         trace.append((time.monotonic() - started, "done", 1.0))
     partial.unlink()
-    return trace, config, dict(report.timings_s)
+    return {**recorded, "trace": [list(t) for t in trace]}, config, dict(report.timings_s)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -181,16 +237,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.trace is not None:
         saved = _load_trace(args.trace)
         config = PruningConfig(**saved["config"])
-        trace = [tuple(t) for t in saved["trace"]]
         # A replay keeps the recorded run's facts and names its trace rather than copying it.
         payload = {key: saved.get(key) for key in ("rows", "test_rows", "threads", "timings_s")}
         payload |= {"replayed": str(args.trace), "recorded_at": saved.get("date"),
-                    "recorded_on": saved.get("machine"), "config": config.to_dict()}
+                    "recorded_on": saved.get("machine"), "config": config.to_dict(),
+                    "plan_derived": "plan" not in saved}
     else:
-        trace, config, timings = _record(args)
+        saved, config, timings = _record(args)
         payload = {"rows": args.rows, "test_rows": args.test_rows, "threads": args.threads,
-                   "config": config.to_dict(), "timings_s": timings, "trace": [list(t) for t in trace]}
-    figures = _figures(trace, config, args.grid)
+                   "config": config.to_dict(), "timings_s": timings, **saved}
+    trace, planned = _replanned(saved, config)
+    figures = _figures(trace, config, args.grid, planned)
     payload["figures"] = figures
     path = save(args.out, payload, command="python -m bench eta " + " ".join(argv or []),
                 protocol=__doc__.split("\n\n")[1])

@@ -6,6 +6,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from cahp_engine.errors import JobCancelledError
@@ -43,13 +44,16 @@ STAGE_COST: dict[str, float] = {
 }
 
 
-def stage_spans(skip: Collection[str] = ("budget",)) -> dict[str, tuple[float, float]]:
-    """Each stage's share of a run that skips the stages ``skip``, in proportion to :data:`STAGE_COST`.
+def stage_spans(skip: Collection[str] = ("budget",),
+                costs: dict[str, float] | None = None) -> dict[str, tuple[float, float]]:
+    """Each stage's share of a run that skips the stages ``skip``, in proportion to ``costs`` (by default
+    :data:`STAGE_COST`; a stage ``costs`` leaves out costs nothing).
 
     A skipped stage keeps a span of width zero where it would be, so a run that reports it anyway
     moves nothing.
     """
-    costs = {stage: (0.0 if stage in skip else cost) for stage, cost in STAGE_COST.items()}
+    given = STAGE_COST if costs is None else costs
+    costs = {stage: (0.0 if stage in skip else given.get(stage, 0.0)) for stage in STAGE_COST}
     total = sum(costs.values()) or 1.0
     spans, at = {}, 0.0
     for stage, cost in costs.items():
@@ -101,6 +105,11 @@ class RunProgress:
         self._report = report
         self._spans = spans
         self.overall = 0.0
+
+    def replan(self, spans: dict[str, tuple[float, float]]) -> None:
+        """Place the stages still to come in ``spans`` from now on (:func:`stage_plan` once the rows are
+        known); what was reported stays, and the progress still never goes back."""
+        self._spans = spans
 
     def __call__(self, stage: str, fraction: float) -> None:
         lo, hi = self._spans.get(stage, (self.overall, self.overall))
@@ -155,29 +164,105 @@ ROW_STAGES = frozenset({"dense_finetune", "dense_evaluation", "teacher", "pruned
                         "evaluation"})
 
 
-def stage_costs(config: Any) -> dict[str, float]:
-    """:data:`STAGE_COST` for a run with ``config``: skipped stages at 0, the fine-tunings by their epochs.
+#: The export's share of :data:`STAGE_COST`'s ``export`` when it makes no int8 model (the calibration job
+#: quantized, scored and timed one as well): a 2,000-row SST-5 job's ONNX export took 76.1 s at the 1.32 s
+#: per calibrated second its other fixed-cost stages ran at, 57.5 calibrated seconds of 120.7
+#: (``bench/results/eta-sst5-2000.json``, docs/performance.md, "The time left").
+EXPORT_SHARE_WITHOUT_INT8 = 0.48
+
+
+@dataclass(frozen=True)
+class RowCounts:
+    """The rows a run's row-bound stages go through, known once its data is loaded.
+
+    ``train``: the rows the fine-tunings and the teacher pass go through (the training split, less any
+    validation rows carved from it); ``evaluation``: the rows each evaluation scores.
+    """
+
+    train: int
+    evaluation: int
+
+
+#: The rows of the job :data:`STAGE_COST` was measured on: SST-5's training and test splits.
+CALIBRATION_ROWS = RowCounts(train=8544, evaluation=2210)
+#: The stages whose cost grows with the training rows, and with the evaluation rows. The selection's
+#: stages are not among them: under the stopping rules they decide how many rows to profile as they go
+#: (1,152 to 8,544 of SST-5's, docs/performance.md), so they keep their calibrated cost.
+TRAIN_ROW_STAGES = frozenset({"dense_finetune", "teacher", "budget", "recovery"})
+EVALUATION_ROW_STAGES = frozenset({"dense_evaluation", "pruned_evaluation", "evaluation"})
+
+
+def stage_costs(config: Any, rows: RowCounts | None = None) -> dict[str, float]:
+    """:data:`STAGE_COST` for a run with ``config`` on ``rows``: skipped stages at 0, the fine-tunings by
+    their epochs, the row-bound stages by their rows.
 
     The calibration job trained 3 epochs of each; a run of 1 recovery epoch expects a third of its cost.
+    An export without int8 expects :data:`EXPORT_SHARE_WITHOUT_INT8` of the calibrated one. A run on
+    2,000 training rows expects 2,000 / 8,544 of each calibrated fine-tuning and teacher pass
+    (:data:`CALIBRATION_ROWS`); without ``rows``, the calibration's.
     """
     skip = set(skipped_stages(config))
     costs = {stage: (0.0 if stage in skip else cost) for stage, cost in STAGE_COST.items()}
     costs["dense_finetune"] *= float(config.dense_epochs) / 3.0
     costs["recovery"] *= float(config.epochs) / 3.0
     costs["budget"] *= float(config.epochs) / 3.0
+    if getattr(config, "quantize", "none") != "int8":
+        costs["export"] *= EXPORT_SHARE_WITHOUT_INT8
+    if rows is not None:
+        for stage in TRAIN_ROW_STAGES:
+            costs[stage] *= rows.train / CALIBRATION_ROWS.train
+        for stage in EVALUATION_ROW_STAGES:
+            costs[stage] *= rows.evaluation / CALIBRATION_ROWS.evaluation
     return costs
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Where a run places its stages in its overall progress (``spans``) and what each is expected to
+    cost, in calibrated seconds (``costs``): :func:`stage_plan`."""
+
+    spans: dict[str, tuple[float, float]]
+    costs: dict[str, float]
+
+
+def stage_plan(config: Any, rows: RowCounts | None = None) -> StagePlan:
+    """The stages of a run with ``config``, in proportion to their expected costs (:func:`stage_costs`).
+
+    A run starts on the plan without ``rows`` (the calibration's proportions); once its data is loaded
+    it knows its rows and moves to the plan with them, in which loading keeps the span it had (it is
+    over by then) and the stages after it share the rest in proportion to their costs on those rows.
+    So the progress reported never goes back, and on a 2,000-row job the dense fine-tuning takes the
+    share of the run it really takes rather than an 8,544-row job's.
+    """
+    costs = stage_costs(config, rows)
+    skip = skipped_stages(config)
+    _, loaded = stage_spans(skip, stage_costs(config))["load"]
+    rest = stage_spans((*skip, "load"), costs)
+    spans = {stage: (loaded + (1.0 - loaded) * lo, loaded + (1.0 - loaded) * hi) for stage, (lo, hi) in rest.items()}
+    spans["load"] = (0.0, loaded)
+    return StagePlan(spans={stage: spans[stage] for stage in STAGE_COST}, costs=costs)
 
 
 class ThroughputEta:
     """Seconds a run still needs, from the pace measured in its own stages so far.
 
-    The current stage's time left is its fraction left at its measured rate over the last ``window_s``
-    (for a fine-tuning, the rows per second of the current epoch). Each stage still to come takes its
-    calibrated cost (:func:`stage_costs`) times this run's measured speed on that kind of stage: seconds
-    spent per second of calibrated cost, in the stages that grow with the rows (fine-tunings, teacher,
-    evaluations) and, apart, in the others (loading, selection, export), each standing in for the other
-    until it has been measured. A stage the spans do not place (a validation pass) counts the last
-    estimate down rather than freezing it.
+    Each stage still to come takes its calibrated cost (:func:`stage_costs`) times this run's measured
+    speed on that kind of stage: seconds spent per second of calibrated cost, in the stages that grow
+    with the rows (fine-tunings, teacher, evaluations) and, apart, in the others (loading, selection,
+    export). Until a fixed-cost stage has been measured they go at the calibration's speed, not at the
+    row-bound stages' (which carries the dataset's size: a 2,000-row job's fine-tuning runs at a quarter
+    of the calibrated 8,544-row one's cost, its export does not); the row-bound stages take the fixed
+    ones' speed until one of theirs has been measured.
+
+    The current stage's time left is its fraction left at that speed, blended with its own rate over the
+    last ``window_s`` (for a fine-tuning, the rows per second of the current epoch) in proportion to the
+    share of the stage done: its first minute does not outweigh what the run has shown, its last ones
+    are its own. A stage that reports nothing while it works (an export, a teacher pass) is counted down
+    as its seconds pass. Its silent seconds say nothing of its speed until they pass what it was
+    expected to take; from then on the speed of its kind is at least its seconds over its calibrated
+    cost, which the stages after it take, and the stage itself is given :attr:`OVERRUN_SHARE` of its
+    silent time again rather than a figure that runs out. A stage the spans do not place (a validation
+    pass) counts the last estimate down rather than freezing it.
 
     Parameters
     ----------
@@ -192,6 +277,8 @@ class ThroughputEta:
 
     #: The current stage's own rate is trusted once measured over this many seconds.
     MIN_RATE_S = 5.0
+    #: A stage silent past its expected time is given this share of its silent time again.
+    OVERRUN_SHARE = 0.25
 
     def __init__(self, spans: dict[str, tuple[float, float]], costs: dict[str, float], *,
                  window_s: float = 60.0) -> None:
@@ -204,8 +291,17 @@ class ThroughputEta:
         self._started = 0.0
         self._first = 0.0
         self._fraction = 0.0
+        self._moved = 0.0  # when the current stage's fraction last grew (or it began)
         self._samples: deque[tuple[float, float]] = deque()
         self._last: tuple[float, float] | None = None  # (when, estimate)
+
+    def replan(self, plan: StagePlan) -> None:
+        """Go on with the run's new :class:`StagePlan` (its rows now known): what was measured so far
+        stays, the current stage keeps the cost it is measured against, the stages to come take the plan's."""
+        costs = dict(plan.costs)
+        if self._stage is not None:
+            costs[self._stage] = self._costs.get(self._stage, 0.0)
+        self._spans, self._costs = plan.spans, costs
 
     def _within(self, stage: str, overall: float) -> float | None:
         lo, hi = self._spans.get(stage, (0.0, 0.0))
@@ -221,15 +317,28 @@ class ThroughputEta:
         self._covered[rows] += self._costs.get(self._stage, 0.0) * (self._fraction - self._first)
 
     def _speed(self, rows: bool, now: float) -> float | None:
+        """Seconds per calibrated second on stages of this kind (``rows``: growing with the rows)."""
         spent, covered = dict(self._spent), dict(self._covered)
+        bound = None
         if self._stage is not None and self._stage in self._spans:
             mine = self._stage in ROW_STAGES
-            spent[mine] += now - self._started
+            spent[mine] += self._moved - self._started
             covered[mine] += self._costs.get(self._stage, 0.0) * (self._fraction - self._first)
-        for kind in (rows, not rows):
-            if covered[kind] > 1e-6 and spent[kind] > 0:
-                return spent[kind] / covered[kind]
-        return None
+            rest = self._costs.get(self._stage, 0.0) * (1.0 - self._fraction)
+            if mine == rows and rest > 0:
+                # The silent seconds since the last report, with the whole rest of the stage: a floor.
+                bound = (spent[mine] + now - self._moved) / (covered[mine] + rest)
+        speed = None
+        if covered[rows] > 1e-6 and spent[rows] > 0:
+            speed = spent[rows] / covered[rows]
+        elif not rows:
+            # Not the row-bound stages' speed: it carries the dataset's size, which these do not grow with.
+            speed = 1.0
+        elif covered[False] > 1e-6 and spent[False] > 0:
+            speed = spent[False] / covered[False]
+        if speed is None:
+            return bound
+        return speed if bound is None else max(speed, bound)
 
     def update(self, now: float, stage: str, overall: float) -> float | None:
         """Hear the engine's ``progress(stage, overall)`` at time ``now`` (seconds); the seconds left, or None."""
@@ -241,8 +350,10 @@ class ThroughputEta:
             return max(0.0, said - (now - when))
         if stage != self._stage:
             self._close(now)
-            self._stage, self._started, self._first = stage, now, fraction
+            self._stage, self._started, self._first, self._moved = stage, now, fraction, now
             self._samples.clear()
+        elif fraction > self._fraction:
+            self._moved = now
         self._fraction = fraction
         self._samples.append((now, fraction))
         while len(self._samples) > 2 and now - self._samples[1][0] >= self._window:
@@ -255,13 +366,23 @@ class ThroughputEta:
     def _estimate(self, stage: str, fraction: float, now: float) -> float | None:
         rows = stage in ROW_STAGES
         then, before = self._samples[0]
+        speed = self._speed(rows, now)
+        own = None
         if now - then >= self.MIN_RATE_S and fraction - before > 1e-6:
-            current = (1.0 - fraction) * (now - then) / (fraction - before)
-        else:
-            speed = self._speed(rows, now)
-            if speed is None:
+            own = (1.0 - fraction) * (now - then) / (fraction - before)
+        if speed is None:
+            if own is None:
                 return None
-            current = speed * self._costs.get(stage, 0.0) * (1.0 - fraction)
+            current = own
+        else:
+            silent = now - self._moved
+            current = max(speed * self._costs.get(stage, 0.0) * (1.0 - fraction) - silent,
+                          self.OVERRUN_SHARE * silent)
+            if own is not None:
+                # The stage's own rate weighs as much as the share of it done: a stage's first minute
+                # (a warm-up, a burst of load) does not outweigh the speed the whole run has shown.
+                done = (fraction - self._first) / max(1.0 - self._first, 1e-9)
+                current = done * own + (1.0 - done) * current
         _, end = self._spans[stage]
         later = 0.0
         for other, (lo, hi) in self._spans.items():

@@ -168,10 +168,22 @@ class JobReporter:
     def measure_stages(self, config: Any) -> None:
         """Estimate the time left from each stage's measured throughput, for a run with ``config`` (a
         :class:`~cahp_engine.config.PruningConfig`): the stages it runs and their calibrated shares."""
-        from cahp_engine.progress import ThroughputEta, skipped_stages, stage_costs, stage_spans
+        from cahp_engine.progress import ThroughputEta, stage_plan
+
+        plan = stage_plan(config)
+        with self._lock:
+            self._stage_eta = ThroughputEta(plan.spans, plan.costs)
+
+    def plan(self, plan: Any) -> None:
+        """Hear the run's :class:`~cahp_engine.progress.StagePlan` once its rows are known (the engine's
+        ``plan`` hook): the time left follows its stages' shares and costs from then on."""
+        from cahp_engine.progress import ThroughputEta
 
         with self._lock:
-            self._stage_eta = ThroughputEta(stage_spans(skipped_stages(config)), stage_costs(config))
+            if self._stage_eta is None:
+                self._stage_eta = ThroughputEta(plan.spans, plan.costs)
+            else:
+                self._stage_eta.replan(plan)
 
     def eta_s(self, now: float) -> float | None:
         """Seconds the attempt still needs (None: not measured yet): by its stages' throughput after

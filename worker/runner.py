@@ -280,6 +280,7 @@ def _hooks(claimed: ClaimedJob, context: WorkerContext, reporter: JobReporter, w
         say=reporter.log, should_cancel=reporter.should_cancel)
     return RunHooks(
         progress=reporter.progress,
+        plan=reporter.plan,
         should_cancel=reporter.should_cancel,
         log=reporter.log,
         # Each stage and fine-tuning stop saved to the artifact store; an earlier attempt's resumed.

@@ -23,7 +23,7 @@ from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions
 from cahp_engine.errors import AccuracyBudgetError, CahpError, InvalidInputError, JobCancelledError
 from cahp_engine.export import describe_speedup
 from cahp_engine.models import DEFAULT_MAX_MODEL_PARAMS
-from cahp_engine.progress import STAGE_SPAN, skipped_stages, stage_spans
+from cahp_engine.progress import STAGE_SPAN, StagePlan, stage_plan
 
 if TYPE_CHECKING:
     from cahp_engine.run import RunIdentity, RunReport
@@ -174,6 +174,10 @@ class _Bars:
         self.bar.n = int(1000 * within)
         self.bar.refresh()
 
+    def replan(self, plan: StagePlan) -> None:
+        """The spans the run places its stages in once its rows are known (the engine's ``plan`` hook)."""
+        self.spans = plan.spans
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -188,14 +192,15 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         config, options = config_from_args(args)
         identity = identity_from_args(args)
-        bars.spans = stage_spans(skipped_stages(config))  # the spans run_pruning places this run's stages in
+        bars.spans = stage_plan(config).spans  # the spans run_pruning places this run's stages in
         request = RunRequest(
             model_ref=args.model, dataset_ref=args.dataset, output_dir=args.output, config=config,
             dataset_options=options, identity=identity, revision=args.revision, overwrite=args.overwrite,
             max_dataset_rows=args.max_dataset_rows, max_model_params=args.max_model_params,
         )
         report = run_pruning(request, RunHooks(
-            progress=bars, log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
+            progress=bars, plan=bars.replan,
+            log=None if args.json else (lambda line: print(f"[cahp] {line}", file=sys.stderr)),
         ))
     except InvalidInputError as exc:
         bars.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cahp_engine.progress import StagePlan
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._live import LOG_INTERVAL_S
 from cahp_engine.run._resume import ResumeStore
@@ -26,7 +27,8 @@ class RunHooks:
     ----------
     progress : callable(stage, overall_fraction) or None
         ``overall_fraction`` places the stage's own progress in its span
-        (:func:`~cahp_engine.progress.stage_spans` of the stages this run has); it never decreases.
+        (:func:`~cahp_engine.progress.stage_plan` of the run's settings, then, once its data is loaded,
+        of its rows too: ``plan`` hears when); it never decreases.
     should_cancel : callable() -> bool or None
         Polled between steps; True raises :class:`~cahp_engine.errors.JobCancelledError`.
     log : callable(str) or None
@@ -44,6 +46,10 @@ class RunHooks:
     candidates : CandidateExecutor or None
         Runs an accuracy budget's candidates (None: here, one after another; the job service: its
         worker pool). The answer is the same whoever runs them.
+    plan : callable(StagePlan) or None
+        Hears, once the data is loaded, the :class:`~cahp_engine.progress.StagePlan` the run's progress
+        follows from then on: each stage's span and expected cost on the run's rows (a time-left estimate
+        maps the progress back to its stages with it).
     """
 
     progress: Callable[[str, float], None] | None = None
@@ -54,6 +60,7 @@ class RunHooks:
     save_interval_s: float = 0.0
     save_when_stopped: Callable[[], bool] | None = None
     candidates: CandidateExecutor | None = None
+    plan: Callable[[StagePlan], None] | None = None
 
     def say(self, line: str) -> None:
         """``log(line)``, or nothing without a log."""

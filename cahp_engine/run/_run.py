@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from torch import nn
 from cahp_engine._output_dir import prepare_output_dir, staged_output
 from cahp_engine._torch import resolve_device
 from cahp_engine.errors import AccuracyBudgetError
-from cahp_engine.progress import Monitor, RunProgress, skipped_stages, stage_spans
+from cahp_engine.progress import Monitor, RowCounts, RunProgress, stage_plan
 from cahp_engine.recovery import ClassificationMetrics, Reconstruction, TeacherLogits, TrainingResult, count_parameters
 from cahp_engine.results import BudgetRecord
 from cahp_engine.run import _steps as steps
@@ -86,7 +87,7 @@ def run_pruning(request: RunRequest, hooks: RunHooks | None = None) -> RunReport
     prepare_output_dir(out, overwrite=request.overwrite)
     say = hooks.say
 
-    placed = RunProgress(hooks.progress, stage_spans(skipped_stages(config)))
+    placed = RunProgress(hooks.progress, stage_plan(config).spans)
     live = LiveLog(say, interval_s=hooks.log_interval_s)
 
     def overall(stage: str, fraction: float) -> None:
@@ -98,10 +99,18 @@ def run_pruning(request: RunRequest, hooks: RunHooks | None = None) -> RunReport
     run = steps.RunContext(config=config, device=resolve_device(config.device),
                            monitor=Monitor(overall, hooks.should_cancel), say=say, overall=overall,
                            should_cancel=hooks.should_cancel, training=resumed, candidates=hooks.candidates)
+
+    def rows_known(rows: RowCounts) -> None:
+        # Once loaded, the run's stages take the shares they take on its rows (cahp_engine.progress.stage_plan).
+        plan = stage_plan(config, rows)
+        placed.replan(plan.spans)
+        if hooks.plan is not None:
+            hooks.plan(plan)
+
     with staged_output(out, publish_on=(AccuracyBudgetError,)) as work:
         # A missed accuracy budget is the one documented exception to "a failed run leaves nothing":
         # the candidates' report and plots say why no head count met it (report.json has "status": "failed").
-        report = _run(run, resumed, request, work)
+        report = _run(run, resumed, request, work, rows_known)
         report = complete_report(report, identity=request.identity, model_ref=request.model_ref,
                                  dataset_ref=request.dataset_ref)
         report = dataclasses.replace(report, wall_time_s=time.perf_counter() - started)
@@ -126,11 +135,14 @@ class _Recovered:
     target: TargetRecord | None = None
 
 
-def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Path) -> RunReport:
+def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Path,
+         rows_known: Callable[[RowCounts], None]) -> RunReport:
     """The stages in order; the report without its wall time, identity and recipe, which the caller
-    adds (a missed accuracy budget's report is completed and written here, then the error raised)."""
+    adds (a missed accuracy budget's report is completed and written here, then the error raised).
+    ``rows_known`` hears the rows the fine-tunings and evaluations will go through once they are loaded."""
     config = run.config
     inputs = steps.load(run, request)
+    rows_known(RowCounts(train=len(inputs.rows), evaluation=len(inputs.evaluation)))
     loaded, model = inputs.loaded, inputs.loaded.model
     warnings: list[str] = []
     if config.dense_finetune == "never" and not loaded.classifier_trained:

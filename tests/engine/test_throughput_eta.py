@@ -30,16 +30,22 @@ def test_the_current_stage_goes_at_its_own_rate_and_later_ones_at_this_runs_spee
     assert left == pytest.approx(90 + 20 + 100)
 
 
-def test_recovery_twice_as_slow_as_calibrated_is_foretold_from_its_own_rate() -> None:
+def test_a_stage_slower_than_the_run_so_far_is_foretold_from_its_own_rate_as_much_as_it_is_done() -> None:
     eta = ThroughputEta(SPANS, COSTS)
     now = 0.0
     for stage, seconds in (("load", 10.0), ("dense_finetune", 100.0), ("selection", 10.0)):
         eta.update(now, stage, _overall(stage, 0.0))
         now += seconds
         eta.update(now, stage, _overall(stage, 1.0))
-    for second in range(0, 101):  # half of recovery in 100 s: 100 s left
+    # Recovery goes at half its calibrated speed; fine-tuning went at its calibrated speed.
+    for second in range(0, 101):  # half of recovery in 100 s: 100 s left at its own rate
         left = eta.update(now + second, "recovery", _overall("recovery", second / 200))
-    assert left == pytest.approx(100.0)
+    # Half done, its own rate weighs half; the other half is the run's row-bound speed so far
+    # (200 s for 150 calibrated s) on the 50 calibrated s left.
+    assert left == pytest.approx(0.5 * 100 + 0.5 * (200 / 150) * 50)
+    for second in range(101, 181):  # 90 % done: its own rate (20 s left) weighs 90 %
+        left = eta.update(now + second, "recovery", _overall("recovery", second / 200))
+    assert left == pytest.approx(0.9 * 20 + 0.1 * (280 / 190) * 10)
 
 
 def test_a_stage_the_spans_do_not_place_counts_the_estimate_down_rather_than_freezing_it() -> None:
@@ -60,3 +66,43 @@ def test_the_costs_follow_the_runs_stages_and_epochs() -> None:
     # The spans the engine reports through place every stage the costs count.
     spans = stage_spans(skipped_stages(config))
     assert all(spans[stage][1] > spans[stage][0] for stage, cost in costs.items() if cost > 0)
+
+
+# A run whose last stages report nothing while they work: an export, then the artifacts (both fixed-cost).
+QUIET_SPANS = {"load": (0.0, 0.1), "recovery": (0.1, 0.6), "export": (0.6, 0.9), "artifacts": (0.9, 1.0)}
+QUIET_COSTS = {"load": 10.0, "recovery": 100.0, "export": 40.0, "artifacts": 10.0}
+
+
+def _quiet_run_to_export() -> tuple[ThroughputEta, float]:
+    """Loading at twice its calibrated time, recovery as calibrated; the export just begun (its time)."""
+    eta = ThroughputEta(QUIET_SPANS, QUIET_COSTS)
+    eta.update(0.0, "load", 0.0)
+    eta.update(20.0, "load", 0.1)
+    for second in range(0, 101):
+        eta.update(20.0 + second, "recovery", 0.1 + 0.5 * second / 100)
+    return eta, 120.0
+
+
+def test_a_stage_that_reports_nothing_is_counted_down_from_its_expected_time() -> None:
+    eta, now = _quiet_run_to_export()
+    # The fixed-cost stages go at the loading's speed, twice their calibration: 80 s of export, 20 of artifacts.
+    assert eta.update(now, "export", 0.6) == pytest.approx(80 + 20)
+    # Its silent seconds are neither a slower speed nor a frozen figure: the estimate counts down.
+    assert eta.update(now + 30, "export", 0.6) == pytest.approx(100 - 30)
+    assert eta.update(now + 60, "export", 0.6) == pytest.approx(100 - 60)
+
+
+def test_a_silent_stage_past_its_expected_time_keeps_a_share_of_its_time_and_slows_the_stages_after_it() -> None:
+    eta, now = _quiet_run_to_export()
+    eta.update(now, "export", 0.6)
+    # 160 s into an export expected to take 80: it is still running, so it does not say zero; the
+    # fixed-cost stages are now known to go at least (20 + 160) s per (10 + 40) calibrated s.
+    left = eta.update(now + 160, "export", 0.6)
+    speed = (20.0 + 160.0) / (10.0 + 40.0)
+    assert left == pytest.approx(ThroughputEta.OVERRUN_SHARE * 160 + speed * 10)
+    later = eta.update(now + 200, "export", 0.6)
+    assert later is not None and later > left  # still not done: the longer it runs, the more is expected
+    # Once it ends (a stage reports its end), the artifacts take the speed that export has shown.
+    eta.update(now + 200, "export", 0.9)
+    done = eta.update(now + 200, "artifacts", 0.9)
+    assert done == pytest.approx((20.0 + 200.0) / (10.0 + 40.0) * 10)

@@ -80,10 +80,11 @@ def test_the_time_left_comes_from_the_stages_throughput_within_the_first_minute(
     sessions: sessionmaker[Session],
 ) -> None:
     from cahp_engine.config import PruningConfig
-    from cahp_engine.progress import skipped_stages, stage_costs, stage_spans
+    from cahp_engine.progress import stage_plan
 
     config = PruningConfig(epochs=1, dense_epochs=1, dense_finetune="always", export="none")
-    spans, costs = stage_spans(skipped_stages(config)), stage_costs(config)
+    plan = stage_plan(config)  # the run's plan until it hears the one of its rows
+    spans, costs = plan.spans, plan.costs
 
     def overall(stage: str, fraction: float) -> float:
         lo, hi = spans[stage]
@@ -113,3 +114,28 @@ def test_the_time_left_comes_from_the_stages_throughput_within_the_first_minute(
     expected = 0.6 * costs["dense_finetune"] / 2 + sum(cost * (0.5 if stage in ROW_STAGES else 1.0)
                                                        for stage, cost in after.items())
     assert job_row(sessions, job_id).eta_s == pytest.approx(expected)
+
+
+def test_the_time_left_follows_the_plan_the_run_moves_to_once_it_knows_its_rows(
+    sessions: sessionmaker[Session],
+) -> None:
+    from cahp_engine.config import PruningConfig
+    from cahp_engine.progress import CALIBRATION_ROWS, RowCounts, stage_plan
+
+    config = PruningConfig(epochs=1, dense_epochs=1, dense_finetune="always", export="none")
+    first = stage_plan(config)
+    plan = stage_plan(config, RowCounts(train=CALIBRATION_ROWS.train // 4, evaluation=CALIBRATION_ROWS.evaluation))
+    job_id, clock = running_job(sessions), Clock()
+    reporter = _reporter(sessions, job_id, clock, progress_interval_s=0.0)
+    reporter.measure_stages(config)
+    reporter.progress("load", 0.0)
+    clock.now += first.costs["load"]  # this machine's speed is 1
+    reporter.progress("load", first.spans["load"][1])
+    calibrated = job_row(sessions, job_id).eta_s
+    reporter.plan(plan)  # the engine's plan hook, as loading ends
+    reporter.progress("dense_finetune", plan.spans["dense_finetune"][0])
+    eta = job_row(sessions, job_id).eta_s
+    assert eta == pytest.approx(sum(cost for stage, cost in plan.costs.items() if stage != "load"))
+    assert calibrated is not None and eta < calibrated  # a quarter of the rows: less to do
+    # The job's progress goes on from where loading left it.
+    assert job_row(sessions, job_id).progress == pytest.approx(first.spans["load"][1])

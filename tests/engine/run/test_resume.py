@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.errors import JobCancelledError
+from cahp_engine.progress import RowCounts, StagePlan, stage_plan
 from cahp_engine.run import DirectoryResumeStore, RunHooks, RunRequest, run_pruning
 from tests.support.helpers import write_tiny_dataset, write_tiny_model
 
@@ -23,11 +24,14 @@ from tests.support.helpers import write_tiny_dataset, write_tiny_model
 CONFIG = PruningConfig(epochs=3, dense_finetune="always", dense_epochs=2, batch_size=16, max_length=32, seed=0,
                        export="none", recovery_loss="distill", latency_repeats=1, latency_warmup=0)
 
+TRAIN_ROWS, TEST_ROWS = 60, 30
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("inputs")
-    return str(write_tiny_model(root / "model")), str(write_tiny_dataset(root / "data"))
+    data = write_tiny_dataset(root / "data", train=TRAIN_ROWS, test=TEST_ROWS)
+    return str(write_tiny_model(root / "model")), str(data)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +39,11 @@ def uninterrupted(inputs: tuple[str, str], tmp_path_factory: pytest.TempPathFact
     out = tmp_path_factory.mktemp("whole") / "out"
     progress: list[tuple[str, float]] = []
     lines: list[str] = []
+    plans: list[tuple[int, StagePlan]] = []  # each plan heard, with the number of reports heard before it
     report = run_pruning(RunRequest(*inputs, output_dir=out, config=CONFIG),
-                         RunHooks(progress=lambda s, f: progress.append((s, f)), log=lines.append, log_interval_s=0.0))
-    return {"report": report, "out": out, "progress": progress, "lines": lines}
+                         RunHooks(progress=lambda s, f: progress.append((s, f)), log=lines.append, log_interval_s=0.0,
+                                  plan=lambda plan: plans.append((len(progress), plan))))
+    return {"report": report, "out": out, "progress": progress, "lines": lines, "plans": plans}
 
 
 def test_a_run_stopped_in_recovery_resumes_from_its_last_epoch_and_ends_as_the_uninterrupted_one(
@@ -100,6 +106,21 @@ def test_a_runs_progress_never_goes_back_and_reaches_the_end(uninterrupted: dict
     # Every stage of the run was heard, the evaluation before recovery under its own name.
     assert {"dense_finetune", "signatures", "teacher", "pruned_evaluation", "recovery", "evaluation"} <= set(stages)
     assert stages.index("pruned_evaluation") < stages.index("recovery")
+
+
+def test_once_loaded_a_run_places_its_stages_by_its_own_rows(uninterrupted: dict) -> None:
+    [(heard, plan)] = uninterrupted["plans"]
+    progress = uninterrupted["progress"]
+    # Heard as loading ends, before any other stage reports.
+    assert {stage for stage, _ in progress[:heard]} == {"load"} and progress[heard][0] != "load"
+    assert plan == stage_plan(CONFIG, RowCounts(train=TRAIN_ROWS, evaluation=TEST_ROWS))
+    # From then on each stage's reports lie in the span the plan gives it.
+    for (_, before), (stage, overall) in zip(progress[heard - 1:], progress[heard:], strict=False):
+        lo, hi = plan.spans.get(stage, (0.0, 0.0))
+        if hi > lo:
+            assert lo - 1e-9 <= overall <= hi + 1e-9, (stage, overall, plan.spans[stage])
+        else:  # a stage the plan does not place holds the progress where it is
+            assert overall == before, stage
 
 
 def test_a_fine_tuning_logs_its_epoch_loss_and_pace(uninterrupted: dict) -> None:

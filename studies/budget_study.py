@@ -70,11 +70,12 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     "p2.0": {"max_accuracy_drop": 2.0},
     "p0.5": {"max_accuracy_drop": 0.5},
     "p1.0-macro-f1": {"max_accuracy_drop": 1.0, "budget_metric": "macro_f1"},
-    # Recovery by layer-wise reconstruction: alone, before one epoch of fine-tuning, and the budget judged
-    # after it (candidates bisected per strategy on their reconstructed score; only the chosen one, and a close
-    # runner-up, fine-tuned).
+    # Recovery by layer-wise reconstruction: alone, before one epoch of fine-tuning or the knee run's (equal
+    # time), and the budget judged after it (candidates bisected per strategy on their reconstructed score; only
+    # the chosen one, and a close runner-up, fine-tuned).
     "reconstruct": {"recovery": "reconstruct"},
     "reconstruct+finetune-1ep": {"recovery": "reconstruct+finetune", "epochs": 1.0},
+    "reconstruct+finetune": {"recovery": "reconstruct+finetune"},  # the knee run's epochs: equal time
     "p1.0-judged": {"max_accuracy_drop": 1.0, "recovery": "reconstruct+finetune",
                     "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p2.0-judged": {"max_accuracy_drop": 2.0, "recovery": "reconstruct+finetune",

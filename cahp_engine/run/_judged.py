@@ -114,7 +114,13 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
 
 def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchInputs, executor: CandidateExecutor,
                       say: Callable[[str], None]) -> Judged | None:
-    """Fine-tune the head counts the calibrated margin predicts, narrowing (lo, hi); the winner or None."""
+    """Fine-tune the head counts the calibrated margin predicts, narrowing (lo, hi); the winner or None.
+
+    The margin is what fine-tuning added to a probe's reconstructed score, so only a probe that trained
+    measures it. A probe that already met the budget as reconstructed stops before its first epoch and says
+    nothing of it: while every probe so far was such a one, the step just below the winner is fine-tuned next,
+    the one probe that can show whether fine-tuning carries a smaller model over the line.
+    """
     config = inputs.config
     margins: list[float] = []
     lo, hi, winner = -1, len(steps), None
@@ -127,7 +133,11 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
         predicted = lazy.first(lo, hi, predicted_to_pass,
                                why=f", short of the budget even with a {100 * margin:+.2f}-point margin")
         if predicted is None and winner is not None:
-            break
+            if margins:
+                break
+            predicted = hi - 1  # no probe trained yet: measure the margin just below the winner
+            say(f"no probe has trained yet (each met the budget as reconstructed): fine-tuning the step below, "
+                f"{steps[predicted].heads} heads, to measure what fine-tuning adds")
         i = predicted if predicted is not None else hi - 1
         group = lazy.group(i)
         best = max(group, key=Judged.rank)
@@ -141,7 +151,8 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
         results = executor.run([e.spec for e in probe if e.spec is not None], inputs)
         for entry, result in zip(probe, results, strict=True):
             entry.last = result
-            margins.append(result.best.score - entry.point.score)
+            if result.epochs > 0:
+                margins.append(result.best.score - entry.point.score)
             say(f"  {entry.strategy} at {entry.selection.num_kept} heads: best {result.best.score:.4f} after "
                 f"{result.epochs:g} epoch(s) (reconstructed {entry.point.score:.4f}): {result.reason}")
         met = [e for e in probe if e.last is not None and e.last.status == "within_budget"]

@@ -20,6 +20,8 @@ from cahp_engine.recovery import classification_metrics, predict
 from cahp_engine.results import ValidationPoint
 from cahp_engine.run import DirectoryResumeStore, RunHooks, RunRequest, SearchInputs, run_pruning
 from cahp_engine.run._budget import ladder
+from cahp_engine.run._candidates import CandidateResult
+from cahp_engine.run._judged import _fine_tune_probes
 from cahp_engine.run._scoring import LazyScores, every_step
 from cahp_engine.selection import Selection, analyze_heads
 from tests.support.recovery import FAST, write_three_class_dataset
@@ -120,6 +122,60 @@ def test_a_dip_next_to_the_bracket_is_looked_at_and_searched_below(setup) -> Non
     assert lazy.first(-1, len(steps), lambda j: j.meets) == m - 2
     assert ("cahp", steps[m - 1].heads) in calls and ("cahp", steps[m - 2].heads) in calls
     assert lazy.path[-1].note.startswith("the step below cahp's miss")
+
+
+class _GainingExecutor:
+    """Fine-tunes nothing: a candidate's recovered score is its constructed score plus ``gain``, reached after one
+    epoch, or at once when the constructed score already meets the budget (as recovery stops there)."""
+
+    def __init__(self, inputs: SearchInputs, score_of, gain: float) -> None:
+        self.inputs, self.score_of, self.gain, self.trained = inputs, score_of, gain, []
+
+    def run(self, pieces, inputs):
+        out = []
+        for spec in pieces:
+            heads = sum(len(h) for h in spec.kept.values())
+            before = float(self.score_of(spec.strategy, heads))
+            met_before = before >= inputs.threshold
+            after = before if met_before else before + self.gain
+            if not met_before:
+                self.trained.append(heads)
+            best = ValidationPoint(step=0, epoch=0.0 if met_before else 1.0, score=after, accuracy=after,
+                                   macro_f1=after)
+            met = after >= inputs.threshold
+            out.append(CandidateResult(spec=spec, status="within_budget" if met else "completed", reason="constructed",
+                                       curve=(best,), best=best, epochs=0.0 if met_before else 1.0, seconds=0.0,
+                                       drop=inputs.drop(inputs.dense_predictions), run=None))
+        return out
+
+    def release(self, spec) -> None:
+        pass
+
+
+def test_fine_tuning_probes_below_a_reconstructed_winner_to_learn_what_it_adds(setup) -> None:
+    steps, inputs = setup
+    total = steps[-1].heads + 1
+
+    def score_of(_strategy: str, heads: int) -> float:
+        return heads / total
+
+    # Reconstructed, only the top steps pass; fine-tuning adds enough to carry two steps more over the line.
+    frontier = len(steps) - 2
+    threshold = score_of("cahp", steps[frontier].heads) - 1e-6
+    gain = score_of("cahp", steps[frontier].heads) - score_of("cahp", steps[frontier - 2].heads) + 1e-3
+    case = SearchInputs(**{**inputs.__dict__, "threshold": threshold,
+                           "config": inputs.config.replace(budget_strategies=("cahp",),
+                                                           recovery="reconstruct+finetune")})
+    score, _ = _constructed(case, score_of)
+    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
+    executor = _GainingExecutor(case, score_of, gain)
+    said: list[str] = []
+    winner = _fine_tune_probes(steps, lazy, case, executor, said.append)
+    assert winner is not None
+    # The first probe met the budget as reconstructed and trained nothing; the search did not stop there.
+    assert winner.step == frontier - 2 and winner.selection.num_kept == steps[frontier - 2].heads
+    assert executor.trained and steps[frontier - 1].heads in executor.trained
+    assert any(line.startswith("no probe has trained yet") for line in said)
 
 
 # --------------------------------------------------------------------------- whole runs

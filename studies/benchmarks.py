@@ -354,9 +354,11 @@ def run(setup: Setup, *, compute: bool, say: Callable[[str], None], max_cells: i
             say(f"{task} seed {seed} degree {degree} {strategy:20s}: {cell['heads_kept']} heads, accuracy "
                 f"{cell['before']['accuracy']:.4f} -> {cell['after']['accuracy']:.4f} in {cell['wall_s']:.0f} s"
                 + (" (recovery reused)" if "reused_from" in cell["recovery"] else ""))
-    return report.collect(setup.record, [t.name for t in setup.tasks], setup.strategies, setup.seeds, setup.degrees,
-                          protocol=setup.protocol(), agreement_outputs={t.name: agreement_output(t.name)
-                                                                        for t in setup.tasks})
+    # The report covers every task of the rule, not only those this process computes: a `--tasks sst5` run
+    # must not call half the cells complete.
+    names = list(dict.fromkeys([*TASKS, *(t.name for t in setup.tasks)]))
+    return report.collect(setup.record, names, setup.strategies, setup.seeds, setup.degrees,
+                          protocol=setup.protocol(), agreement_outputs={name: agreement_output(name) for name in names})
 
 
 def main(argv: list[str] | None = None) -> None:

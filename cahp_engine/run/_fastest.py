@@ -98,7 +98,7 @@ def fastest_index(n: int, passes: Callable[[int], bool]) -> int | None:
 
 
 @dataclass
-class _Tried:
+class _TargetTried:
     target: float
     heads: int
     neurons: int
@@ -154,7 +154,7 @@ def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: Train
     say(f"accuracy budget, the fastest model within {config.max_accuracy_drop:g} points: {len(targets)} speed targets "
         f"on {config.target_runtime} at batch {config.target_batch} x {length} tokens (x{targets[0]:g} to "
         f"x{targets[-1]:g}), judged after reconstruction; {config.budget_metric} must stay >= {inputs.threshold:.4f}")
-    tried: dict[int, _Tried] = {}
+    tried: dict[int, _TargetTried] = {}
     unreachable: dict[int, str] = {}
     cuts: dict[int, nn.Module] = {}
 
@@ -181,9 +181,10 @@ def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: Train
             reconstruct_pruned(dense, judged, batches, config, should_cancel=inputs.should_cancel)
             point = scorer(judged, 0, 0.0)
             del judged
-            entry = _Tried(target=targets[i], heads=sum(target.heads_per_layer), neurons=sum(target.neurons_per_layer),
-                           result=target, point=point, predictions=scorer.predictions[-1],
-                           seconds=time.perf_counter() - t0, meets=False, order=len(tried))
+            entry = _TargetTried(target=targets[i], heads=sum(target.heads_per_layer),
+                                 neurons=sum(target.neurons_per_layer), result=target, point=point,
+                                 predictions=scorer.predictions[-1], seconds=time.perf_counter() - t0, meets=False,
+                                 order=len(tried))
             entry.meets = inputs.meets(point, entry.predictions)
             tried[i] = entry
             if scored is not None:
@@ -219,7 +220,7 @@ def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: Train
         record=record)
 
 
-def _record(inputs: SearchInputs, validation: ValidationData, targets: list[float], tried: dict[int, _Tried],
+def _record(inputs: SearchInputs, validation: ValidationData, targets: list[float], tried: dict[int, _TargetTried],
             found: int | None, search_s: float) -> BudgetRecord:
     config = inputs.config
     candidates = []

@@ -44,7 +44,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -124,6 +124,39 @@ class BudgetOutcome:
     reconstruction: Reconstruction | None = None
 
 
+@dataclass(frozen=True)
+class SearchSummary:
+    """What one search tried, chose and cost: :func:`budget_record` adds the settings and the ladder.
+
+    Attributes
+    ----------
+    candidates : tuple of BudgetCandidate
+        Every candidate scored, in the order tried.
+    per_epoch : list of float
+        The candidates' seconds per recovery epoch, which price a single run (empty: none trained).
+    search_s, final_s : float
+        Seconds of the search, and of the chosen candidate's recovery after it.
+    chosen : int or None
+        Heads the chosen candidate kept (None: none met the budget).
+    chosen_strategy : str or None
+    strategy_margin : float or None
+        Points by which the chosen candidate beat its rivals at its head count.
+    noise_half_width : float or None
+        Half the 95 % interval of the drop of the chosen (or closest) candidate.
+    skipped : tuple of SkippedCandidate
+    """
+
+    candidates: tuple[BudgetCandidate, ...]
+    per_epoch: list[float]
+    search_s: float
+    final_s: float
+    chosen: int | None
+    chosen_strategy: str | None
+    strategy_margin: float | None
+    noise_half_width: float | None
+    skipped: tuple[SkippedCandidate, ...] = ()
+
+
 @dataclass
 class _Tried:
     """A candidate the search started: where it stands and what it last reported."""
@@ -141,6 +174,18 @@ class _Tried:
     def rank(self) -> tuple[bool, float]:
         assert self.last is not None
         return (not self.last.best.lost_classes, self.last.best.score)
+
+
+@dataclass
+class _Search:
+    """One search's shared state: its inputs, who runs the candidates, where its lines go, every candidate
+    started, and the largest gain per epoch seen (``gain[0]``; None: none yet)."""
+
+    inputs: SearchInputs
+    executor: CandidateExecutor
+    say: Callable[[str], None]
+    tried: list[_Tried] = field(default_factory=list)
+    gain: list[float | None] = field(default_factory=lambda: [None])
 
 
 def probes(lo: int, hi: int, width: int) -> list[int]:
@@ -179,12 +224,11 @@ def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: Validat
         f"({', '.join(str(s.heads) for s in steps)}), strategies {', '.join(config.budget_strategies)}, "
         f"{width} head count(s) per round")
     started = time.perf_counter()
-    tried: list[_Tried] = []
-    gain: list[float | None] = [None]
+    state = _Search(inputs=inputs, executor=executor, say=say)
     lo, hi, winner, number = -1, len(steps), None, 0
     while hi - lo > 1:
         picked = probes(lo, hi, width)
-        found = _round([steps[i] for i in picked], number, inputs, tried, gain, executor, say)
+        found = _round(state, [steps[i] for i in picked], number)
         number += 1
         if found is not None:
             at, best = found
@@ -196,7 +240,7 @@ def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: Validat
             lo = picked[-1]
     search_s = time.perf_counter() - started
     if winner is None:
-        record = _record(inputs, validation, steps, tried, search_s, 0.0)
+        record = _record(state, validation, steps, search_s, 0.0)
         raise AccuracyBudgetError(failure_message(record), budget=record)
     winner.chosen = True
     say(f"chosen: {winner.selection.num_kept} heads ({winner.strategy}, k={winner.k}); its recovery goes on to "
@@ -209,13 +253,11 @@ def search(steps: list[LadderStep], inputs: SearchInputs, *, validation: Validat
     winner.reason += (f"; chosen, then trained on to {recovery.epochs:g} epoch(s)"
                       + (" (early stopping)" if recovery.stopped_early else "")
                       + f": best {point.score:.4f} after {point.epoch:g} epoch(s)")
-    record = _record(inputs, validation, steps, tried, search_s, final_s)
+    record = _record(state, validation, steps, search_s, final_s)
     return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery, record=record)
 
 
-def _round(steps: list[LadderStep], number: int, inputs: SearchInputs, tried: list[_Tried],
-           gain: list[float | None], executor: CandidateExecutor,
-           say: Callable[[str], None]) -> tuple[int, _Tried] | None:
+def _round(state: _Search, steps: list[LadderStep], number: int) -> tuple[int, _Tried] | None:
     """One round: successive halving over the candidates of ``steps`` (fewest heads first), rung by rung.
 
     Every rung's pieces go to ``executor`` together and every decision is taken on the whole rung's
@@ -224,6 +266,7 @@ def _round(steps: list[LadderStep], number: int, inputs: SearchInputs, tried: li
     did wins it) or none is left; once a head count is won, the larger ones of the round stop. Returns
     the index in ``steps`` of the fewest heads won, with its winner, or None when none was.
     """
+    inputs, tried, gain, executor, say = state.inputs, state.tried, state.gain, state.executor, state.say
     config = inputs.config
     epochs = float(config.epochs)
     entries: dict[int, list[_Tried]] = {}
@@ -300,39 +343,40 @@ def _end(entries: list[_Tried], keep: _Tried | None, status: str, why: str, exec
         executor.release(entry.spec)
 
 
-def _record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep], tried: list[_Tried],
-            search_s: float, final_s: float) -> BudgetRecord:
+def _record(state: _Search, validation: ValidationData, steps: list[LadderStep], search_s: float,
+            final_s: float) -> BudgetRecord:
+    inputs, tried = state.inputs, state.tried
     candidates = tuple(_candidate_record(t) for t in tried if t.last is not None)
     chosen = next((t for t in tried if t.chosen), None)
     closest = chosen or min((t for t in tried if t.last is not None), key=lambda t: t.last.drop.drop if t.last
                             else math.inf, default=None)
     per_epoch = [t.last.seconds / t.last.epochs for t in tried if t.last is not None and t.last.epochs > 0]
-    return budget_record(
-        inputs, validation, steps, candidates, per_epoch=per_epoch, search_s=search_s, final_s=final_s,
+    return budget_record(inputs, validation, steps, SearchSummary(
+        candidates, per_epoch=per_epoch, search_s=search_s, final_s=final_s,
         chosen=None if chosen is None else chosen.selection.num_kept,
         chosen_strategy=None if chosen is None else chosen.strategy,
         strategy_margin=None if chosen is None else _margin(
             chosen, [t for t in tried if t.round == chosen.round and t.k == chosen.k]),
-        noise_half_width=None if closest is None or closest.last is None else closest.last.drop.half_width)
+        noise_half_width=None if closest is None or closest.last is None else closest.last.drop.half_width))
 
 
 def budget_record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep],
-                  candidates: tuple[BudgetCandidate, ...], *, per_epoch: list[float], search_s: float, final_s: float,
-                  chosen: int | None, chosen_strategy: str | None, strategy_margin: float | None,
-                  noise_half_width: float | None, skipped: tuple[SkippedCandidate, ...] = ()) -> BudgetRecord:
+                  summary: SearchSummary) -> BudgetRecord:
     """A search's :class:`BudgetRecord`: the settings, the ladder and the cost every search reports, with what it
-    chose (``per_epoch``: the candidates' seconds per recovery epoch, which price a single run)."""
-    config = inputs.config
+    chose."""
+    config, per_epoch, candidates = inputs.config, summary.per_epoch, summary.candidates
     single = statistics.median(per_epoch) * float(config.epochs) if per_epoch else None
+    spent = summary.search_s + summary.final_s
     return BudgetRecord(
         max_accuracy_drop=float(config.max_accuracy_drop or 0.0), metric=config.budget_metric, split=validation.split,
         carved=validation.carved, validation_rows=len(validation.validation),
         dense_validation=inputs.threshold + float(config.max_accuracy_drop or 0.0) / 100.0,
         threshold=inputs.threshold, strategies=tuple(config.budget_strategies), confidence=config.budget_confidence,
-        ladder=tuple(s.heads for s in steps), candidates=candidates, chosen=chosen, chosen_strategy=chosen_strategy,
-        strategy_margin=strategy_margin, noise_half_width=noise_half_width,
-        epochs_trained=sum(c.epochs for c in candidates), search_seconds=search_s, final_recovery_seconds=final_s,
-        cost_vs_single_run=None if not single else (search_s + final_s) / single, skipped=skipped)
+        ladder=tuple(s.heads for s in steps), candidates=candidates, chosen=summary.chosen,
+        chosen_strategy=summary.chosen_strategy, strategy_margin=summary.strategy_margin,
+        noise_half_width=summary.noise_half_width, epochs_trained=sum(c.epochs for c in candidates),
+        search_seconds=summary.search_s, final_recovery_seconds=summary.final_s,
+        cost_vs_single_run=None if not single else spent / single, skipped=summary.skipped)
 
 
 def _candidate_record(t: _Tried) -> BudgetCandidate:

@@ -52,7 +52,7 @@ from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import current_kept_heads
 from cahp_engine.recovery import TrainingResult, count_parameters
 from cahp_engine.results import BudgetCandidate, BudgetRecord, SkippedCandidate, ValidationPoint
-from cahp_engine.run._budget import budget_record, failure_message
+from cahp_engine.run._budget import SearchSummary, budget_record, failure_message
 from cahp_engine.run._candidates import SearchInputs
 from cahp_engine.run._holdout import ValidationData, ValidationScorer
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
@@ -199,10 +199,9 @@ def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: Train
         return tried[i].meets
 
     fastest_index(len(targets), passes)
-    passing = [i for i, t in tried.items() if t.meets]
-    found = max(passing) if passing else None
+    found = _fastest_passing(tried)
     search_s = time.perf_counter() - started
-    record = _record(inputs, validation, targets, tried, found, search_s)
+    record = _record(inputs, validation, targets, tried, search_s)
     record = dataclasses.replace(record, skipped=tuple(
         SkippedCandidate(strategy=config.strategy, k=0, heads_kept=0, reason=why) for why in unreachable.values()))
     if found is None:
@@ -220,9 +219,14 @@ def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: Train
         record=record)
 
 
+def _fastest_passing(tried: dict[int, _TargetTried]) -> int | None:
+    """The index of the fastest target tried that met the budget (None: none did)."""
+    return max((i for i, t in tried.items() if t.meets), default=None)
+
+
 def _record(inputs: SearchInputs, validation: ValidationData, targets: list[float], tried: dict[int, _TargetTried],
-            found: int | None, search_s: float) -> BudgetRecord:
-    config = inputs.config
+            search_s: float) -> BudgetRecord:
+    config, found = inputs.config, _fastest_passing(tried)
     candidates = []
     for i, t in sorted(tried.items(), key=lambda item: item[1].order):
         measured = t.result.measured_speedup
@@ -238,10 +242,11 @@ def _record(inputs: SearchInputs, validation: ValidationData, targets: list[floa
             reconstructed=t.point, target_speedup=t.target, measured_speedup=measured, neurons_kept=t.neurons))
     chosen = tried.get(found) if found is not None else None
     closest = chosen or max(tried.values(), key=lambda t: t.point.score, default=None)
-    record = budget_record(
-        inputs, validation, [], tuple(candidates), per_epoch=[], search_s=search_s, final_s=0.0,
+    record = budget_record(inputs, validation, [], SearchSummary(
+        tuple(candidates), per_epoch=[], search_s=search_s, final_s=0.0,
         chosen=None if chosen is None else chosen.heads, chosen_strategy=None if chosen is None else config.strategy,
-        strategy_margin=None, noise_half_width=None if closest is None else inputs.drop(closest.predictions).half_width)
+        strategy_margin=None,
+        noise_half_width=None if closest is None else inputs.drop(closest.predictions).half_width))
     return dataclasses.replace(record, objective="speed", targets=tuple(targets),
                                chosen_target=None if chosen is None else chosen.target)
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.recovery import finetune
 from cahp_engine.results import BudgetCandidate, BudgetRecord
-from cahp_engine.run._budget import BudgetOutcome, LadderStep, budget_record, failure_message
+from cahp_engine.run._budget import BudgetOutcome, LadderStep, SearchSummary, budget_record, failure_message
 from cahp_engine.run._candidates import CandidateSpec, SearchInputs
 from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candidate
 from cahp_engine.run._holdout import ValidationData
@@ -212,9 +212,9 @@ def _record(inputs: SearchInputs, validation: ValidationData, steps: list[Ladder
     chosen = next((j for j in judged if j.chosen), None)
     closest = chosen or max(judged, key=Judged.rank, default=None)
     per_epoch = [j.last.seconds / j.last.epochs for j in judged if j.last is not None and j.last.epochs > 0]
-    return budget_record(
-        inputs, validation, steps, candidates, per_epoch=per_epoch, search_s=search_s, final_s=final_s,
+    return budget_record(inputs, validation, steps, SearchSummary(
+        candidates, per_epoch=per_epoch, search_s=search_s, final_s=final_s,
         chosen=None if chosen is None else chosen.selection.num_kept,
         chosen_strategy=None if chosen is None else chosen.strategy, strategy_margin=None,
         noise_half_width=None if closest is None else inputs.drop(closest.predictions).half_width,
-        skipped=lazy.skipped(chosen_step))
+        skipped=lazy.skipped(chosen_step)))

@@ -141,17 +141,19 @@ def assess_quality(
                 f"the text reaches {chance:.3f} (flagged below {below:.3f})"
                 + ("; fine-tune it first with `dense_finetune=always`" if key == "dense" else ""))))
     if pruned is not None:
-        flags += _drops(dense, pruned, int8, allowed=allowed, max_accuracy_drop=max_accuracy_drop, metric=metric)
+        flags += _drops(dense, pruned, int8, max_accuracy_drop=max_accuracy_drop, metric=metric)
     return QualityRecord(chance_macro_f1=chance, near_chance_below=below, max_accuracy_drop=allowed, drop_rule=rule,
                          max_int8_drop=MAX_INT8_DROP, flags=tuple(flags), drop_metric=metric)
 
 
 def _drops(dense: ClassificationMetrics, pruned: ClassificationMetrics, int8: ClassificationMetrics | None, *,
-           allowed: float, max_accuracy_drop: float | None, metric: str) -> list[QualityFlag]:
-    """The pruned model's drop from the dense one beyond ``allowed``, and the int8 graph's from the pruned one.
+           max_accuracy_drop: float | None, metric: str) -> list[QualityFlag]:
+    """The pruned model's drop from the dense one beyond the budget (else the threshold), and the int8 graph's from
+    the pruned one.
 
     With a macro-F1 budget (``metric``), macro-F1 is held to the budget and accuracy to the threshold.
     """
+    allowed = MAX_ACCURACY_DROP if max_accuracy_drop is None else max_accuracy_drop / 100
     flags: list[QualityFlag] = []
     if metric == "macro_f1":
         f1_drop = dense.macro_f1 - pruned.macro_f1

@@ -21,6 +21,7 @@ from cahp_engine.errors import PipelineError
 from cahp_engine.models import current_kept_heads, get_adapter, load_pruned, neurons_per_layer, save_pruned
 from cahp_engine.results import BudgetRecord
 from cahp_engine.run._plots import (
+    HeadMap,
     plot_budget,
     plot_head_map,
     plot_layer_retention,
@@ -28,6 +29,7 @@ from cahp_engine.run._plots import (
     plot_mss_curve,
 )
 from cahp_engine.run._report import CheckpointRecord
+from cahp_engine.run._steps import Inputs, RunContext
 from cahp_engine.selection import SelectionResult
 
 #: Files written next to ``model/``.
@@ -43,23 +45,16 @@ ARTIFACT_FILES: tuple[str, ...] = (
 LAYER_UNITS = "layer_units.png"
 
 
-def write_artifacts(
-    work: Path,
-    *,
-    pruned: nn.Module,
-    tokenizer: Any,
-    result: SelectionResult,
-    config: PruningConfig,
-    evaluation: EncodedDataset,
-    device: torch.device,
-) -> CheckpointRecord:
-    """Save the pruned checkpoint under ``work/model`` and check it reloads; write the curve and the head map.
+def write_artifacts(run: RunContext, *, work: Path, pruned: nn.Module, inputs: Inputs,
+                    result: SelectionResult) -> CheckpointRecord:
+    """Save the pruned checkpoint (with ``inputs``' tokenizer) under ``work/model`` and check it reloads on the
+    evaluation split; write the curve and the head map.
 
     ``report.json`` is written last, by the caller, once the run's wall time is known.
     """
-    save_pruned(pruned, tokenizer, work / "model")
-    diff = verify_checkpoint(pruned, work / "model", evaluation, device)
-    write_curve(work, result, config)
+    save_pruned(pruned, inputs.loaded.tokenizer, work / "model")
+    diff = verify_checkpoint(pruned, work / "model", inputs.evaluation, run.device)
+    write_curve(work, result, run.config)
     write_head_map(work, result)
     adapter, neurons = get_adapter(pruned), neurons_per_layer(pruned)
     if any(n != adapter.num_neurons(pruned.config) for n in neurons):
@@ -133,28 +128,18 @@ def write_head_map(work: Path, result: SelectionResult) -> None:
         f"kept in {stability.shards} leave-one-shard-out runs\n(mean Jaccard {stability.mean_jaccard:.2f})")
     consensus_title = None if consensus is None else (
         f"{consensus.method}: kept by CAHP in {consensus.runs} runs\n(mean Jaccard {consensus.mean_jaccard:.2f})")
-    plot_head_map(sel.kept_mask, analysis.salience, cluster, work / "head_map.png",
-                  representatives=sel.representatives, layer_safety_added=sel.layer_safety_added,
-                  kept_frequency=None if stability is None else np.asarray(stability.kept_frequency),
-                  stability_title=title,
-                  consensus_frequency=None if consensus is None else np.asarray(consensus.kept_frequency),
-                  consensus_title=consensus_title)
+    plot_head_map(HeadMap(sel.kept_mask, analysis.salience, cluster, representatives=sel.representatives,
+                          layer_safety_added=sel.layer_safety_added,
+                          kept_frequency=None if stability is None else np.asarray(stability.kept_frequency),
+                          stability_title=title,
+                          consensus_frequency=None if consensus is None else np.asarray(consensus.kept_frequency),
+                          consensus_title=consensus_title), work / "head_map.png")
     plot_layer_retention(sel.kept_mask, work / "layer_retention.png")
 
 
 def write_budget_plot(work: Path, budget: BudgetRecord, total_heads: int) -> None:
     """``budget.png``: every candidate the accuracy budget tried, against its threshold."""
-    metric = budget.metric
-    cands = budget.candidates
-    best = [c.accuracy_best if metric == "accuracy" else c.macro_f1_best for c in cands]
-    # The drop's interval (points) turned into one of the score: score = dense - drop / 100.
-    interval = [(budget.dense_validation - c.drop.high / 100.0, budget.dense_validation - c.drop.low / 100.0)
-                for c in cands]
-    plot_budget([c.heads_kept for c in cands], [c.strategy for c in cands],
-                [c.accuracy_before if metric == "accuracy" else c.macro_f1_before for c in cands], best, interval,
-                threshold=budget.threshold, dense=budget.dense_validation, metric=metric,
-                chosen=next((i for i, c in enumerate(cands) if c.chosen), None), total_heads=total_heads,
-                path=work / "budget.png")
+    plot_budget(budget, total_heads=total_heads, path=work / "budget.png")
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:

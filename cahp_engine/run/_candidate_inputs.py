@@ -83,5 +83,5 @@ def candidate_inputs(request: RunRequest, hooks: RunHooks) -> SearchInputs:
     assert inputs.validation is not None  # a budget always has a validation split (steps.load)
     dense_validation, predictions = steps.evaluate_validation(run, model=model, validation=inputs.validation)
     teacher = steps.teacher(run, model=model, train=inputs.train)
-    return steps.search_inputs(run, inputs=inputs, model=model, teacher=teacher, dense_validation=dense_validation,
+    return steps.search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=dense_validation,
                                dense_predictions=predictions)

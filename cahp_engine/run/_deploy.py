@@ -33,7 +33,7 @@ from cahp_engine.export import (
     write_model_card,
 )
 from cahp_engine.recovery import SpeedComparison, SpeedRow
-from cahp_engine.run._steps import RunContext
+from cahp_engine.run._steps import Inputs, RunContext
 
 #: Directories written next to ``model/`` (when the run asks for them).
 ONNX_DIR, INT8_DIR = "onnx", "onnx-int8"
@@ -54,20 +54,13 @@ def latency_seq_len(evaluation: EncodedDataset) -> int:
     return int(min(64, max(8, np.percentile(evaluation.lengths, 95))))
 
 
-def export_for_deployment(
-    run: RunContext,
-    *,
-    work: Path,
-    dense: nn.Module,
-    pruned: nn.Module,
-    tokenizer: Any,
-    evaluation: EncodedDataset,
-    seq_len: int,
-) -> ExportRecord:
+def export_for_deployment(run: RunContext, *, work: Path, dense: nn.Module, pruned: nn.Module,
+                          inputs: Inputs) -> ExportRecord:
     """Write ``onnx/`` (and ``onnx-int8/``) under ``work``, score them, and time every model once.
 
-    Parity is checked on up to 64 evaluation rows, each padded right and left. The timing uses the
-    protocol of :func:`~cahp_engine.export.compare_runtimes` at ``seq_len``, batch sizes 1 and 32, on
+    The graphs take ``inputs``' tokenizer and are scored on its evaluation split. Parity is checked on
+    up to 64 evaluation rows, each padded right and left. The timing uses the protocol of
+    :func:`~cahp_engine.export.compare_runtimes` at :func:`latency_seq_len`, batch sizes 1 and 32, on
     the CPU with torch's thread count; the dense model is exported to a temporary directory for it.
     With ``export="none"`` nothing is written and only the two PyTorch models are timed.
 
@@ -76,7 +69,8 @@ def export_for_deployment(
     ExportParityError
         When the pruned graph's logits differ from PyTorch's by more than 1e-4.
     """
-    config = run.config
+    config, tokenizer, evaluation = run.config, inputs.loaded.tokenizer, inputs.evaluation
+    seq_len = latency_seq_len(evaluation)
 
     def timed(graphs: dict[str, Path]) -> RuntimeSpeed:
         return compare_runtimes(graphs, torch_models={TORCH_DENSE: dense, TORCH_PRUNED: pruned}, baseline=TORCH_DENSE,

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from cahp_engine.data import DEFAULT_MAX_ROWS, DatasetOptions, DatasetSplits, EncodedDataset, LabelledTexts, load_splits
+from cahp_engine.data import DatasetSplits, EncodedDataset, LabelledTexts, load_splits
 from cahp_engine.errors import DatasetError
 from cahp_engine.recovery import ClassificationMetrics, classification_metrics, predict
 from cahp_engine.results import ValidationPoint
+from cahp_engine.run._request import RunRequest
 
 __all__ = ["CARVE_FRACTION", "VALIDATION_SPLITS", "ValidationData", "ValidationScorer", "carve", "score_of",
            "validation_data"]
@@ -83,18 +84,20 @@ def carve(train: LabelledTexts, seed: int, fraction: float = CARVE_FRACTION) -> 
     return train.subset(rest), train.subset(out)
 
 
-def validation_data(splits: DatasetSplits, dataset_ref: str, options: DatasetOptions, *, seed: int,
-                    revision: str | None = None, cache_dir: str | None = None,
-                    token: str | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> ValidationData:
-    """The run's validation split: the dataset's own when it has one, else carved from train.
+def validation_data(splits: DatasetSplits, request: RunRequest, *, seed: int) -> ValidationData:
+    """The run's validation split: the dataset's own when it has one, else carved from train (by ``seed``).
 
-    A split of :data:`VALIDATION_SPLITS` qualifies when it is neither the training nor the
-    evaluation split; its labels are mapped as the training split maps them.
+    ``splits`` are the dataset ``request`` names, read as the run reads it (its options, token, cache
+    and row limit, at the dataset's default revision). A split of :data:`VALIDATION_SPLITS` qualifies
+    when it is neither the training nor the evaluation split; its labels are mapped as the training
+    split maps them.
     """
+    options = request.dataset_options
     for name in VALIDATION_SPLITS:
         if name in splits.splits_found and name not in (options.train_split, splits.eval_split):
-            read = load_splits(dataset_ref, dataclasses.replace(options, eval_split=name), revision=revision,
-                               cache_dir=cache_dir, token=token, max_rows=max_rows)
+            read = load_splits(request.dataset_ref, dataclasses.replace(options, eval_split=name), revision=None,
+                               cache_dir=request.cache_dir, token=request.hub_token,
+                               max_rows=request.max_dataset_rows)
             if read.label_names != splits.label_names:
                 raise DatasetError(f"split {name!r} maps the labels as {list(read.label_names)} but the training split "
                                    f"as {list(splits.label_names)}; give both splits the same classes")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from matplotlib import colormaps
@@ -26,6 +27,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from cahp_engine.errors import InvalidInputError
+from cahp_engine.results import BudgetRecord
 
 Head = tuple[int, int]
 
@@ -117,19 +119,39 @@ def plot_mss_curve(
 # --- the head map -------------------------------------------------------------------------------------
 
 
-def plot_head_map(
-    kept: np.ndarray,
-    salience: np.ndarray,
-    cluster: np.ndarray,
-    path: str | os.PathLike[str],
-    *,
-    representatives: Iterable[Head] = (),
-    layer_safety_added: Iterable[Head] = (),
-    kept_frequency: np.ndarray | None = None,
-    stability_title: str | None = None,
-    consensus_frequency: np.ndarray | None = None,
-    consensus_title: str | None = None,
-) -> None:
+@dataclass(frozen=True)
+class HeadMap:
+    """What :func:`plot_head_map` draws over the layer x head grid.
+
+    Attributes
+    ----------
+    kept : ndarray of shape (L, H), bool
+    salience : ndarray of shape (L, H)
+    cluster : ndarray of shape (L, H) or (L * H,), int
+        Cluster id of each head; a flat array is read row-major (head ``n = l * H + h``).
+    representatives, layer_safety_added : iterables of (layer, head)
+    kept_frequency : ndarray of shape (L, H), optional
+        Share (0..1) of the leave-one-shard-out selections that kept each head.
+    stability_title : str, optional
+        Title of that panel (default: "kept when a shard is left out").
+    consensus_frequency : ndarray of shape (L, H), optional
+        Share (0..1) of the K + 1 single-run choices a consensus strategy combined that kept each head.
+    consensus_title : str, optional
+        Title of that panel (default: "kept by the runs of the consensus").
+    """
+
+    kept: np.ndarray
+    salience: np.ndarray
+    cluster: np.ndarray
+    representatives: Iterable[Head] = ()
+    layer_safety_added: Iterable[Head] = ()
+    kept_frequency: np.ndarray | None = None
+    stability_title: str | None = None
+    consensus_frequency: np.ndarray | None = None
+    consensus_title: str | None = None
+
+
+def plot_head_map(head_map: HeadMap, path: str | os.PathLike[str]) -> None:
     """Three panels over the layer x head grid: kept or pruned, salience, and cluster id; then, when
     given, how often each head was kept when one shard of the samples was left out, and how often
     CAHP's choices on the K + 1 analyses a consensus combined kept it.
@@ -140,41 +162,31 @@ def plot_head_map(
 
     Parameters
     ----------
-    kept : ndarray of shape (L, H), bool
-    salience : ndarray of shape (L, H)
-    cluster : ndarray of shape (L, H) or (L * H,), int
-        Cluster id of each head; a flat array is read row-major (head ``n = l * H + h``).
+    head_map : HeadMap
+        The grid's heads and what to show of them.
     path : str or path
         PNG file to write; its folder must exist.
-    representatives, layer_safety_added : iterables of (layer, head)
-    kept_frequency : ndarray of shape (L, H), optional
-        Share (0..1) of the leave-one-shard-out selections that kept each head.
-    stability_title : str, optional
-        Title of that panel (default: "kept when a shard is left out").
-    consensus_frequency : ndarray of shape (L, H), optional
-        Share (0..1) of the K + 1 single-run choices a consensus strategy combined that kept each head.
-    consensus_title : str, optional
-        Title of that panel (default: "kept by the runs of the consensus").
 
     References
     ----------
     Paper Section III-D (representatives and layer safety).
     """
-    mask = _kept_grid(kept)
+    mask = _kept_grid(head_map.kept)
     shape = mask.shape
-    heat = np.asarray(salience, dtype=np.float64)
-    ids = np.asarray(cluster)
+    heat = np.asarray(head_map.salience, dtype=np.float64)
+    ids = np.asarray(head_map.cluster)
     if heat.shape != shape:
         raise InvalidInputError(f"`salience` must have the shape of `kept` {shape}, got {heat.shape}")
     if ids.size != mask.size or ids.ndim not in (1, 2) or (ids.ndim == 2 and ids.shape != shape):
         raise InvalidInputError(f"`cluster` must have shape {shape} or ({mask.size},), got {ids.shape}")
     ids = ids.reshape(shape)
-    reps = _heads(representatives, shape, "representatives")
-    safety = _heads(layer_safety_added, shape, "layer_safety_added")
+    reps = _heads(head_map.representatives, shape, "representatives")
+    safety = _heads(head_map.layer_safety_added, shape, "layer_safety_added")
     shares = []
-    for name, given, title in (("kept_frequency", kept_frequency, stability_title or "kept when a shard is left out"),
-                               ("consensus_frequency", consensus_frequency,
-                                consensus_title or "kept by the runs of the consensus")):
+    for name, given, title in (("kept_frequency", head_map.kept_frequency,
+                                head_map.stability_title or "kept when a shard is left out"),
+                               ("consensus_frequency", head_map.consensus_frequency,
+                                head_map.consensus_title or "kept by the runs of the consensus")):
         if given is None:
             continue
         frequency = np.asarray(given, dtype=np.float64)
@@ -362,42 +374,33 @@ def plot_layer_units(heads: Sequence[int], neurons: Sequence[int], *, heads_tota
     _save(fig, path)
 
 
-def plot_budget(
-    heads_kept: Sequence[int],
-    strategies: Sequence[str],
-    before: Sequence[float],
-    best: Sequence[float],
-    interval: Sequence[tuple[float, float]],
-    *,
-    threshold: float,
-    dense: float,
-    metric: str,
-    chosen: int | None,
-    total_heads: int,
-    path: str | os.PathLike[str],
-) -> None:
+def plot_budget(budget: BudgetRecord, *, total_heads: int, path: str | os.PathLike[str]) -> None:
     """The accuracy budget's candidates: best validation score against heads kept, one marker per strategy.
+
+    Per candidate, in the order tried: its heads kept, the validation score (0-1) before recovery and
+    at its best evaluation, with the 95 % interval of that best score drawn as an error bar; the
+    budget's threshold and the dense model's score as lines; the chosen candidate (if any) as a star.
 
     Parameters
     ----------
-    heads_kept, strategies, before, best, interval : sequences of the same length C
-        Per candidate, in the order tried: heads kept, the strategy that chose them, the validation
-        score (0-1) before recovery and at its best evaluation, and the 95 % interval of that best
-        score (low, high), drawn as an error bar.
-    threshold, dense : float
-        The score a candidate had to reach, and the dense model's.
-    metric : str
-        ``accuracy`` or ``macro_f1``, for the axis label.
-    chosen : int or None
-        Index of the chosen candidate; None when no candidate met the budget.
+    budget : BudgetRecord
+        With at least one candidate.
     total_heads : int
     path : str or path
         PNG file to write; its folder must exist.
     """
-    n = len(heads_kept)
-    if not n or not (len(strategies) == len(before) == len(best) == len(interval) == n):
-        raise InvalidInputError("the budget plot needs one heads_kept, strategy, before, best and interval per "
-                                "candidate")
+    metric, cands = budget.metric, budget.candidates
+    if not cands:
+        raise InvalidInputError("the budget plot needs at least one candidate")
+    threshold, dense = budget.threshold, budget.dense_validation
+    heads_kept = [c.heads_kept for c in cands]
+    strategies = [c.strategy for c in cands]
+    before = [c.accuracy_before if metric == "accuracy" else c.macro_f1_before for c in cands]
+    best = [c.accuracy_best if metric == "accuracy" else c.macro_f1_best for c in cands]
+    # The drop's interval (points) turned into one of the score: score = dense - drop / 100.
+    interval = [(dense - c.drop.high / 100.0, dense - c.drop.low / 100.0) for c in cands]
+    chosen = next((i for i, c in enumerate(cands) if c.chosen), None)
+    n = len(cands)
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     x = np.asarray(heads_kept, dtype=float)

@@ -33,7 +33,6 @@ from cahp_engine.run._deploy import (
     ONNX_PRUNED,
     TORCH_PRUNED,
     export_for_deployment,
-    latency_seq_len,
     torch_speed,
     write_cards,
 )
@@ -202,11 +201,9 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
     warnings.extend(steps.recall_warnings(dense_metrics, after, tuple(inputs.splits.label_names)))
     if done.budget is not None:
         warnings.extend(budget_warnings(done.budget))
-    export = export_for_deployment(run, work=work, dense=model, pruned=pruned, tokenizer=loaded.tokenizer,
-                                   evaluation=inputs.evaluation, seq_len=latency_seq_len(inputs.evaluation))
+    export = export_for_deployment(run, work=work, dense=model, pruned=pruned, inputs=inputs)
     with run.monitor.stage("artifacts"):
-        checkpoint = write_artifacts(work, pruned=pruned, tokenizer=loaded.tokenizer, result=result, config=config,
-                                     evaluation=inputs.evaluation, device=run.device)
+        checkpoint = write_artifacts(run, work=work, pruned=pruned, inputs=inputs, result=result)
         if done.budget is not None:
             write_budget_plot(work, done.budget, int(result.selection.kept_mask.size))
 
@@ -261,9 +258,8 @@ def _fastest_within_budget(run: steps.RunContext, *, inputs: steps.Inputs, resul
 
     Raises :class:`AccuracyBudgetError` when no target is within the budget.
     """
-    model = inputs.loaded.model
     assert inputs.held_out is not None
-    shared = steps.search_inputs(run, inputs=inputs, model=model, teacher=teacher, dense_validation=held[0].dense,
+    shared = steps.search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=held[0].dense,
                                  dense_predictions=held[1])
     with run.monitor.stage("budget"):
         return fastest_search(shared, result=result, rows=inputs.rows, validation=inputs.held_out, say=run.say,

@@ -59,6 +59,7 @@ from cahp_engine.run._reconstruct import (
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
 from cahp_engine.run._scoring import ScoreBook
+from cahp_engine.run._stage_training import StageTraining
 from cahp_engine.run._target_check import check_target_reachable
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
@@ -145,8 +146,7 @@ def load(run: RunContext, request: RunRequest) -> Inputs:
         held_out = validation = None
         train = splits.train
         if watches_validation(config):
-            held_out = validation_data(splits, dataset_ref, options, seed=config.seed, cache_dir=cache_dir,
-                                       token=hub_token, max_rows=max_rows)
+            held_out = validation_data(splits, request, seed=config.seed)
             train = held_out.train
             validation = encode(loaded.tokenizer, held_out.validation, max_length=config.max_length)
             why = "accuracy budget" if config.max_accuracy_drop is not None else "early stopping"
@@ -205,8 +205,8 @@ def dense_finetune(
     if ran:
         with run.monitor.stage("dense_finetune"):
             run.say(f"dense fine-tuning ({reason}): {config.dense_epochs} epochs at lr {config.dense_lr}")
-            training = train_model(run, model=model, train=inputs.train, epochs=config.dense_epochs,
-                                   lr=config.dense_lr, stage="dense_finetune")
+            training = train_model(run, model=model, train=inputs.train,
+                                   plan=StageTraining("dense_finetune", config.dense_epochs, config.dense_lr))
     return DenseFinetuneRecord(mode=config.dense_finetune, ran=ran, reason=reason, training=training)
 
 
@@ -288,7 +288,7 @@ def teacher(run: RunContext, *, model: nn.Module, train: EncodedDataset) -> Teac
 
 
 def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher: TeacherLogits | None = None,
-            validate: Validator | None = None, stage: str = "recovery") -> TrainingResult:
+            validate: Validator | None = None) -> TrainingResult:
     """Recovery fine-tuning of the pruned model, in place, for ``config.epochs`` (none under ``recovery`` reconstruct).
 
     With ``teacher`` the loss is the distillation loss (``distill_alpha``, ``distill_temperature``);
@@ -296,7 +296,7 @@ def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher
     the validation split) it evaluates before training and at every evaluation step, keeps the best
     weights, stops after ``early_stopping_patience`` evaluations without gain and ends with the best.
     """
-    config = run.config
+    config, stage = run.config, "recovery"
     with run.monitor.stage(stage):
         how = (f"distillation (alpha {config.distill_alpha:g}, T {config.distill_temperature:g})"
                if teacher is not None else "cross-entropy")
@@ -307,8 +307,8 @@ def recover(run: RunContext, *, model: nn.Module, train: EncodedDataset, teacher
         epochs = config.epochs if finetunes(config) else 0.0
         run.say(f"recovery fine-tuning: {config.epochs:g} epochs at lr {config.lr}, {how}{watch}" if epochs else
                 "recovery fine-tuning: none (recovery reconstruct: the reconstructed weights are the result)")
-        training = train_model(run, model=model, train=train, epochs=epochs, lr=config.lr, stage=stage,
-                               teacher=teacher, class_weights=class_weights(config, train), validate=validate)
+        training = train_model(run, model=model, train=train, plan=StageTraining(
+            stage, epochs, config.lr, teacher=teacher, class_weights=class_weights(config, train), validate=validate))
     best = next((p for p in training.validation if p.step == training.best_step), None)
     if best is not None:
         run.say(f"recovery kept the weights after {best.epoch:g} epoch(s): validation {config.budget_metric} "
@@ -336,18 +336,15 @@ def evaluate_recovered(run: RunContext, *, pruned: nn.Module, evaluation: Encode
     return metrics
 
 
-def train_model(
-    run: RunContext, *, model: nn.Module, train: EncodedDataset, epochs: float, lr: float, stage: str,
-    teacher: TeacherLogits | None = None, class_weights: np.ndarray | None = None, validate: Validator | None = None,
-) -> TrainingResult:
-    """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs and rate."""
-    config = run.config
+def train_model(run: RunContext, *, model: nn.Module, train: EncodedDataset, plan: StageTraining) -> TrainingResult:
+    """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs, rate, loss and watch."""
+    config, stage, validate = run.config, plan.stage, plan.validate
     return finetune(
-        model, train, epochs=epochs, lr=lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
+        model, train, epochs=plan.epochs, lr=plan.lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
         weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, device=run.device,
         progress=lambda step, total: run.overall(stage, step / max(total, 1)), should_cancel=run.should_cancel,
-        teacher=teacher, alpha=config.distill_alpha, temperature=config.distill_temperature,
-        class_weights=class_weights, validate=validate,
+        teacher=plan.teacher, alpha=config.distill_alpha, temperature=config.distill_temperature,
+        class_weights=plan.class_weights, validate=validate,
         early_stopping_patience=config.early_stopping_patience if validate is not None else 0,
         eval_steps=config.eval_steps,
         resume=run.training.resume(stage) if run.training is not None else None,
@@ -405,7 +402,7 @@ def budget_search(
         run.overall("budget", min(0.99, share + (0.99 - share) * done[0] / expected))
 
     shared = dataclasses.replace(
-        search_inputs(run, inputs=inputs, model=model, teacher=teacher, dense_validation=dense_validation,
+        search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=dense_validation,
                       dense_predictions=dense_predictions),
         progress=lambda _step, _total: taken(1), steps_done=taken)
     with run.monitor.stage("budget"):
@@ -415,13 +412,14 @@ def budget_search(
         return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
 
 
-def search_inputs(run: RunContext, *, inputs: Inputs, model: nn.Module, teacher: TeacherLogits | None,
+def search_inputs(run: RunContext, *, inputs: Inputs, teacher: TeacherLogits | None,
                   dense_validation: ClassificationMetrics, dense_predictions: np.ndarray) -> SearchInputs:
-    """What every candidate of the budget's search shares (the same wherever a candidate runs)."""
+    """What every candidate of the budget's search shares (the same wherever a candidate runs); the dense model is
+    ``inputs.loaded.model`` (dense fine-tuning, when it ran, trained it in place)."""
     config = run.config
     assert inputs.validation is not None and config.max_accuracy_drop is not None
     return SearchInputs(
-        dense=model, train=inputs.train, validation=inputs.validation, dense_validation=dense_validation,
+        dense=inputs.loaded.model, train=inputs.train, validation=inputs.validation, dense_validation=dense_validation,
         dense_predictions=dense_predictions, teacher=teacher, class_weights=class_weights(config, inputs.train),
         config=config, device=run.device,
         threshold=score_of(dense_validation, config.budget_metric) - config.max_accuracy_drop / 100.0,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cahp_engine.errors import InvalidInputError
-from cahp_engine.run import plot_head_map, plot_layer_retention, plot_mss_curve
+from cahp_engine.run import HeadMap, plot_head_map, plot_layer_retention, plot_mss_curve
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 110
@@ -83,7 +83,7 @@ def test_head_map_writes_a_png(tmp_path: Path) -> None:
     kept[0, 3] = True
     reps = [tuple(map(int, h)) for h in np.argwhere(kept)][1:]
     path = tmp_path / "map.png"
-    plot_head_map(kept, salience, cluster, path, representatives=reps, layer_safety_added=[(0, 3)])
+    plot_head_map(HeadMap(kept, salience, cluster, representatives=reps, layer_safety_added=[(0, 3)]), path)
     image = read_png(path)
     assert_size(image, 3 * 12 * 0.34 + 2.6, 12 * 0.34 + 1.9)
     assert kept_pixels(image) > 0
@@ -93,44 +93,45 @@ def test_head_map_adds_a_stability_panel(tmp_path: Path) -> None:
     kept, salience, cluster = head_grid(6, 12)
     frequency = np.linspace(0, 1, 72).reshape(6, 12)
     path = tmp_path / "map.png"
-    plot_head_map(kept, salience, cluster, path, kept_frequency=frequency, stability_title="kept in 5 runs")
+    plot_head_map(HeadMap(kept, salience, cluster, kept_frequency=frequency, stability_title="kept in 5 runs"), path)
     assert_size(read_png(path), 4 * 12 * 0.34 + 3.8, 6 * 0.34 + 1.9)
     with pytest.raises(InvalidInputError, match="`kept_frequency` must have the shape"):
-        plot_head_map(kept, salience, cluster, path, kept_frequency=np.zeros((2, 2)))
+        plot_head_map(HeadMap(kept, salience, cluster, kept_frequency=np.zeros((2, 2))), path)
 
 
 def test_head_map_adds_a_consensus_panel_after_the_stability_one(tmp_path: Path) -> None:
     kept, salience, cluster = head_grid(6, 12)
     frequency = np.linspace(0, 1, 72).reshape(6, 12)
     path = tmp_path / "map.png"
-    plot_head_map(kept, salience, cluster, path, kept_frequency=frequency, consensus_frequency=frequency[::-1],
-                  consensus_title="coassociation: kept by CAHP in 6 runs")
+    plot_head_map(HeadMap(kept, salience, cluster, kept_frequency=frequency, consensus_frequency=frequency[::-1],
+                          consensus_title="coassociation: kept by CAHP in 6 runs"), path)
     assert_size(read_png(path), 5 * 12 * 0.34 + 5.0, 6 * 0.34 + 1.9)
-    plot_head_map(kept, salience, cluster, path, consensus_frequency=frequency)
+    plot_head_map(HeadMap(kept, salience, cluster, consensus_frequency=frequency), path)
     assert_size(read_png(path), 4 * 12 * 0.34 + 3.8, 6 * 0.34 + 1.9)
     with pytest.raises(InvalidInputError, match="`consensus_frequency` must have the shape"):
-        plot_head_map(kept, salience, cluster, path, consensus_frequency=np.zeros((2, 2)))
+        plot_head_map(HeadMap(kept, salience, cluster, consensus_frequency=np.zeros((2, 2))), path)
 
 
 def test_head_map_shows_how_many_heads_are_kept(tmp_path: Path) -> None:
     _, salience, cluster = head_grid(6, 6)
     few = np.zeros((6, 6), dtype=bool)
     few[2, 2] = True
-    plot_head_map(few, salience, cluster, tmp_path / "few.png")
-    plot_head_map(np.ones((6, 6), dtype=bool), salience, cluster, tmp_path / "all.png")
+    plot_head_map(HeadMap(few, salience, cluster), tmp_path / "few.png")
+    plot_head_map(HeadMap(np.ones((6, 6), dtype=bool), salience, cluster), tmp_path / "all.png")
     assert kept_pixels(read_png(tmp_path / "all.png")) > 10 * kept_pixels(read_png(tmp_path / "few.png"))
 
 
 def test_head_map_single_layer_and_flat_cluster_ids(tmp_path: Path) -> None:
     path = tmp_path / "one.png"
-    plot_head_map(np.ones((1, 4), dtype=int), np.full((1, 4), 0.5), np.arange(4), path, representatives=[(0, 1)])
+    plot_head_map(HeadMap(np.ones((1, 4), dtype=int), np.full((1, 4), 0.5), np.arange(4), representatives=[(0, 1)]),
+                  path)
     read_png(path)
 
 
 def test_head_map_of_a_grid_too_large_for_cell_labels(tmp_path: Path) -> None:
     kept, salience, cluster = head_grid(24, 20)
     path = tmp_path / "large.png"
-    plot_head_map(kept, salience, cluster.ravel(), path)
+    plot_head_map(HeadMap(kept, salience, cluster.ravel()), path)
     assert_size(read_png(path), 3 * 20 * 0.34 + 2.6, 24 * 0.34 + 1.9)
 
 
@@ -149,7 +150,7 @@ def test_head_map_rejects_bad_input(tmp_path: Path, change: dict[str, object], m
     kept, salience, cluster = head_grid(3, 4)
     args: dict[str, object] = {"kept": kept, "salience": salience, "cluster": cluster, **change}
     with pytest.raises(InvalidInputError, match=message):
-        plot_head_map(path=tmp_path / "x.png", **args)  # type: ignore[arg-type]
+        plot_head_map(HeadMap(**args), tmp_path / "x.png")  # type: ignore[arg-type]
 
 
 # --- retention per layer ------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_plotting_leaves_the_global_backend_and_pyplot_alone(tmp_path: Path) -> 
         from cahp_engine.run import _plots as plots
         kept = np.eye(3, dtype=bool)
         plots.plot_mss_curve([2, 3, 4], [0.1, 0.5, 0.6], {{2: 3, 3: None}}, 3, r"{tmp_path}/m.png")
-        plots.plot_head_map(kept, np.ones((3, 3)), np.arange(9), r"{tmp_path}/h.png")
+        plots.plot_head_map(plots.HeadMap(kept, np.ones((3, 3)), np.arange(9)), r"{tmp_path}/h.png")
         plots.plot_layer_retention(kept, r"{tmp_path}/r.png")
         assert matplotlib.get_backend() == "svg", matplotlib.get_backend()
         assert "matplotlib.pyplot" not in sys.modules

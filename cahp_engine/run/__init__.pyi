@@ -19,7 +19,7 @@ from ._executors import CANDIDATE_FILES, CandidateExecutor, InTurn, load_candida
 from ._holdout import carve
 from ._hooks import RunHooks
 from ._identity import Identity, Recipe, RunIdentity
-from ._plots import HeadMap, plot_head_map, plot_layer_retention, plot_mss_curve
+from ._plots import HeadMap, MssPlot, plot_head_map, plot_layer_retention, plot_mss_curve
 from ._quality import QualityFlag, QualityRecord
 from ._report import FailedRunMetrics, FailedRunReport, RunError, RunReport, RunSummary
 from ._request import RunRequest
@@ -32,7 +32,7 @@ __all__ = [
     "ARTIFACT_FILES", "CANDIDATE_FILES", "candidate_inputs", "CandidateExecutor", "CandidateResult", "CandidateRun",
     "CandidateSpec", "carve",
     "DirectoryResumeStore", "ResumeStore", "resume_point",
-    "FailedRunMetrics", "FailedRunReport", "HeadMap", "Identity", "InTurn", "load_candidate",
+    "FailedRunMetrics", "FailedRunReport", "HeadMap", "Identity", "InTurn", "load_candidate", "MssPlot",
     "plot_head_map", "plot_layer_retention", "plot_mss_curve", "QualityFlag", "QualityRecord", "Recipe",
     "recover_candidate", "run_pruning", "RunError", "RunHooks", "RunIdentity", "RunReport", "RunRequest",
     "RunSummary", "save_candidate",

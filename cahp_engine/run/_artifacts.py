@@ -22,6 +22,7 @@ from cahp_engine.models import current_kept_heads, get_adapter, load_pruned, neu
 from cahp_engine.results import BudgetRecord
 from cahp_engine.run._plots import (
     HeadMap,
+    MssPlot,
     plot_budget,
     plot_head_map,
     plot_layer_retention,
@@ -94,8 +95,8 @@ def write_curve(work: Path, result: SelectionResult, config: PruningConfig) -> N
         "knees_found_by_degree": {str(d): k.found for d, k in sorted(knees_of.items())},
         "seed": config.seed,
     })
-    plot_mss_curve(ks, mss, {d: k.k for d, k in knees_of.items()}, int(result.k_star or 0),
-                   work / "mss_curve.png", chosen_degree=None if config.heads_to_keep else config.poly_degree)
+    plot_mss_curve(MssPlot(ks, mss, {d: k.k for d, k in knees_of.items()}, int(result.k_star or 0),
+                           chosen_degree=None if config.heads_to_keep else config.poly_degree), work / "mss_curve.png")
 
 
 def write_head_map(work: Path, result: SelectionResult) -> None:

@@ -47,19 +47,11 @@ def _save(fig: Figure, path: str | os.PathLike[str]) -> None:
 # --- the MSS curve ------------------------------------------------------------------------------------
 
 
-def plot_mss_curve(
-    ks: Sequence[int],
-    mss: Sequence[float],
-    knees_by_degree: Mapping[int, int | None],
-    chosen_k: int,
-    path: str | os.PathLike[str],
-    *,
-    chosen_degree: int | None = None,
-    title: str | None = None,
-) -> None:
-    """Plot MSS(k) with a dashed vertical line at the knee of each polynomial degree.
+@dataclass(frozen=True)
+class MssPlot:
+    """What :func:`plot_mss_curve` draws: MSS(k) and the knee of each polynomial degree.
 
-    Parameters
+    Attributes
     ----------
     ks : sequence of int, shape (K,)
         Cluster counts swept.
@@ -69,17 +61,35 @@ def plot_mss_curve(
         Knee k of each polynomial degree; None where no knee was found (the legend says so).
     chosen_k : int
         The k* the run used, drawn as a bold line with a star on the curve.
-    path : str or path
-        PNG file to write; its folder must exist.
     chosen_degree : int, optional
         Degree that produced ``chosen_k``, named in the legend.
     title : str, optional
         Figure title; the default names the curve.
+    """
+
+    ks: Sequence[int]
+    mss: Sequence[float]
+    knees_by_degree: Mapping[int, int | None]
+    chosen_k: int
+    chosen_degree: int | None = None
+    title: str | None = None
+
+
+def plot_mss_curve(curve: MssPlot, path: str | os.PathLike[str]) -> None:
+    """Plot MSS(k) with a dashed vertical line at the knee of each polynomial degree.
+
+    Parameters
+    ----------
+    curve : MssPlot
+    path : str or path
+        PNG file to write; its folder must exist.
 
     References
     ----------
     Paper Section III-D and IV-B.2.
     """
+    ks, mss, knees_by_degree, chosen_k = curve.ks, curve.mss, curve.knees_by_degree, curve.chosen_k
+    chosen_degree, title = curve.chosen_degree, curve.title
     x = np.asarray(ks, dtype=np.float64)
     y = np.asarray(mss, dtype=np.float64)
     if x.ndim != 1 or x.shape != y.shape or x.size == 0:

@@ -1,10 +1,10 @@
 """The run room's functions take at most five parameters each.
 
-A step that needs more takes a small frozen record of what travels together (``RunRequest`` and ``RunHooks``
-for ``run_pruning``, ``StageTraining`` for a fine-tuning, ``SearchSummary`` for a budget's record, ``HeadMap``
-for the head map). Every parameter counts, keyword-only ones, ``*args`` and ``**kwargs`` included; a method's
-``self`` (or ``cls``) does not. A dataclass's generated ``__init__`` is not written in the source and is not
-counted.
+A step that needs more takes a small frozen record of what travels together (``RunRequest`` and
+``RunHooks`` for ``run_pruning``, ``StageTraining`` for a fine-tuning, ``SearchSummary`` for a budget's
+record, ``HeadMap`` and ``MssPlot`` for the figures). Every parameter counts, keyword-only ones, ``*args``
+and ``**kwargs`` included; a method's ``self`` (or ``cls``) does not. A dataclass's generated ``__init__``
+is not written in the source and is not counted.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ STILL_LONG = {
     "_fastest.py:fastest_search": 7,
     "_run.py:_fastest_within_budget": 6,
     # Public and called by tests and benchmarks with these arguments.
-    "_plots.py:plot_mss_curve": 7,
     "_quality.py:assess_quality": 6,
     "_reconstruct.py:reconstruct_pruned": 6,
     # A store, the settings, the log and three optional seams of the resume state.

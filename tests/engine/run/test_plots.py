@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cahp_engine.errors import InvalidInputError
-from cahp_engine.run import HeadMap, plot_head_map, plot_layer_retention, plot_mss_curve
+from cahp_engine.run import HeadMap, MssPlot, plot_head_map, plot_layer_retention, plot_mss_curve
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DPI = 110
@@ -47,14 +47,14 @@ def mss_curve(n: int = 40) -> tuple[np.ndarray, np.ndarray]:
 def test_mss_curve_writes_a_png(tmp_path: Path) -> None:
     ks, mss = mss_curve()
     path = tmp_path / "mss.png"
-    plot_mss_curve(ks, mss, {2: 12, 3: 10, 4: None, 5: 9, 6: 9}, 12, path, chosen_degree=2, title="run 7")
+    plot_mss_curve(MssPlot(ks, mss, {2: 12, 3: 10, 4: None, 5: 9, 6: 9}, 12, chosen_degree=2, title="run 7"), path)
     assert_size(read_png(path), 7.5, 4.6)
 
 
 def test_mss_curve_without_any_knee_or_degree(tmp_path: Path) -> None:
     ks, mss = mss_curve(5)
-    plot_mss_curve(list(ks), list(mss), {2: None, 3: None}, 3, tmp_path / "a.png")
-    plot_mss_curve([2], [0.5], {}, 2, str(tmp_path / "b.png"))
+    plot_mss_curve(MssPlot(list(ks), list(mss), {2: None, 3: None}, 3), tmp_path / "a.png")
+    plot_mss_curve(MssPlot([2], [0.5], {}, 2), str(tmp_path / "b.png"))
     for name in ("a.png", "b.png"):
         read_png(tmp_path / name)
 
@@ -62,7 +62,7 @@ def test_mss_curve_without_any_knee_or_degree(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("ks", "mss"), [([2, 3], [0.1]), ([], []), ([[2, 3]], [[0.1, 0.2]])])
 def test_mss_curve_rejects_mismatched_input(tmp_path: Path, ks: list[int], mss: list[float]) -> None:
     with pytest.raises(InvalidInputError, match="`ks` and `mss` must be 1-D"):
-        plot_mss_curve(ks, mss, {}, 2, tmp_path / "x.png")
+        plot_mss_curve(MssPlot(ks, mss, {}, 2), tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
 
 
@@ -185,7 +185,7 @@ def test_plotting_leaves_the_global_backend_and_pyplot_alone(tmp_path: Path) -> 
         import numpy as np
         from cahp_engine.run import _plots as plots
         kept = np.eye(3, dtype=bool)
-        plots.plot_mss_curve([2, 3, 4], [0.1, 0.5, 0.6], {{2: 3, 3: None}}, 3, r"{tmp_path}/m.png")
+        plots.plot_mss_curve(plots.MssPlot([2, 3, 4], [0.1, 0.5, 0.6], {{2: 3, 3: None}}, 3), r"{tmp_path}/m.png")
         plots.plot_head_map(plots.HeadMap(kept, np.ones((3, 3)), np.arange(9)), r"{tmp_path}/h.png")
         plots.plot_layer_retention(kept, r"{tmp_path}/r.png")
         assert matplotlib.get_backend() == "svg", matplotlib.get_backend()

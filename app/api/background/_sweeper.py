@@ -24,8 +24,10 @@ sent twice, and the second message is ignored by the worker.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -92,10 +94,18 @@ def sweep_once(
 
 def _remove_resume_state(store: ArtifactStore, job_id: str) -> None:
     """The resume state of a job the sweeper ended (a requeued one keeps it for its next attempt)."""
+    # When it fails, it goes with the job, or by the retention rule, later.
+    _deleted(functools.partial(store.delete_prefix, resume_prefix(job_id)), f"the checkpoints of job {job_id}")
+
+
+def _deleted(delete: Callable[[], object], what: str) -> bool:
+    """Run ``delete`` on the store; when it fails, log that ``what`` was not deleted and answer False."""
     try:
-        store.delete_prefix(resume_prefix(job_id))
-    except Exception as exc:  # deleted with the job, or by the retention rule, later
-        logger.warning("sweeper: cannot delete the checkpoints of job %s: %s", job_id, exc)
+        delete()
+    except Exception as exc:
+        logger.warning("sweeper: cannot delete %s: %s", what, exc)
+        return False
+    return True
 
 
 def _expire_artifacts(*, sessions: sessionmaker[Session], store: ArtifactStore, settings: Settings) -> list[str]:
@@ -106,10 +116,7 @@ def _expire_artifacts(*, sessions: sessionmaker[Session], store: ArtifactStore, 
         old = repository.jobs_with_artifacts_to_expire(session, finished_before=cutoff)
     expired = []
     for job_id in old:
-        try:
-            store.delete_prefix(job_prefix(job_id))
-        except Exception as exc:
-            logger.warning("sweeper: cannot delete the artifacts of job %s: %s", job_id, exc)
+        if not _deleted(functools.partial(store.delete_prefix, job_prefix(job_id)), f"the artifacts of job {job_id}"):
             continue
         with transaction(sessions) as session:
             if repository.expire_artifacts(session, job_id=job_id):
@@ -157,10 +164,8 @@ def _remove_stale_uploads(*, sessions: sessionmaker[Session], store: ArtifactSto
         stale = [(u.id, u.storage_key) for u in repository.stale_uploads(session, started_before=cutoff)]
     removed = []
     for upload_id, key in stale:
-        try:
-            store.delete(key)  # object first: a row without an object is what the next sweep retries
-        except Exception as exc:
-            logger.warning("sweeper: cannot delete abandoned upload object %s: %s", key, exc)
+        # The object first: a row without an object is what the next sweep retries.
+        if not _deleted(functools.partial(store.delete, key), f"abandoned upload object {key}"):
             continue
         with transaction(sessions) as session:
             repository.delete_upload(session, upload_id=upload_id)

@@ -41,6 +41,10 @@ RecoveryMode = Literal["finetune", "reconstruct", "reconstruct+finetune"]
 BudgetMetric = Literal["accuracy", "macro_f1"]
 #: ``budget_objective``: what an accuracy budget minimises within P: the heads kept, or the serving time.
 BudgetObjective = Literal["heads", "speed"]
+#: ``budget_search``: how an accuracy budget judges its candidates: every one fine-tuned (successive halving),
+#: or scored after layer-wise reconstruction and only the few the scores point at fine-tuned; ``auto`` judges
+#: after reconstruction when ``recovery`` reconstructs.
+BudgetSearch = Literal["auto", "judged", "halving"]
 #: ``target_runtime``: the serving runtime a speed target is measured on (PyTorch fp32, onnxruntime fp32 or int8).
 TargetRuntime = Literal["pytorch", "ort-fp32", "ort-int8"]
 #: ``target_seq_len``: the serving length in tokens, or the 95th percentile of the calibration rows' lengths.
@@ -55,6 +59,7 @@ RECOVERY_LOSSES: tuple[str, ...] = get_args(RecoveryLoss)
 RECOVERY_MODES: tuple[str, ...] = get_args(RecoveryMode)
 BUDGET_METRICS: tuple[str, ...] = get_args(BudgetMetric)
 BUDGET_OBJECTIVES: tuple[str, ...] = get_args(BudgetObjective)
+BUDGET_SEARCHES: tuple[str, ...] = get_args(BudgetSearch)
 TARGET_RUNTIMES: tuple[str, ...] = get_args(TargetRuntime)
 CLASS_WEIGHTS: tuple[str, ...] = get_args(ClassWeight)
 #: The strategies whose choices are an accuracy budget's candidates unless the user names others.
@@ -268,9 +273,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("budget_metric", "accuracy", Options(BUDGET_METRICS),
             "the validation score the budget compares and recovery's early stopping watches",
             group="accuracy budget"),
+    Setting("budget_search", "auto", Options(BUDGET_SEARCHES),
+            "halving: every candidate fine-tuned (successive halving); judged: candidates scored after layer-wise "
+            "reconstruction, the knee's head count fine-tuned first and only the few the scores point at after it; "
+            "auto: judged when recovery reconstructs, else halving", group="accuracy budget"),
     Setting("budget_screen_epochs", 1.0, Interval("real", 0.0, 1000.0, closed="right"),
             "recovery epochs every candidate of a round gets before the more promising half gets more "
-            "(successive halving's first rung; each candidate keeps the full recovery's schedule)",
+            "(successive halving's first rung; a judged search's probe length); each candidate keeps the full "
+            "recovery's schedule",
             group="accuracy budget"),
     Setting("budget_strategies", BUDGET_STRATEGIES, SubsetOf(STRATEGIES),
             "the strategies whose choices are candidates at each head count", group="accuracy budget",

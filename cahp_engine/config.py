@@ -17,6 +17,7 @@ from typing import Any
 from cahp_engine._spec import (
     BUDGET_METRICS,
     BUDGET_OBJECTIVES,
+    BUDGET_SEARCHES,
     BUDGET_STRATEGIES,
     CLASS_WEIGHTS,
     DEFAULTS,
@@ -30,6 +31,7 @@ from cahp_engine._spec import (
     TARGET_RUNTIMES,
     BudgetMetric,
     BudgetObjective,
+    BudgetSearch,
     CalibrationAmount,
     ClassWeight,
     DenseFinetune,
@@ -62,7 +64,8 @@ from cahp_engine._validation import (
 from cahp_engine.errors import ConfigError
 
 __all__ = [
-    "BUDGET_METRICS", "BUDGET_OBJECTIVES", "BudgetObjective", "BUDGET_STRATEGIES", "CLASS_WEIGHTS",
+    "BUDGET_METRICS", "BUDGET_OBJECTIVES", "BudgetObjective", "BUDGET_SEARCHES", "BudgetSearch", "BUDGET_STRATEGIES",
+    "CLASS_WEIGHTS",
     "CONSENSUS_STRATEGIES", "ClassWeight", "STRATEGIES",
     "SubsetOf", "DEFAULTS",
     "DENSE_FINETUNE_MODES", "EXPORT_FORMATS", "QUANTIZE_MODES", "RECOVERY_LOSSES", "RECOVERY_MODES", "RecoveryMode",
@@ -172,9 +175,16 @@ class PruningConfig:
         ``recovery`` ``reconstruct`` or ``reconstruct+finetune`` and no ``target_speedup`` or ``target_flops``.
     budget_metric : {"accuracy", "macro_f1"}, default "accuracy"
         The validation score the budget compares and recovery's early stopping watches.
+    budget_search : {"auto", "judged", "halving"}, default "auto"
+        How the budget judges its candidates. ``halving``: every candidate is fine-tuned, successive
+        halving (:mod:`cahp_engine.run._budget`). ``judged``: candidates are scored after layer-wise
+        reconstruction, the knee's head count is fine-tuned first and then only the few the scores point at
+        (:mod:`cahp_engine.run._judged`); the fine-tunings start from the weights ``recovery`` gives them.
+        ``auto``: ``judged`` when ``recovery`` reconstructs, else ``halving``.
     budget_screen_epochs : float, default 1.0
         Successive halving's first rung: every candidate of a round trains this many epochs (of its
-        full ``epochs`` schedule) before the more promising half trains on.
+        full ``epochs`` schedule) before the more promising half trains on. In a judged search, the
+        epochs a probe trains before it is judged (the winner's recovery then goes on to ``epochs``).
     budget_strategies : tuple of str, default ("cahp", "salience")
         The strategies whose choices are the budget's candidates at each head count.
     budget_confidence : float in (0.5, 1) or None
@@ -248,6 +258,7 @@ class PruningConfig:
     max_accuracy_drop: float | None = DEFAULTS["max_accuracy_drop"]
     budget_objective: BudgetObjective = DEFAULTS["budget_objective"]
     budget_metric: BudgetMetric = DEFAULTS["budget_metric"]
+    budget_search: BudgetSearch = DEFAULTS["budget_search"]
     budget_screen_epochs: float = DEFAULTS["budget_screen_epochs"]
     budget_strategies: tuple[Strategy, ...] = DEFAULTS["budget_strategies"]
     budget_confidence: float | None = DEFAULTS["budget_confidence"]
@@ -270,6 +281,10 @@ class PruningConfig:
         if self.max_accuracy_drop is not None and self.heads_to_keep is not None:
             raise ConfigError("`max_accuracy_drop` searches for the head count and `heads_to_keep` fixes it; "
                               "set one of them")
+        if self.budget_search == "halving" and self.recovery == "reconstruct":
+            raise ConfigError("`budget_search` 'halving' fine-tunes every candidate and `recovery` 'reconstruct' "
+                              "fine-tunes none; set `budget_search` to 'judged' (or 'auto'), or `recovery` to "
+                              "'finetune' or 'reconstruct+finetune'")
         _check_target(self)
         if self.quantize != "none" and self.export == "none":
             raise ConfigError(f"`quantize` {self.quantize!r} quantizes the ONNX export; set `export` to 'onnx' or "

@@ -82,6 +82,14 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
                     "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p0.5-judged": {"max_accuracy_drop": 0.5, "recovery": "reconstruct+finetune",
                     "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    # The judged search with the default recovery: scored after reconstruction, the knee probed first, every
+    # fine-tuning from the pruned weights as the knee run's.
+    "p1.0-judged-finetune": {"max_accuracy_drop": 1.0, "budget_search": "judged",
+                             "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p2.0-judged-finetune": {"max_accuracy_drop": 2.0, "budget_search": "judged",
+                             "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p0.5-judged-finetune": {"max_accuracy_drop": 0.5, "budget_search": "judged",
+                             "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p1.0-reconstruct": {"max_accuracy_drop": 1.0, "recovery": "reconstruct",
                          "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     # The fastest model within the budget: a bisection over speed targets (PyTorch fp32, batch 32, 64 tokens),

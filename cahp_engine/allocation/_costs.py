@@ -174,6 +174,49 @@ def latency_costs(
 
     shapes = [(heads, neurons), (max(1, heads // 2), neurons), (1, neurons), (0, neurons),
               (heads, max(1, neurons // 2)), (heads, max(1, neurons // 4)), (heads, 1), (heads, 0)]
+    rows = [[1.0, layers * float(h > 0), layers * h, layers * float(n > 0), layers * n] for h, n in shapes]
+    design = np.asarray(rows)
+    for attempt in range(_ATTEMPTS):
+        # A busy machine can bury a small model's units under its noise: each attempt after the first
+        # times twice as many passes and rounds as the one before.
+        observed = _time_shapes(model, shapes, batch_size=batch_size, seq_len=seq_len, runtime=runtime,
+                                repeats=repeats * 2 ** attempt, rounds=rounds * 2 ** attempt, clock=clock)
+        # Non-negative least squares: no part of a model takes negative time, and a fit free to say so
+        # (a negative fixed part against large per-unit parts) would predict a floor below zero.
+        coef, _ = scipy.optimize.nnls(design, observed)
+        if layers * (coef[2] * heads + coef[4] * neurons) >= 0.01 * observed[0]:  # the units: 1 % of dense or more
+            break
+    else:
+        raise PipelineError(
+            f"the latency of this model on {runtime} did not grow with the heads and neurons it keeps "
+            f"({', '.join(f'{t * 1000:.1f}' for t in observed)} ms over {len(shapes)} shapes, in {_ATTEMPTS} "
+            "attempts); the timer or the machine is not measuring the model (time it on a quieter machine, or use "
+            "`target_flops`)"
+        )
+    fit_error = float(np.max(np.abs(design @ coef - observed) / observed))
+    costs = CostModel(
+        unit="seconds", fixed=float(coef[0]), attention=float(coef[1]), head=float(coef[2]),
+        ffn=float(coef[3]), neuron=float(coef[4]), num_layers=layers, num_heads=heads,
+        num_neurons=neurons, batch_size=batch_size, seq_len=seq_len, runtime=runtime, points=len(shapes),
+        fit_error=fit_error,
+    )
+    if fit_error > CACHED_FIT_ERROR:
+        return costs  # too noisy to keep: the next call measures again
+    _write_cache(cache_dir, key, costs)
+    return costs
+
+
+#: Timings of the shapes taken at most this many times (more passes each time) before the units are said
+#: not to grow with the model.
+_ATTEMPTS = 3
+
+
+def _time_shapes(model: nn.Module, shapes: list[tuple[int, int]], *, batch_size: int, seq_len: int,
+                 runtime: Runtime, repeats: int, rounds: int, clock: Callable[[], float]) -> np.ndarray:
+    """Each shape's median time over ``rounds`` rounds of all the shapes (each ``repeats`` passes)."""
+    adapter = get_adapter(model)
+    config: Any = model.config
+    layers, heads, neurons = adapter.num_layers(config), adapter.num_heads(config), adapter.num_neurons(config)
     generator = torch.Generator().manual_seed(0)
     device = next(model.parameters()).device
     low = int(getattr(config, "pad_token_id", 0) or 0) + 1
@@ -192,28 +235,7 @@ def latency_costs(
             with runner(pruned, batch, runtime) as run:
                 timings[index].append(median_seconds(run, repeats=repeats, clock=clock))
             del pruned
-    rows = [[1.0, layers * float(h > 0), layers * h, layers * float(n > 0), layers * n] for h, n in shapes]
-    design, observed = np.asarray(rows), np.asarray([np.median(t) for t in timings])
-    # Non-negative least squares: no part of a model takes negative time, and a fit free to say so
-    # (a negative fixed part against large per-unit parts) would predict a floor below zero.
-    coef, _ = scipy.optimize.nnls(design, observed)
-    if layers * (coef[2] * heads + coef[4] * neurons) < 0.01 * observed[0]:  # the units: under 1 % of dense
-        raise PipelineError(
-            f"the latency of this model on {runtime} did not grow with the heads and neurons it keeps "
-            f"({', '.join(f'{t * 1000:.1f}' for t in observed)} ms over {len(shapes)} shapes); the timer or the "
-            "machine is not measuring the model (time it on a quieter machine, or use `target_flops`)"
-        )
-    fit_error = float(np.max(np.abs(design @ coef - observed) / observed))
-    costs = CostModel(
-        unit="seconds", fixed=float(coef[0]), attention=float(coef[1]), head=float(coef[2]),
-        ffn=float(coef[3]), neuron=float(coef[4]), num_layers=layers, num_heads=heads,
-        num_neurons=neurons, batch_size=batch_size, seq_len=seq_len, runtime=runtime, points=len(shapes),
-        fit_error=fit_error,
-    )
-    if fit_error > CACHED_FIT_ERROR:
-        return costs  # too noisy to keep: the next call measures again
-    _write_cache(cache_dir, key, costs)
-    return costs
+    return np.asarray([np.median(t) for t in timings])
 
 
 #: Config entries that do not change a forward pass's time (``problem_type`` is set by the first loss computed).

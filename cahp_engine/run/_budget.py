@@ -75,17 +75,20 @@ class LadderStep:
     heads: int
     options: tuple[tuple[str, Selection], ...]
     same: tuple[tuple[str, str], ...] = ()
+    knee: bool = False  # CAHP's head count at the run's own knee (what a single run would keep)
 
 
-def ladder(analysis: HeadAnalysis, strategies: tuple[str, ...], *, seed: int) -> list[LadderStep]:
+def ladder(analysis: HeadAnalysis, strategies: tuple[str, ...], *, seed: int,
+           knee: int | None = None) -> list[LadderStep]:
     """Every head count the budget may try, fewest heads first, one per distinct CAHP head count.
 
     The knees of every degree in ``analysis.knees``, then k between the largest knee and N - 1, each
     step halving the distance left. A strategy whose choice repeats an earlier one's head set at the
-    same step is left out of it.
+    same step is left out of it. ``knee`` (the run's own k) marks the step of CAHP's head count there.
     """
     n_heads = int(analysis.salience.size)
-    ks = sorted({knee.k for knee in analysis.knees.values()})
+    ks = sorted({found.k for found in analysis.knees.values()} | ({knee} if knee is not None else set()))
+    knee_heads = None if knee is None else choose(analysis, knee, "cahp", seed=seed).num_kept
     k = ks[-1] if ks else 1
     while k < n_heads - 1:
         k += max(1, (n_heads - 1 - k) // 2)
@@ -107,7 +110,7 @@ def ladder(analysis: HeadAnalysis, strategies: tuple[str, ...], *, seed: int) ->
                 options.append((name, selection))
             else:
                 same.append((name, repeated))
-        out.append(LadderStep(k=k, heads=heads, options=tuple(options), same=tuple(same)))
+        out.append(LadderStep(k=k, heads=heads, options=tuple(options), same=tuple(same), knee=heads == knee_heads))
     return sorted(out, key=lambda step: step.heads)
 
 

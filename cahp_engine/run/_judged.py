@@ -1,7 +1,8 @@
 """The accuracy budget judged after reconstruction: few candidates scored in seconds each, fewer fine-tuned.
 
-With ``recovery`` ``reconstruct`` or ``reconstruct+finetune`` the budget's search
-(:func:`judged_search`) replaces successive halving over fine-tunings:
+With ``budget_search`` ``judged`` (``auto``, the default, when ``recovery`` is ``reconstruct`` or
+``reconstruct+finetune``) the budget's search (:func:`judged_search`) replaces successive halving over
+fine-tunings:
 
 1. **Candidates scored on demand** (:class:`cahp_engine.run._scoring.LazyScores`): a candidate (a head
    count x a strategy of ``budget_strategies``) is pruned, reconstructed
@@ -10,25 +11,29 @@ With ``recovery`` ``reconstruct`` or ``reconstruct+finetune`` the budget's searc
    roughly, with the head count; :mod:`cahp_engine.run._scoring` says what it does where it does not),
    so it scores about log2(steps + 1) + 1 candidates a strategy instead of every one. Each score is kept
    in the run's resume state (``budget_scores``): a resumed run scores none of them again.
-2. ``reconstruct``: the fewest heads whose reconstructed score meets the budget win; nothing trains.
-3. ``reconstruct+finetune``: the search predicts a candidate's recovered score as its reconstructed
-   score plus a **margin** calibrated on the candidates it fine-tunes (the median of "recovered best
-   minus reconstructed", 0 before any). It fine-tunes the fewest heads predicted to meet the budget
-   (or, when none is, the most heads left), with a **runner-up** of the same head count when the two
-   reconstructed scores are within the validation split's noise (half the 95 % interval of the drop); a
-   candidate pauses as soon as it meets the budget (:mod:`cahp_engine.run._candidates`). A pass moves the
-   upper end down, a miss the lower end up, and the margin is re-calibrated each time, until no head
-   count between the two ends is predicted to pass. The winner's recovery goes on to the end of the
-   protocol, as in :func:`cahp_engine.run._budget.search`.
+2. ``recovery`` ``reconstruct``: the fewest heads whose reconstructed score meets the budget win; nothing
+   trains.
+3. Otherwise probes are fine-tuned, each for ``budget_screen_epochs`` at most (pausing as soon as it meets
+   the budget, :mod:`cahp_engine.run._candidates`). **The knee's head count goes first**: the best
+   candidate there (by reconstructed score) is what a single run would keep, so when the knee is the
+   answer the budget costs that run and the scoring. Every later probe is the fewest heads predicted to
+   meet the budget, its reconstructed score plus a **margin** calibrated on the probes so far (the median
+   of "fine-tuned best minus reconstructed"), or, when none is, the most heads left. A pass moves the
+   upper end down, a miss the lower end up, until no head count between the two ends is predicted to pass.
+   A **runner-up** of the same head count is probed only when the best missed and the two reconstructed
+   scores are within the validation split's noise (half the 95 % interval of the drop). The winner's
+   recovery goes on from its probe to the end of the protocol, as in :func:`cahp_engine.run._budget.search`.
 
 The fine-tunings go to the same :class:`~cahp_engine.run._executors.CandidateExecutor` (this process or
-the worker pool), and each candidate's recovery starts from its reconstructed weights
+the worker pool); each starts from the weights ``recovery`` gives it: the reconstructed ones
+(``reconstruct+finetune``) or the pruned ones (``finetune``: the reconstruction only judges)
 (:func:`cahp_engine.run._candidates.start_run`). ``budget.candidates[]`` holds every candidate scored, in
 the order scored (the search's path, ``round``), with its score after reconstruction (``reconstructed``)
 and, for those fine-tuned, after recovery; ``budget.skipped[]`` every candidate of the ladder the search
-passed by, with why. The chosen candidate's :class:`~cahp_engine.recovery.Reconstruction` goes into the
-outcome (report.json's ``reconstruction``). The scoring reports its progress through
-``scored(done, expected)`` and one log line per candidate, so a job's progress and log move during it.
+passed by, with why. With a reconstructing recovery the chosen candidate's
+:class:`~cahp_engine.recovery.Reconstruction` goes into the outcome (report.json's ``reconstruction``).
+The scoring reports its progress through ``scored(done, expected)`` and one log line per candidate, so a
+job's progress and log move during it.
 """
 
 from __future__ import annotations
@@ -39,12 +44,13 @@ import time
 from collections.abc import Callable
 
 from cahp_engine.errors import AccuracyBudgetError
-from cahp_engine.recovery import finetune
+from cahp_engine.recovery import Reconstruction, finetune
 from cahp_engine.results import BudgetCandidate, BudgetRecord
 from cahp_engine.run._budget import BudgetOutcome, LadderStep, SearchSummary, budget_record, failure_message
 from cahp_engine.run._candidates import CandidateSpec, SearchInputs
 from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candidate
 from cahp_engine.run._holdout import ValidationData
+from cahp_engine.run._reconstruct import reconstructs
 from cahp_engine.run._scoring import Judged, LazyScores, ScoreBook, every_step, rebuild
 
 __all__ = ["judged_search"]
@@ -106,79 +112,94 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
     finishing = dataclasses.replace(winner.spec, until_epochs=float(config.epochs), finish=True)
     winner.last, model, recovery = finish_candidate(finishing, winner.spec, inputs, executor)
     final_s = time.perf_counter() - t0
-    rebuilt = winner.reconstruction if winner.reconstruction is not None else rebuild(winner.selection, inputs)[1]
+    refit: Reconstruction | None = None  # recovery finetune: the fine-tuning started from the pruned weights
+    if reconstructs(config):
+        refit = winner.reconstruction if winner.reconstruction is not None else rebuild(winner.selection, inputs)[1]
     return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery,
                          record=_record(inputs, validation, steps, lazy, winner.step, search_s, final_s),
-                         reconstruction=rebuilt)
+                         reconstruction=refit)
 
 
 def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchInputs, executor: CandidateExecutor,
                       say: Callable[[str], None]) -> Judged | None:
-    """Fine-tune the head counts the calibrated margin predicts, narrowing (lo, hi); the winner or None.
+    """Fine-tune the knee's head count, then the head counts the calibrated margin predicts; the winner or None.
 
-    The margin is what fine-tuning added to a probe's reconstructed score, so only a probe that trained
-    measures it. A probe that already met the budget as reconstructed stops before its first epoch and says
-    nothing of it: while every probe so far was such a one, the step just below the winner is fine-tuned next,
-    the one probe that can show whether fine-tuning carries a smaller model over the line.
+    Each probe trains ``budget_screen_epochs`` (or until it meets the budget); only the winner's recovery
+    goes on to the protocol's end, so a probe that wins costs nothing beyond the run it belongs to. The
+    first probe is the knee's head count, a single run's answer: the budget then costs one run when the
+    knee is the answer, and its probe calibrates the margin for the look below or above it. The margin is
+    what fine-tuning added to a probe's reconstructed score, so only a probe that trained measures it. A
+    probe that already met the budget before its first epoch says nothing of it: while every probe so far
+    was such a one, the step just below the winner is fine-tuned next. A runner-up of the same head count is
+    probed only when the best missed and the two reconstructed scores are within the split's noise.
     """
     config = inputs.config
+    screen = min(float(config.epochs), float(config.budget_screen_epochs))
     margins: list[float] = []
     lo, hi, winner = -1, len(steps), None
+    knee = next((i for i, step in enumerate(steps) if step.knee), None)
     while hi - lo > 1:
         margin = statistics.median(margins) if margins else 0.0
 
         def predicted_to_pass(j: Judged, m: float = margin) -> bool:
             return j.point.score + m >= inputs.threshold
 
-        predicted = lazy.first(lo, hi, predicted_to_pass,
-                               why=f", short of the budget even with a {100 * margin:+.2f}-point margin")
-        if predicted is None and winner is not None:
-            if margins:
-                break
-            predicted = hi - 1  # no probe trained yet: measure the margin just below the winner
-            say(f"no probe has trained yet (each met the budget as reconstructed): fine-tuning the step below, "
-                f"{steps[predicted].heads} heads, to measure what fine-tuning adds")
-        i = predicted if predicted is not None else hi - 1
+        if knee is not None and lo < knee < hi:
+            i, knee = knee, None
+            say(f"fine-tuning the knee's head count first ({steps[i].heads} heads): a single run's answer")
+        else:
+            predicted = lazy.first(lo, hi, predicted_to_pass,
+                                   why=f", short of the budget even with a {100 * margin:+.2f}-point margin")
+            if predicted is None and winner is not None:
+                if margins:
+                    break
+                predicted = hi - 1  # no probe trained yet: measure the margin just below the winner
+                say(f"no probe has trained yet (each met the budget before training): fine-tuning the step below, "
+                    f"{steps[predicted].heads} heads, to measure what fine-tuning adds")
+            i = predicted if predicted is not None else hi - 1
         group = lazy.group(i)
-        best = max(group, key=Judged.rank)
-        probe = _with_runner_up(best, group, inputs)
-        say(f"fine-tuning {len(probe)} candidate(s) at {steps[i].heads} heads (margin {100 * margin:+.2f} points: "
-            f"predicted {100 * (best.point.score + margin):.2f} against {100 * inputs.threshold:.2f})")
-        for entry in probe:
-            entry.spec = CandidateSpec(strategy=entry.strategy, k=entry.k, seed=config.seed,
-                                       until_epochs=float(config.epochs),
-                                       kept={layer: tuple(h) for layer, h in entry.selection.kept.items()})
-        results = executor.run([e.spec for e in probe if e.spec is not None], inputs)
-        for entry, result in zip(probe, results, strict=True):
-            entry.last = result
-            if result.epochs > 0:
-                margins.append(result.best.score - entry.point.score)
-            say(f"  {entry.strategy} at {entry.selection.num_kept} heads: best {result.best.score:.4f} after "
-                f"{result.epochs:g} epoch(s) (reconstructed {entry.point.score:.4f}): {result.reason}")
-        met = [e for e in probe if e.last is not None and e.last.status == "within_budget"]
-        if met:
-            chosen = max(met, key=Judged.rank)
+        ranked = sorted(group, key=Judged.rank, reverse=True)
+        say(f"fine-tuning {ranked[0].strategy} at {steps[i].heads} heads for up to {screen:g} epoch(s) (margin "
+            f"{100 * margin:+.2f} points: predicted {100 * (ranked[0].point.score + margin):.2f} against "
+            f"{100 * inputs.threshold:.2f})")
+        met = _probe(ranked[0], inputs, executor, screen, margins, say)
+        if not met and len(ranked) > 1 and _close(ranked[0], ranked[1], inputs):
+            say(f"  the runner-up {ranked[1].strategy} is within the validation split's noise of it: probed too")
+            met = _probe(ranked[1], inputs, executor, screen, margins, say)
+        if met is not None:
             if winner is not None and winner.spec is not None:
                 executor.release(winner.spec)
-            winner, hi = chosen, i
-            for entry in probe:
-                if entry is not chosen and entry.spec is not None:
-                    executor.release(entry.spec)
+            winner, hi = met, i
         else:
             lo = i
-            for entry in probe:
-                if entry.spec is not None:
-                    executor.release(entry.spec)
     return winner
 
 
-def _with_runner_up(best: Judged, group: list[Judged], inputs: SearchInputs) -> list[Judged]:
-    """``best``, and the next candidate of its head count when their scores are within the split's noise."""
-    others = sorted((j for j in group if j is not best), key=Judged.rank, reverse=True)
-    if not others:
-        return [best]
+def _probe(entry: Judged, inputs: SearchInputs, executor: CandidateExecutor, screen: float, margins: list[float],
+           say: Callable[[str], None]) -> Judged | None:
+    """Fine-tune ``entry`` for up to ``screen`` epochs (pausing once it meets the budget); itself if it met it.
+
+    What the probe added over its reconstructed score goes into ``margins`` when it trained; a probe that
+    missed is let go.
+    """
+    entry.spec = CandidateSpec(strategy=entry.strategy, k=entry.k, seed=inputs.config.seed, until_epochs=screen,
+                               kept={layer: tuple(h) for layer, h in entry.selection.kept.items()})
+    result = executor.run([entry.spec], inputs)[0]
+    entry.last = result
+    if result.epochs > 0:
+        margins.append(result.best.score - entry.point.score)
+    say(f"  {entry.strategy} at {entry.selection.num_kept} heads: best {result.best.score:.4f} after "
+        f"{result.epochs:g} epoch(s) (reconstructed {entry.point.score:.4f}): {result.reason}")
+    if result.status == "within_budget":
+        return entry
+    executor.release(entry.spec)
+    return None
+
+
+def _close(best: Judged, other: Judged, inputs: SearchInputs) -> bool:
+    """Whether ``other``'s reconstructed score is within the validation split's noise of ``best``'s."""
     noise = inputs.drop(best.predictions).half_width
-    return [best, others[0]] if 100.0 * (best.point.score - others[0].point.score) <= noise else [best]
+    return 100.0 * (best.point.score - other.point.score) <= noise
 
 
 def _candidate(entry: Judged, inputs: SearchInputs) -> BudgetCandidate:

@@ -35,14 +35,24 @@ def finetunes(config: PruningConfig) -> bool:
     return config.recovery in ("finetune", "reconstruct+finetune")
 
 
+def judges_budget(config: PruningConfig) -> bool:
+    """Whether an accuracy budget with ``config`` scores its candidates after reconstruction (a judged search)."""
+    return config.budget_search == "judged" or (config.budget_search == "auto" and reconstructs(config))
+
+
 def check_reconstruction(model: nn.Module, config: PruningConfig) -> None:
     """Refuse, before any work, a reconstructing mode that ``model``'s family cannot run (the reason said)."""
-    if not reconstructs(config):
+    judged = config.max_accuracy_drop is not None and judges_budget(config)
+    if not reconstructs(config) and not judged:
         return
     reason = unsupported_reason(model, ReconstructionOptions())
-    if reason is not None:
+    if reason is None:
+        return
+    if reconstructs(config):
         raise UnsupportedModelError(f"`recovery` {config.recovery!r} cannot run on this model: {reason}; "
                                     "use `recovery` 'finetune'")
+    raise UnsupportedModelError(f"`budget_search` 'judged' scores candidates after reconstruction, which cannot run "
+                                f"on this model: {reason}; use `budget_search` 'halving'")
 
 
 def calibration_batches(rows: TrainRows, config: PruningConfig,

@@ -53,8 +53,8 @@ from cahp_engine.run._reconstruct import (
     calibration_batches,
     check_reconstruction,
     finetunes,
+    judges_budget,
     reconstruct_pruned,
-    reconstructs,
 )
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
@@ -386,10 +386,10 @@ def budget_search(
     """
     config = run.config
     assert inputs.held_out is not None
-    steps = ladder(result.analysis, tuple(config.budget_strategies), seed=config.seed)
+    steps = ladder(result.analysis, tuple(config.budget_strategies), seed=config.seed, knee=result.k_star)
     train = inputs.train
     batches = -(-len(train) // config.batch_size)
-    judged = reconstructs(config)
+    judged = judges_budget(config)
     # Progress over an estimate: each strategy's candidate, about log2(steps + 1) rounds and the last one's end;
     # judged after reconstruction, the scoring's share of the stage first, then about two fine-tunings.
     share = (0.3 if finetunes(config) else 0.99) if judged else 0.0

@@ -194,6 +194,31 @@ def test_a_cached_table_is_found_again_by_a_new_container_of_the_machine_and_aft
     assert clock.calls == 0
 
 
+class _BusyAtFirst(_ModelClock):
+    """A machine too busy to see the model for its first ``busy`` passes (each as long as the last), quiet after."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__(fixed=0.5, per_head=0.01, per_neuron=0.001)
+        self.busy, self.passes = busy, 0
+
+    def _advance(self, module: torch.nn.Module) -> None:
+        self.passes += 1
+        if self.passes <= self.busy:
+            self.now += 1.0
+        else:
+            super()._advance(module)
+
+
+def test_timings_buried_in_noise_are_taken_again_with_more_passes(tmp_path: Path) -> None:
+    model = _model()
+    first_attempt = 8 * 1 * (1 + 1)  # 8 shapes x 1 round x (1 warm-up + 1 timed pass)
+    clock = _BusyAtFirst(busy=first_attempt)
+    clock.attach(model)
+    costs = latency_costs(model, batch_size=2, seq_len=8, repeats=1, rounds=1, cache_dir=tmp_path, clock=clock)
+    assert (costs.fixed, costs.head, costs.neuron) == pytest.approx((0.5, 0.01, 0.001), abs=1e-9)
+    assert clock.passes == first_attempt + 8 * 2 * (1 + 2)  # the second attempt: twice the rounds and passes
+
+
 def test_timings_that_do_not_follow_the_model_are_refused(tmp_path: Path) -> None:
     ticks = itertools.count()
     with pytest.raises(PipelineError, match="did not grow with the heads and neurons"):

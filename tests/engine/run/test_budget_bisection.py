@@ -8,6 +8,7 @@ earlier attempt kept.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -129,12 +130,13 @@ class _GainingExecutor:
     epoch, or at once when the constructed score already meets the budget (as recovery stops there)."""
 
     def __init__(self, inputs: SearchInputs, score_of, gain: float) -> None:
-        self.inputs, self.score_of, self.gain, self.trained = inputs, score_of, gain, []
+        self.inputs, self.score_of, self.gain, self.trained, self.probes = inputs, score_of, gain, [], []
 
     def run(self, pieces, inputs):
         out = []
         for spec in pieces:
             heads = sum(len(h) for h in spec.kept.values())
+            self.probes.append((spec.strategy, heads, spec.until_epochs))
             before = float(self.score_of(spec.strategy, heads))
             met_before = before >= inputs.threshold
             after = before if met_before else before + self.gain
@@ -176,6 +178,82 @@ def test_fine_tuning_probes_below_a_reconstructed_winner_to_learn_what_it_adds(s
     assert winner.step == frontier - 2 and winner.selection.num_kept == steps[frontier - 2].heads
     assert executor.trained and steps[frontier - 1].heads in executor.trained
     assert any(line.startswith("no probe has trained yet") for line in said)
+
+
+def _with_knee(steps, at: int):
+    return [dataclasses.replace(step, knee=i == at) for i, step in enumerate(steps)]
+
+
+def _probing(inputs: SearchInputs, **changes) -> SearchInputs:
+    config = inputs.config.replace(**{"recovery": "reconstruct+finetune", "epochs": 3.0, "budget_screen_epochs": 0.5,
+                                      **changes})
+    return SearchInputs(**{**inputs.__dict__, "config": config})
+
+
+def test_the_knee_is_probed_first_for_the_screen_and_a_winning_knee_needs_no_other_probe(setup) -> None:
+    steps, inputs = setup
+    total = steps[-1].heads + 1
+    knee = len(steps) // 2
+    steps = _with_knee(steps, knee)
+
+    def score_of(strategy: str, heads: int) -> float:
+        return heads / total - (0.2 if strategy == "salience" else 0.0)
+
+    # Reconstructed, the knee misses by a little; fine-tuning carries it over, and no fewer heads.
+    gain = 0.5 * (score_of("cahp", steps[knee].heads) - score_of("cahp", steps[knee - 1].heads))
+    case = SearchInputs(**{**_probing(inputs, budget_strategies=("cahp",)).__dict__,
+                           "threshold": score_of("cahp", steps[knee].heads) + 0.5 * gain})
+    score, calls = _constructed(case, score_of)
+    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
+    executor = _GainingExecutor(case, score_of, gain)
+    said: list[str] = []
+    winner = _fine_tune_probes(steps, lazy, case, executor, said.append)
+    assert winner is not None and winner.step == knee
+    assert calls[0] == ("cahp", steps[knee].heads)  # scored first: the knee
+    assert executor.probes == [("cahp", steps[knee].heads, 0.5)]  # one probe, for the screen's epochs
+    assert any(line.startswith("fine-tuning the knee's head count first") for line in said)
+
+
+def test_a_knee_that_misses_sends_the_search_above_it_with_the_runner_up_probed_when_close(setup) -> None:
+    steps, inputs = setup
+    total = steps[-1].heads + 1
+    knee = len(steps) // 2
+    steps = _with_knee(steps, knee)
+
+    def score_of(_strategy: str, heads: int) -> float:
+        return heads / total  # two strategies within the noise (here zero: every candidate predicts alike)
+
+    # Nothing passes below knee + 1 even after fine-tuning, which adds little.
+    threshold = score_of("cahp", steps[knee + 1].heads) - 1e-6
+    case = SearchInputs(**{**_probing(inputs).__dict__, "threshold": threshold})
+    score, _ = _constructed(case, score_of)
+    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
+    executor = _GainingExecutor(case, score_of, gain=1e-5)
+    said: list[str] = []
+    winner = _fine_tune_probes(steps, lazy, case, executor, said.append)
+    assert winner is not None and winner.step == knee + 1
+    assert len(steps[knee].options) == 2
+    at_knee = [probe for probe in executor.probes if probe[1] == steps[knee].heads]
+    assert {probe[0] for probe in at_knee} == {"cahp", "salience"}  # the close runner-up, after the miss
+    assert all(probe[2] == 0.5 for probe in executor.probes)
+    assert any("the runner-up" in line for line in said)
+
+
+def test_a_runner_up_is_not_probed_when_the_best_met_the_budget(setup) -> None:
+    steps, inputs = setup
+    knee = len(steps) // 2
+    steps = _with_knee(steps, knee)
+
+    def score_of(_strategy: str, _heads: int) -> float:
+        return 0.6  # the runner-up as close as can be
+
+    case = SearchInputs(**{**_probing(inputs).__dict__, "threshold": 0.5})
+    score, _ = _constructed(case, score_of)
+    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
+    executor = _GainingExecutor(case, score_of, gain=0.0)
+    winner = _fine_tune_probes(steps, lazy, case, executor, lambda _line: None)
+    assert winner is not None and winner.step == 0
+    assert all(strategy == "cahp" for strategy, _, _ in executor.probes)
 
 
 # --------------------------------------------------------------------------- whole runs

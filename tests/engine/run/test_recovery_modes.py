@@ -86,6 +86,11 @@ def test_a_bad_mode_or_row_count_says_what_to_change() -> None:
         PruningConfig(recovery="retrain")
     with pytest.raises(ConfigError, match="`reconstruction_rows` must be an integer"):
         PruningConfig(reconstruction_rows=0)
+    with pytest.raises(ConfigError, match="`budget_search` 'halving' fine-tunes every candidate and `recovery` "
+                                          "'reconstruct' fine-tunes none; set `budget_search` to 'judged'"):
+        PruningConfig(recovery="reconstruct", budget_search="halving")
+    with pytest.raises(ConfigError, match="`budget_search` must be one of auto, judged, halving"):
+        PruningConfig(budget_search="bisect")
 
 
 # --------------------------------------------------------------------------- the budget judged after reconstruction
@@ -168,3 +173,17 @@ def test_a_budget_fine_tuned_after_reconstruction_reports_the_chosen_reconstruct
 def test_a_budget_with_fine_tuning_alone_has_no_reconstruction(inputs, tmp_path: Path) -> None:
     report, _ = _budget_run(inputs, tmp_path / "out", recovery="finetune", budget_strategies=("cahp",))
     assert report.budget is not None and report.reconstruction is None
+
+
+def test_a_budget_judged_with_fine_tuning_alone_scores_after_reconstruction_and_trains_the_knee_first(
+        inputs, tmp_path: Path) -> None:
+    report, lines = _budget_run(inputs, tmp_path / "out", recovery="finetune", budget_search="judged",
+                                budget_strategies=("cahp", "salience"))
+    budget = report.budget
+    assert budget is not None and report.reconstruction is None  # the reconstruction judged, it did not recover
+    assert all(c.reconstructed is not None for c in budget.candidates)
+    assert any(line.startswith("fine-tuning the knee's head count first") for line in lines)
+    first_trained = next(c for c in budget.candidates if c.stopped != "judged")
+    knee_line = next(line for line in lines if line.startswith("fine-tuning the knee's head count first"))
+    assert f"({first_trained.heads_kept} heads)" in knee_line  # the first probe is the knee's head count
+    assert report.recovery.steps > 0 and any(c.chosen for c in budget.candidates)

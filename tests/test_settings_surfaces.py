@@ -18,7 +18,8 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import Engine
 
 from app.api.main import create_app
-from app.api.schemas import JobParams, JobResult
+from app.api.result_schemas import JobResult
+from app.api.schemas import JobParams
 from app.cli.prune import config_from_args, register
 from app.core.settings import Settings
 from cahp_engine.config import (

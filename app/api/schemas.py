@@ -99,10 +99,10 @@ def param_field(name: str) -> Any:
     """The ``Field`` of the job setting ``name``, from its declaration in the engine.
 
     Unset (None) means the engine's default: the description gives it with the setting's help, and
-    ``x-cahp-default`` as a value (the console's submit form shows it). The bounds of its rule go into
-    the JSON schema (``minimum``, ``exclusiveMaximum``, ...; the choices are the ``enum`` of its
-    ``Literal`` type) without being enforced here: ``PruningConfig`` checks them and says what to
-    change in the words ``cahp prune`` uses.
+    ``x-cahp-default`` as a value (the console's submit form shows it; absent when it is None). The bounds
+    of its rule go into the JSON schema (``minimum``, ``exclusiveMaximum``, ...; the choices are the
+    ``enum`` of its ``Literal`` type) without being enforced here: ``PruningConfig`` checks them and says
+    what to change in the words ``cahp prune`` uses.
     """
     setting = _JOB_SETTINGS[name]
     default = list(setting.default) if isinstance(setting.default, tuple) else setting.default

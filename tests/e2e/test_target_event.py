@@ -2,8 +2,8 @@
 record (what each layer keeps, the predicted speed-up) as soon as the run has pruned to it, while the run
 goes on; the stage changes after it carry the record to a webhook receiver too.
 
-The job asks for a recovery of 1000 epochs, and the client cancels it as soon as the target event came: a
-job that ends ``cancelled`` shows the event arrived while the run was still working, not with its end.
+The job asks for a recovery of 1000 epochs; the client cancels it once the stream shows it in recovery. The
+target's event came before that one, so a platform had the record while recovery ran, not with the job's end.
 """
 
 from __future__ import annotations
@@ -19,24 +19,23 @@ from tests.support.helpers import job_body, write_tiny_dataset, write_tiny_model
 from tests.support.processes import child_env, create_key, start_serve, stop, wait_for
 from tests.support.receiver import Receiver
 
-#: The stages a run goes through after its surgery, with recovery by fine-tuning.
-AFTER_SURGERY = {"pruned_evaluation", "recovery"}
-
 
 def _follow(url: str, auth: dict[str, str], job_id: str, into: list[tuple[str, Any]]) -> None:
-    """Read the job's event stream to its end; cancel the job once its target event came."""
+    """Read the job's event stream to its end; cancel the job once it is seen in recovery."""
     with httpx.stream("GET", f"{url}/v1/jobs/{job_id}/events", headers=auth, timeout=300) as response:
         kind = ""
         for line in response.iter_lines():
             if line.startswith("event: "):
                 kind = line[len("event: "):]
             elif line.startswith("data: "):
-                into.append((kind, json.loads(line[len("data: "):])))
-                if kind == "target":
+                data = json.loads(line[len("data: "):])
+                into.append((kind, data))
+                if kind in ("status", "stage", "progress") and data["stage"] == "recovery" \
+                        and not data["cancel_requested"]:
                     assert httpx.post(f"{url}/v1/jobs/{job_id}/cancel", headers=auth, timeout=30).status_code == 202
 
 
-def test_the_stream_sends_the_target_once_decided_while_the_job_still_runs(tmp_path: Path) -> None:
+def test_the_stream_sends_the_target_once_decided_before_recovery(tmp_path: Path) -> None:
     inputs = tmp_path / "inputs"
     model, data = write_tiny_model(inputs / "model"), write_tiny_dataset(inputs / "data")
     env = child_env(data_dir=str(tmp_path / "cahp-data"), allowed_local_roots=str(inputs),
@@ -65,28 +64,30 @@ def test_the_stream_sends_the_target_once_decided_while_the_job_still_runs(tmp_p
         kinds = [kind for kind, _ in streamed]
         assert kinds.count("target") == 1, kinds
         assert kinds[-1] == "status" and streamed[-1][1]["status"] == "cancelled", log.read_text()[-3000:]
+        in_recovery = next(i for i, (kind, data) in enumerate(streamed)
+                           if kind in ("status", "stage", "progress") and data["stage"] == "recovery")
+        assert kinds.index("target") < in_recovery
         target = streamed[kinds.index("target")][1]
         # The record: a FLOPs target, kept within it, two layers' counts of the tiny model's four heads.
         assert (target["kind"], target["target"], target["runtime"]) == ("flops", 0.5, "analytic")
         assert target["flops_kept"] <= 0.5 and target["predicted_speedup"] >= 2.0
         assert len(target["heads_per_layer"]) == len(target["neurons_per_layer"]) == 2
         assert sum(target["heads_per_layer"]) < 2 * target["heads_total"]
-        # The job says the same, and it was cancelled after its surgery, in a stage the target came before.
+        # The job says the same; it was cancelled in its recovery.
         job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=auth).json()
-        assert job["target"] == target and job["status"] == "cancelled"
-        assert job["stage"] in AFTER_SURGERY, job["stage"]
+        assert job["target"] == target and (job["status"], job["stage"]) == ("cancelled", "recovery")
         assert streamed[-1][1]["target"] == target
         lines = [entry["message"] for entry in httpx.get(f"{url}/v1/jobs/{job_id}/logs", headers=auth).json()["data"]]
         assert any(line.startswith("FLOPs target 0.5: kept") for line in lines)
 
-        # The webhook of each stage change after the surgery carries the record; those before it, none.
-        wait_for(lambda: any(json.loads(d.body)["data"]["stage"] in AFTER_SURGERY
+        # The webhook of the stage changes after the surgery carries the record; those up to it, none.
+        wait_for(lambda: any(json.loads(d.body)["data"]["stage"] == "recovery"
                              for d in receiver.of_type("job.stage_changed")),
-                 timeout=60, what="a stage change after the surgery to be delivered", log=log)
+                 timeout=60, what="the change to recovery to be delivered", log=log)
         by_stage = {json.loads(d.body)["data"]["stage"]: json.loads(d.body)["data"]
                     for d in receiver.of_type("job.stage_changed")}
         assert by_stage["surgery"]["target"] is None and by_stage["load"]["target"] is None
-        assert [data["target"] for stage, data in by_stage.items() if stage in AFTER_SURGERY][0] == target
+        assert by_stage["recovery"]["target"] == target
     finally:
         receiver.stop()
         stop(server)

@@ -18,7 +18,8 @@ from jsonschema import Draft202012Validator
 from sqlalchemy import Engine
 
 from app.api.main import create_app
-from app.api.schemas import JobParams, JobResult
+from app.api.result_schemas import JobResult
+from app.api.schemas import JobParams
 from app.cli.prune import config_from_args, register
 from app.core.settings import Settings
 from cahp_engine.config import (
@@ -149,6 +150,9 @@ def test_the_openapi_params_carry_each_settings_help_default_bounds_and_choices(
         assert prop["description"] == setting.help_with_default(shown)
         branches = [b for b in prop["anyOf"] if b.get("type") != "null"]
         assert len(branches) == len(prop["anyOf"]) - 1 and prop.get("default") is None  # unset: the default
+        # ... which the console's submit form reads as a value (no default, none: the document leaves out nulls).
+        default = list(setting.default) if isinstance(setting.default, tuple) else setting.default
+        assert prop.get("x-cahp-default") == default, setting.name
         if isinstance(setting.rule, Options):
             assert [b.get("enum", [b.get("const")]) for b in branches] == [list(setting.rule.values)]
         for branch in branches:

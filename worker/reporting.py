@@ -185,6 +185,19 @@ class JobReporter:
             else:
                 self._stage_eta.replan(plan)
 
+    def target_decided(self, record: Any) -> None:
+        """Write a target run's record (a :class:`cahp_engine.run.TargetRecord`, from the engine's
+        ``target_decided`` hook) now, after the log lines before it: the job's event stream sends it
+        while reconstruction and recovery still run."""
+        with self._lock:
+            self._write(self._clock())
+            with transaction(self._sessions) as session:
+                held = repository.report_target(session, job_id=self.job_id, worker_id=self.worker_id,
+                                                target=record.to_dict())
+            if not held and self.stop_reason is None:
+                logger.warning("job %s is no longer held by %s; stopping it", self.job_id, self.worker_id)
+                self.stop_reason = "lost"
+
     def eta_s(self, now: float) -> float | None:
         """Seconds the attempt still needs (None: not measured yet): by its stages' throughput after
         :meth:`measure_stages`, else at the overall pace of its last :data:`ETA_WINDOW_S`."""

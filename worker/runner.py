@@ -281,6 +281,7 @@ def _hooks(claimed: ClaimedJob, context: WorkerContext, reporter: JobReporter, w
     return RunHooks(
         progress=reporter.progress,
         plan=reporter.plan,
+        target_decided=reporter.target_decided,
         should_cancel=reporter.should_cancel,
         log=reporter.log,
         # Each stage and fine-tuning stop saved to the artifact store; an earlier attempt's resumed.

@@ -4,8 +4,9 @@ Input models forbid unknown fields, so a misspelt option is a 422 rather than si
 ``JobParams`` lists the engine's job settings (:data:`cahp_engine.config.SETTINGS`, the ones for the
 API), each described and bounded in the OpenAPI schema from its declaration (:func:`param_field`).
 Pydantic checks their types only; the ranges are checked by ``PruningConfig`` itself, so the API and
-``cahp prune`` give the same messages. ``JobResult`` is built from the engine's ``RunSummary`` the same
-way: neither lists a field by hand, so a setting or a figure the engine adds cannot be left out.
+``cahp prune`` give the same messages. No setting is listed by hand, so one the engine adds cannot be left
+out. What a job made
+(``JobResult``, ``JobTarget``) is in :mod:`app.api.result_schemas`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args, get_
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from app.api.registration_schemas import RegisterSpec, RegistrationPublic
+from app.api.result_schemas import JobResult, JobTarget
 from app.core.db import JobStatus
 from app.core.labels import MAX_LABELS, check_labels
 from cahp_engine.config import (
@@ -32,7 +34,6 @@ from cahp_engine.config import (
     settings_for,
 )
 from cahp_engine.data import DatasetOptions
-from cahp_engine.run import RunSummary
 
 T = TypeVar("T")
 
@@ -97,20 +98,22 @@ _JOB_SETTINGS = {setting.name: setting for setting in settings_for("api")}
 def param_field(name: str) -> Any:
     """The ``Field`` of the job setting ``name``, from its declaration in the engine.
 
-    Unset (None) means the engine's default, which the description gives with the setting's help.
-    The bounds of its rule go into the JSON schema (``minimum``, ``exclusiveMaximum``, ...; the
-    choices are the ``enum`` of its ``Literal`` type) without being enforced here: ``PruningConfig``
-    checks them and says what to change in the words ``cahp prune`` uses.
+    Unset (None) means the engine's default: the description gives it with the setting's help, and
+    ``x-cahp-default`` as a value (the console's submit form shows it; absent when it is None). The bounds
+    of its rule go into the JSON schema (``minimum``, ``exclusiveMaximum``, ...; the choices are the
+    ``enum`` of its ``Literal`` type) without being enforced here: ``PruningConfig`` checks them and says
+    what to change in the words ``cahp prune`` uses.
     """
     setting = _JOB_SETTINGS[name]
-    default = setting.default
-    shown = json.dumps(list(default)) if isinstance(default, tuple) else str(default)
+    default = list(setting.default) if isinstance(setting.default, tuple) else setting.default
+    shown = json.dumps(default) if isinstance(default, list) else str(default)
     return Field(default=None, description=setting.help_with_default(shown),
-                 json_schema_extra=partial(_add_bounds, setting.rule))
+                 json_schema_extra=partial(_add_bounds, setting.rule, default))
 
 
-def _add_bounds(rule: Constraint, schema: dict[str, Any]) -> None:
-    """Write ``rule``'s bounds into each branch of a property's schema that they apply to."""
+def _add_bounds(rule: Constraint, default: Any, schema: dict[str, Any]) -> None:
+    """Write ``rule``'s bounds into each branch of a property's schema that they apply to, and the default."""
+    schema["x-cahp-default"] = default
     for branch in schema.get("anyOf", [schema]):
         kind = branch.get("type")
         if isinstance(rule, Interval) and kind in ("integer", "number"):
@@ -233,64 +236,6 @@ class AttemptPublic(BaseModel):
 
 
 
-#: What each figure of the engine's ``RunSummary`` means, in the OpenAPI schema.
-_RESULT_DESCRIPTIONS: dict[str, str] = {
-    "k_star": "Number of clusters used: the knee, or `heads_to_keep`",
-    "heads_total": "Attention heads of the dense model, L * H",
-    "heads_kept": "Heads left after pruning",
-    "retention": "`heads_kept / heads_total`",
-    "dense_accuracy": "Accuracy of the dense model on the evaluation split (after dense fine-tuning, if it ran)",
-    "pruned_accuracy": "Accuracy of the pruned model after recovery",
-    "speedup": "Dense p50 latency over pruned p50 latency at batch size 32 (else the first batch size timed)",
-    "onnx_max_abs_diff": "The ONNX export's largest absolute logit difference from PyTorch; null without an export",
-    "onnx_speedup": "Dense PyTorch p50 over pruned onnxruntime p50 (CPU, batch 32)",
-    "int8_accuracy": "Accuracy of `onnx-int8/` on the evaluation split; null without `quantize=int8`",
-    "int8_speedup": "Dense PyTorch p50 over `onnx-int8/` p50 (CPU, batch 32); null without `quantize=int8`",
-    "base_model": "The dense model by name: its hub id, its checkpoint's `_name_or_path`, else the uploaded "
-    "directory's or archive's name",
-    "dataset": "The dataset by name",
-    "dense_macro_f1": "Macro-F1 of the dense model (evaluation split)",
-    "pruned_macro_f1": "Macro-F1 of the pruned model after recovery",
-    "onnx_accuracy": "Accuracy of `onnx/` in onnxruntime",
-    "onnx_macro_f1": "Macro-F1 of `onnx/` in onnxruntime",
-    "int8_macro_f1": "Macro-F1 of `onnx-int8/`",
-    "int8_max_abs_diff": "The int8 graph's largest absolute logit difference from the pruned PyTorch model "
-    "(measured; int8 is not exact)",
-    "speedup_low": "95 % interval of `speedup` (low end); an interval holding 1 is no measurable change",
-    "speedup_high": "95 % interval of `speedup` (high end)",
-    "onnx_speedup_low": "95 % interval of `onnx_speedup` (low end)",
-    "onnx_speedup_high": "95 % interval of `onnx_speedup` (high end)",
-    "int8_speedup_low": "95 % interval of `int8_speedup` (low end)",
-    "int8_speedup_high": "95 % interval of `int8_speedup` (high end)",
-    "warnings": "Every warning of the run; quality warnings (a class never predicted, macro-F1 near chance, too "
-    "large a drop) first",
-    "warning_codes": "A stable code for each of `warnings`, in the same order: class_lost, near_chance, "
-    "accuracy_drop, macro_f1_drop, int8_accuracy_drop, recall_drop, untrained_head, no_knee, no_stability, "
-    "budget_noise or other",
-}
-
-
-def _job_result_model() -> type[BaseModel]:
-    """``JobResult``: the engine's :class:`RunSummary` field for field, every field nullable (rows from older
-    releases may lack some), so a figure the engine adds is in the API's answer too."""
-    hints = get_type_hints(RunSummary)
-    fields: dict[str, Any] = {
-        f.name: (hints[f.name] | None, Field(default=None, description=_RESULT_DESCRIPTIONS.get(f.name)))
-        for f in dataclasses.fields(RunSummary)
-    }
-    return create_model("JobResult", __doc__="The headline figures of a succeeded job (report.json's `summary`).",
-                        **fields)
-
-
-if TYPE_CHECKING:
-
-    class JobResult(BaseModel):
-        """The engine's ``RunSummary``, every field nullable."""
-
-else:
-    JobResult = _job_result_model()
-
-
 class JobLinks(BaseModel):
     self: str
     logs: str
@@ -336,6 +281,8 @@ class JobPublic(BaseModel):
         "(`register` at submit), then each one `cahp register` added")
     attempts: list[AttemptPublic] = Field(default_factory=list, description="Every attempt so far, oldest first; "
                                           "`started_at` is the first one's")
+    target: JobTarget | None = Field(default=None, description="A speed or FLOPs target's record, as soon as the "
+                                     "run has pruned to it (before recovery); null for a run without a target")
 
 
 class Page(BaseModel, Generic[T]):

@@ -15,6 +15,7 @@ from cahp_engine.progress import StagePlan
 from cahp_engine.run._executors import CandidateExecutor
 from cahp_engine.run._live import LOG_INTERVAL_S
 from cahp_engine.run._resume import ResumeStore
+from cahp_engine.run._target_record import TargetRecord
 
 __all__ = ["RunHooks"]
 
@@ -50,6 +51,10 @@ class RunHooks:
         Hears, once the data is loaded, the :class:`~cahp_engine.progress.StagePlan` the run's progress
         follows from then on: each stage's span and expected cost on the run's rows (a time-left estimate
         maps the progress back to its stages with it).
+    target_decided : callable(TargetRecord) or None
+        Hears a speed or FLOPs target's record (the report's ``target``) as soon as the run has pruned to it,
+        before reconstruction and recovery: the predicted speed-up and what each layer keeps, while the run
+        goes on (the job service: an event of the job's stream). A later attempt of a job decides again.
     """
 
     progress: Callable[[str, float], None] | None = None
@@ -61,6 +66,7 @@ class RunHooks:
     save_when_stopped: Callable[[], bool] | None = None
     candidates: CandidateExecutor | None = None
     plan: Callable[[StagePlan], None] | None = None
+    target_decided: Callable[[TargetRecord], None] | None = None
 
     def say(self, line: str) -> None:
         """``log(line)``, or nothing without a log."""

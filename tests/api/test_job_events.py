@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
+from app.core.db import make_session_factory, repository, transaction
 from app.core.settings import Settings
 from tests.support.helpers import service_settings
 from tests.support.jobs import finish, progress, start, submit
@@ -89,3 +90,50 @@ def test_last_event_id_resumes_after_the_lines_already_received(
 def test_unknown_jobs_and_missing_keys(client: TestClient, auth: dict[str, str]) -> None:
     assert client.get("/v1/jobs/nope/events", headers=auth).status_code == 404
     assert client.get("/v1/jobs/nope/events").status_code == 401
+
+
+def test_a_target_decided_while_the_job_runs_is_an_event_before_its_end_and_again_after_a_reconnect(
+    client: TestClient, auth: dict[str, str], engine: Engine, settings: Settings
+) -> None:
+    job_id = submit(client, auth, settings)
+    start(engine, job_id)
+    decided = {"kind": "flops", "target": 0.5, "runtime": "analytic", "heads_per_layer": [1, 3],
+               "neurons_per_layer": [20, 0], "heads_total": 4, "neurons_total": 37, "predicted_speedup": 2.4,
+               "measured_speedup": None}
+    sessions = make_session_factory(engine)
+
+    def work() -> None:  # the worker's writes, while the client listens
+        progress(engine, job_id, "surgery", 0.5, messages=("FLOPs target 0.5: kept 41%",))
+        time.sleep(0.2)
+        with transaction(sessions) as session:
+            assert repository.report_target(session, job_id=job_id, worker_id="w", target=decided)
+            # A worker that does not hold the job writes nothing.
+            assert not repository.report_target(session, job_id=job_id, worker_id="other", target={"kind": "x"})
+        time.sleep(0.2)
+        progress(engine, job_id, "recovery", 0.7, messages=("recovery: epoch 1",))
+        time.sleep(0.2)
+        finish(engine, job_id, messages=["done"])
+
+    writer = threading.Thread(target=work)
+    writer.start()
+    events = _events(client, auth, job_id)
+    writer.join()
+    kinds = [kind for _, kind, _ in events]
+    assert kinds.count("target") == 1 and kinds.index("target") < len(kinds) - 1
+    shown = events[kinds.index("target")][2]
+    assert {name: shown[name] for name in decided} == decided
+    assert events[-1][2]["status"] == "succeeded" and events[-1][2]["target"] == shown
+    assert client.get(f"/v1/jobs/{job_id}", headers=auth).json()["target"] == shown
+    # A client that reconnects after the target's event gets it again, before the job's state.
+    resumed = _events(client, auth, job_id, last_event_id=events[kinds.index("target")][0])
+    assert [kind for _, kind, _ in resumed if kind != "log"] == ["target", "status"]
+
+
+def test_a_job_without_a_target_sends_no_target_event(
+    client: TestClient, auth: dict[str, str], engine: Engine, settings: Settings
+) -> None:
+    job_id = submit(client, auth, settings)
+    start(engine, job_id)
+    finish(engine, job_id)
+    assert "target" not in [kind for _, kind, _ in _events(client, auth, job_id)]
+    assert client.get(f"/v1/jobs/{job_id}", headers=auth).json()["target"] is None

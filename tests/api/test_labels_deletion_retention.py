@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, update
 
 from app.api.background import JobQueue, sweep_once
-from app.api.schemas import JobResult
+from app.api.result_schemas import JobResult
 from app.core.db import Job, make_session_factory, transaction
 from app.core.settings import Settings
 from app.core.storage import open_store

@@ -138,7 +138,8 @@ def download_artifact(
     "/{job_id}/events",
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                     "description": "Server-Sent Events: `status`, `stage`, `progress` (the job) and `log` (a line)"},
+                     "description": "Server-Sent Events: `status`, `stage`, `progress` (the job), `target` (a "
+                                    "target run's record, once decided) and `log` (a line)"},
                **problem_responses(401, 404, 422, 429)},
 )
 def job_events(

@@ -8,15 +8,19 @@ interval, against a request (and an API-key check) per poll for a client that po
 Events (``data`` is JSON)::
 
     event: status | stage | progress   the whole job (as GET /v1/jobs/{id}), when that changed
+    event: target                      a speed or FLOPs target's record (the job's ``target``), once the
+                                       run has pruned to it: sent while recovery still runs
     event: log                         one log line: {offset, time, message}
 
-Every event's ``id`` is the number of log lines sent so far. A client that reconnects sends the last
-one as ``Last-Event-ID`` and gets the job's current state, then the log lines after it: nothing is
-lost, and no line is sent twice. For a finished job the stream sends the rest of the log, then the
-final state (an event ``status``), and ends; so a stream always ends with the terminal status,
-unless the server is shutting down (the client then reconnects to another or the restarted one)
-or the key was revoked. The key is checked again before every read, from the key cache, so a revoked
-key's streams end within the cache's lifetime and a poll interval (its reconnection is then a 401).
+Every event's ``id`` is the number of log lines sent so far. A client that reconnects sends the last one
+as ``Last-Event-ID`` and gets the job's current state, then the log lines after it: nothing is lost, and
+no line is sent twice. A ``target`` event comes once per connection (again after a reconnect, and again
+if a later attempt of the job decided anew), before the job event of the same read. For a finished job
+the stream sends the rest of the log, then the final state (an event ``status``), and ends; so a stream
+always ends with the terminal status, unless the server is shutting down (the client then reconnects to
+another or the restarted one) or the key was revoked. The key is checked again before every read, from
+the key cache, so a revoked key's streams end within the cache's lifetime and a poll interval (its
+reconnection is then a 401).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from app.api.result_schemas import JobTarget
 from app.api.schemas import JobPublic, LogLine
 from app.api.services.jobs import MAX_LOG_PAGE, get_job, to_public
 from app.core.db import JobStatus, repository
@@ -96,6 +101,7 @@ async def job_events(
     """
     offset = last_event_id
     sent: JobPublic | None = None
+    target_sent: JobTarget | None = None
     quiet_since = time.monotonic()
     yield f"retry: {RECONNECT_MS}\n\n".encode()
     while True:
@@ -109,10 +115,15 @@ async def job_events(
             yield _event("log", line.model_dump_json(), offset)
         more = len(read.lines) == MAX_LOG_PAGE
         kind = None if more else _change(sent, read.job)
+        target = None if more else read.job.target
+        decided = target is not None and target != target_sent
+        if target is not None and decided:
+            target_sent = target
+            yield _event("target", target.model_dump_json(), offset)
         if kind is not None:
             sent = read.job
             yield _event(kind, read.job.model_dump_json(), offset)
-        if read.lines or kind is not None:
+        if read.lines or kind is not None or decided:
             quiet_since = time.monotonic()
         if not more and JobStatus(read.job.status).finished:
             return

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from app.api.background import JobQueue
 from app.api.job_reader import JobReader
 from app.api.ranges import ByteRange, requested_range
+from app.api.result_schemas import JobResult, JobTarget
 from app.api.schemas import (
     ArtifactPublic,
     AttemptPublic,
@@ -29,7 +30,6 @@ from app.api.schemas import (
     JobError,
     JobLinks,
     JobPublic,
-    JobResult,
     LogLine,
     LogPage,
     ModelSpec,
@@ -396,6 +396,7 @@ def to_public(job: Job | Row[Any], *, attempts: Sequence[Any] | None = None) -> 
         finished_at=job.finished_at,
         error=JobError(code=job.error_code, message=job.error_message or "") if job.error_code else None,
         result=JobResult.model_validate(job.result) if job.result else None,
+        target=JobTarget.model_validate(job.target) if job.target else None,
         labels=job.labels or {},
         notify_url=job.notify_url,
         artifacts_expired=bool(job.artifacts_expired),

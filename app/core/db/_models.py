@@ -149,6 +149,9 @@ class Job(Base):
     registration_history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     # How many registrations of the job were started (CAHP_MAX_REGISTRATIONS_PER_JOB bounds it).
     registrations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A speed or FLOPs target's record (cahp_engine.run.TargetRecord as a dict), written by the worker as soon
+    # as the run pruned to it, before recovery; a later attempt writes its own.
+    target: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # Every attempt so far, oldest first (read-only here: the repository writes ``job_attempts``).
     attempt_history: Mapped[list[JobAttempt]] = relationship(
         lazy="selectin", viewonly=True, order_by="JobAttempt.number")

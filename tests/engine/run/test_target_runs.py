@@ -37,14 +37,23 @@ def _inputs(root: Path, family: str) -> tuple[Path, Path]:
 def test_a_flops_target_removes_heads_and_neurons_and_reports_them_per_layer(family: str, tmp_path: Path) -> None:
     model_dir, data_dir = _inputs(tmp_path, family)
     lines: list[str] = []
+    heard: list[object] = []  # the stages as they start, and the target's record when the hook hears it
+
+    def stage(name: str, _fraction: float) -> None:
+        if not heard or heard[-1] != name:
+            heard.append(name)
+
     config = PruningConfig(**{**FAST, "target_flops": 0.4, "target_seq_len": 16, "recovery": "reconstruct"})
     report = run_pruning(RunRequest(str(model_dir), str(data_dir), tmp_path / "out", config),
-                         RunHooks(log=lines.append))
+                         RunHooks(log=lines.append, progress=stage, target_decided=heard.append))
 
     target = report.target
     assert isinstance(target, TargetRecord) and target.kind == "flops" and target.target == 0.4
     assert target.flops_kept <= 0.4 and target.predicted_speedup >= 2.5 and target.measured_speedup is None
     assert len(target.heads_per_layer) == len(target.neurons_per_layer) == LAYERS
+    # The hook heard the record once, as soon as the surgery had pruned to it, before reconstruction.
+    assert [item for item in heard if isinstance(item, TargetRecord)] == [target]
+    assert heard.index("surgery") < heard.index(target) < heard.index("reconstruction")
     assert sum(target.neurons_per_layer) < LAYERS * target.neurons_total
     # The checkpoint really lost those neurons and heads: its shapes and its parameter count.
     saved = load_pruned(tmp_path / "out" / report.checkpoint.path)

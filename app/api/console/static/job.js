@@ -240,7 +240,7 @@ export function jobView(jobId) {
         job.dataset_name ? " " : null, h("code", { class: job.dataset_name ? "muted" : "" }, job.dataset?.uri)),
       registration(job),
       job.labels && Object.keys(job.labels).length ? field("labels", "Labels", labelChips(job.labels)) : null,
-      field("params", "Settings", h("details", {}, h("summary", {}, `degree ${job.params?.poly_degree ?? "–"}, epochs ${job.params?.epochs ?? "–"}, strategy ${job.params?.strategy ?? "–"}`),
+      field("params", "Settings", h("details", {}, h("summary", {}, `degree ${job.params?.poly_degree ?? "–"}, epochs ${job.params?.epochs ?? "–"}, strategy ${job.params?.strategy ?? "–"}, recovery ${job.params?.recovery ?? "–"}`),
         h("pre", { class: "params" }, JSON.stringify(job.params, null, 2)))));
     cancel.hidden = isFinished(job) || job.cancel_requested;
     named.textContent = job.name || "";

@@ -1,6 +1,13 @@
 // The submit form: upload a model and a dataset archive (or name them by URI), say which columns and
-// split to read, pick the degree and the epochs, name the model and label the job, submit. One
-// Idempotency-Key per filled-in form, so a double click or a retry makes one job.
+// split to read, pick the degree, the epochs, the strategy, the recovery and optionally a speed target
+// or an accuracy budget, name the model and label the job, submit. One Idempotency-Key per filled-in
+// form, so a double click or a retry makes one job.
+//
+// The strategy and recovery choices and every default come from the API's own description of a job's
+// settings (JobParams in /openapi.json: each choice's enum and its x-cahp-default), never a list kept
+// here. A setting is set in one place: "More settings (JSON)" may name a key that has its own control
+// only with the same value; a different one is refused, naming both. An empty speed-target or
+// accuracy-drop field sets nothing, so the JSON box may set those.
 
 import { api, ApiError, upload } from "./api.js";
 import { clear, formatPercent, h } from "./dom.js";
@@ -11,6 +18,24 @@ function idempotencyKey() {
   // crypto.randomUUID needs a secure context; getRandomValues works on plain http too (team mode).
   const bytes = crypto.getRandomValues(new Uint8Array(16));
   return `ui-${[...bytes].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+let settingsSchema = null;
+
+/** JobParams' properties from the API's OpenAPI document (read once per page load). */
+async function jobSettings() {
+  settingsSchema ??= api("openapi.json").then((spec) => spec.components.schemas.JobParams.properties)
+    .catch((problem) => { settingsSchema = null; throw problem; });
+  return settingsSchema;
+}
+
+/** Fill `select` with the choices of a setting's schema, the API's default selected and marked. */
+function fillChoices(select, property) {
+  const choices = (property.anyOf || [property]).flatMap((branch) => branch.enum || []);
+  const fallback = property["x-cahp-default"];
+  clear(select, ...choices.map((choice) => h("option", { value: choice, selected: choice === fallback },
+    choice === fallback ? `${choice} (default)` : choice)));
+  select.disabled = choices.length === 0;
 }
 
 function source(kind, label, hint) {
@@ -54,7 +79,14 @@ export function submitView({ navigate }) {
                                 "aria-describedby": "register-hint" });
   const degree = h("input", { type: "number", id: "poly-degree", min: 1, max: 10, step: 1, value: 2, required: true });
   const epochs = h("input", { type: "number", id: "epochs", min: 0, step: "any", value: 3, required: true });
-  const extra = h("textarea", { id: "extra-params", rows: 4, spellcheck: "false", placeholder: '{"strategy": "cahp", "seed": 42}' });
+  const strategy = h("select", { id: "strategy", disabled: true, "aria-describedby": "strategy-hint" });
+  const recovery = h("select", { id: "recovery", disabled: true });
+  const speedup = h("input", { type: "number", id: "target-speedup", min: 1, max: 1000, step: "any", placeholder: "none",
+                               "aria-describedby": "targets-hint" });
+  const accuracyDrop = h("input", { type: "number", id: "max-accuracy-drop", min: 0, max: 100, step: "any",
+                                    placeholder: "none", "aria-describedby": "targets-hint" });
+  const extra = h("textarea", { id: "extra-params", rows: 4, spellcheck: "false", placeholder: '{"seed": 42, "batch_size": 16}',
+                                "aria-describedby": "extra-hint" });
   const error = h("div", { class: "error", role: "alert" });
   const status = h("p", { class: "muted", "aria-live": "polite" });
   const button = h("button", { type: "submit" }, "Submit job");
@@ -65,8 +97,20 @@ export function submitView({ navigate }) {
       h("div", { class: "pair" },
         h("div", {}, h("label", { for: "poly-degree" }, "Polynomial degree of the knee"), degree),
         h("div", {}, h("label", { for: "epochs" }, "Recovery epochs"), epochs)),
+      h("div", { class: "pair" },
+        h("div", {}, h("label", { for: "strategy" }, "Head-selection strategy"), strategy),
+        h("div", {}, h("label", { for: "recovery" }, "Recovery"), recovery)),
+      h("p", { id: "strategy-hint", class: "muted" }, ""),
+      h("div", { class: "pair" },
+        h("div", {}, h("label", { for: "target-speedup" }, "Target speed-up (×, optional)"), speedup),
+        h("div", {}, h("label", { for: "max-accuracy-drop" }, "Max accuracy drop (points, optional)"), accuracyDrop)),
+      h("p", { id: "targets-hint", class: "muted" },
+        "Empty: none. A speed-up target prunes heads and neurons until the model is that many times faster; "
+        + "an accuracy drop keeps the fewest heads within that many points of the dense model."),
       h("details", {}, h("summary", {}, "More settings (JSON)"),
-        h("label", { for: "extra-params" }, "Any other cahp prune setting, in snake_case"), extra)),
+        h("label", { for: "extra-params" }, "Any other cahp prune setting, in snake_case"), extra,
+        h("p", { id: "extra-hint", class: "muted" },
+          "A key that has its own field above may appear here only with the same value."))),
     h("fieldset", {}, h("legend", {}, "The pruned model"),
       h("label", { for: "job-name" }, "Name (optional)"), name,
       h("label", { for: "job-labels" }, "Labels (optional)"), labels,
@@ -74,6 +118,23 @@ export function submitView({ navigate }) {
       h("label", { for: "register-model" }, "Register in the MLflow registry as (optional)"), register,
       h("p", { id: "register-hint", class: "muted" }, "A registered model's name: the server adds a new version of it.")),
     error, status, button);
+
+  const strategyHint = form.querySelector("#strategy-hint");
+  jobSettings().then((properties) => {
+    fillChoices(strategy, properties.strategy);
+    fillChoices(recovery, properties.recovery);
+    // The degree and epochs fields start at the engine's defaults too, unless already edited.
+    for (const [input, key] of [[degree, "poly_degree"], [epochs, "epochs"]]) {
+      const fallback = properties[key]?.["x-cahp-default"];
+      if (input.value === input.defaultValue && fallback !== undefined && fallback !== null) {
+        input.value = String(fallback);
+        input.defaultValue = String(fallback);
+      }
+    }
+    strategyHint.textContent = properties.strategy.description || "";
+  }).catch((problem) => {
+    fail(`The service's settings could not be read (${problem.message}): strategy and recovery take its defaults.`);
+  });
 
   function fail(message, problem) {
     const items = (problem?.errors || []).map((e) => h("li", {}, `${(e.loc || []).join(".")}: ${e.msg}`));
@@ -120,6 +181,19 @@ export function submitView({ navigate }) {
       }
       jobLabels[line.slice(0, at).trim()] = line.slice(at + 1).trim();
     }
+    const chosen = {};
+    for (const [key, input, label] of [["target_speedup", speedup, "Target speed-up"],
+                                       ["max_accuracy_drop", accuracyDrop, "Max accuracy drop"]]) {
+      if (input.validity.badInput) {
+        fail(`${label} must be a number, or empty for none.`);
+        input.focus();
+        return;
+      }
+      if (input.value.trim() !== "") chosen[key] = Number(input.value);
+    }
+    for (const [key, select] of [["strategy", strategy], ["recovery", recovery]]) {
+      if (!select.disabled && select.value) chosen[key] = select.value;
+    }
     const degreeValue = Number(degree.value);
     const epochsValue = Number(epochs.value);
     if (!Number.isInteger(degreeValue) || degreeValue < 1 || degreeValue > 10) {
@@ -130,6 +204,15 @@ export function submitView({ navigate }) {
     if (!(epochsValue >= 0) || epochs.value.trim() === "") {
       fail("Epochs must be a number >= 0.");
       epochs.focus();
+      return;
+    }
+    Object.assign(chosen, { poly_degree: degreeValue, epochs: epochsValue });
+    const conflicts = Object.keys(chosen).filter((key) => key in params && params[key] !== chosen[key]);
+    if (conflicts.length) {
+      const [key] = conflicts;
+      fail(`${key} is ${JSON.stringify(chosen[key])} in its field and ${JSON.stringify(params[key])} in More settings: `
+        + "set it in one place (change the field, or remove the key from More settings).");
+      extra.focus();
       return;
     }
     button.disabled = true;
@@ -143,7 +226,7 @@ export function submitView({ navigate }) {
         if (input.value.trim()) datasetSpec[field] = input.value.trim();
       }
       const body = { model: { uri: modelUri }, dataset: datasetSpec,
-                     params: { ...params, poly_degree: degreeValue, epochs: epochsValue } };
+                     params: { ...params, ...chosen } };
       if (name.value.trim()) body.name = name.value.trim();
       if (Object.keys(jobLabels).length) body.labels = jobLabels;
       if (register.value.trim()) body.register = { model_name: register.value.trim() };

@@ -84,6 +84,7 @@ from app.core.db.repository._leases import (
     release_lost_job,
     renew_lease,
     report_progress,
+    report_target,
 )
 from app.core.db.repository._logs import append_logs, next_log_line, read_logs
 from app.core.db.repository._pieces import (
@@ -130,7 +131,8 @@ __all__ = [
     "job_row", "job_row_sql", "jobs_with_artifacts_to_expire", "jobs_with_expired_leases", "key_webhook_secret",
     "list_api_keys", "list_artifacts", "list_jobs", "list_webhooks", "LostJob", "mark_enqueued", "mark_not_enqueued",
     "next_log_line", "ProgressAck", "queued_jobs_to_send", "read_logs", "record_attempt", "record_event",
-    "release_lost_job", "renew_lease", "report_progress", "request_cancel", "revoke_api_key", "secrets_for",
+    "release_lost_job", "renew_lease", "report_progress", "report_target",
+    "request_cancel", "revoke_api_key", "secrets_for",
     "set_key_webhook_secret", "set_registration", "registrations_of", "reserve_registration", "stale_uploads",
     "touch_api_key",
 ]

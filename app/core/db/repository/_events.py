@@ -43,8 +43,9 @@ def job_summary(job: Job, *, details: Mapping[str, Any] | None = None) -> dict[s
 
     Besides its state: what the model is (the job's name, the model and dataset by name and reference,
     the settings it was made with, and in ``result`` the base model, warnings and figures) and its MLflow
-    registration; ``details`` add what only the worker knows at the end (``artifacts`` with their
-    time-limited signed links, the run's ``identity`` and ``recipe``, a target run's ``target``).
+    registration, and a target run's ``target`` once the run decided it (so the stage changes after it carry
+    it too); ``details`` add what only the worker knows at the end (``artifacts`` with their time-limited
+    signed links, the run's ``identity`` and ``recipe``, the report's ``target``).
     """
     result = job.result or {}
     return {
@@ -65,7 +66,7 @@ def job_summary(job: Job, *, details: Mapping[str, Any] | None = None) -> dict[s
         "artifacts": [],
         "identity": None,
         "recipe": None,
-        "target": None,
+        "target": job.target,
         "cahp_version": _cahp_version(),
         "created_at": _when(job.created_at),
         "started_at": _when(job.started_at),

@@ -151,6 +151,17 @@ def report_progress(
     return ProgressAck(held=held, cancel_requested=cancel_requested(session, job_id=job_id))
 
 
+def report_target(session: Session, *, job_id: str, worker_id: str, target: Mapping[str, Any]) -> bool:
+    """Write the target record of a run that pruned to a speed or FLOPs target, on a job ``worker_id`` holds.
+
+    Whether it still holds the job: a worker that lost it writes nothing. A later attempt's record
+    replaces an earlier one's (it pruned again, perhaps on another machine).
+    """
+    held_by = (Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
+    written = session.execute(update(Job).where(*held_by).values(target=dict(target), updated_at=utcnow()))
+    return rowcount(written) == 1
+
+
 def job_control(session: Session, *, job_id: str, worker_id: str) -> ProgressAck:
     """Read, without writing, whether ``worker_id`` still holds the running job and its cancel flag."""
     row = session.execute(

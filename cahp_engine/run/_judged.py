@@ -162,10 +162,10 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
         say(f"fine-tuning {ranked[0].strategy} at {steps[i].heads} heads for up to {screen:g} epoch(s) (margin "
             f"{100 * margin:+.2f} points: predicted {100 * (ranked[0].point.score + margin):.2f} against "
             f"{100 * inputs.threshold:.2f})")
-        met = _probe(ranked[0], inputs, executor, screen, margins, say)
+        met = _probe(ranked[0], inputs, executor, margins, say)
         if not met and len(ranked) > 1 and _close(ranked[0], ranked[1], inputs):
             say(f"  the runner-up {ranked[1].strategy} is within the validation split's noise of it: probed too")
-            met = _probe(ranked[1], inputs, executor, screen, margins, say)
+            met = _probe(ranked[1], inputs, executor, margins, say)
         if met is not None:
             if winner is not None and winner.spec is not None:
                 executor.release(winner.spec)
@@ -175,14 +175,17 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
     return winner
 
 
-def _probe(entry: Judged, inputs: SearchInputs, executor: CandidateExecutor, screen: float, margins: list[float],
+def _probe(entry: Judged, inputs: SearchInputs, executor: CandidateExecutor, margins: list[float],
            say: Callable[[str], None]) -> Judged | None:
-    """Fine-tune ``entry`` for up to ``screen`` epochs (pausing once it meets the budget); itself if it met it.
+    """Fine-tune ``entry`` for up to ``budget_screen_epochs`` (pausing once it meets the budget); itself if it
+    met it.
 
     What the probe added over its reconstructed score goes into ``margins`` when it trained; a probe that
     missed is let go.
     """
-    entry.spec = CandidateSpec(strategy=entry.strategy, k=entry.k, seed=inputs.config.seed, until_epochs=screen,
+    config = inputs.config
+    screen = min(float(config.epochs), float(config.budget_screen_epochs))
+    entry.spec = CandidateSpec(strategy=entry.strategy, k=entry.k, seed=config.seed, until_epochs=screen,
                                kept={layer: tuple(h) for layer, h in entry.selection.kept.items()})
     result = executor.run([entry.spec], inputs)[0]
     entry.last = result

@@ -109,7 +109,7 @@ def run_pruning(request: RunRequest, hooks: RunHooks | None = None) -> RunReport
     with staged_output(out, publish_on=(AccuracyBudgetError,)) as work:
         # A missed accuracy budget is the one documented exception to "a failed run leaves nothing":
         # the candidates' report and plots say why no head count met it (report.json has "status": "failed").
-        report = _run(run, resumed, request, work, rows_known, hooks.target_decided or (lambda _: None))
+        report = _run(run, resumed, request, work, _Listeners(rows_known, hooks.target_decided or (lambda _: None)))
         report = complete_report(report, identity=request.identity, model_ref=request.model_ref,
                                  dataset_ref=request.dataset_ref)
         report = dataclasses.replace(report, wall_time_s=time.perf_counter() - started)
@@ -134,13 +134,21 @@ class _Recovered:
     target: TargetRecord | None = None
 
 
-def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Path,
-         rows_known: Callable[[RowCounts], None], target_decided: Callable[[TargetRecord], None]) -> RunReport:
+@dataclasses.dataclass(frozen=True)
+class _Listeners:
+    """Who hears of a run's facts as they are settled: ``rows_known`` the rows the fine-tunings and
+    evaluations will go through once they are loaded; ``target_decided`` a target's record once the model
+    is pruned to it, before reconstruction and recovery."""
+
+    rows_known: Callable[[RowCounts], None]
+    target_decided: Callable[[TargetRecord], None]
+
+
+def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Path, listeners: _Listeners) -> RunReport:
     """The stages in order; the report without its wall time, identity and recipe, which the caller
-    adds (a missed accuracy budget's report is completed and written here, then the error raised).
-    ``rows_known`` hears the rows the fine-tunings and evaluations will go through once they are loaded;
-    ``target_decided`` a target's record once the model is pruned to it, before reconstruction and recovery."""
+    adds (a missed accuracy budget's report is completed and written here, then the error raised)."""
     config = run.config
+    rows_known, target_decided = listeners.rows_known, listeners.target_decided
     inputs = steps.load(run, request)
     rows_known(RowCounts(train=len(inputs.rows), evaluation=len(inputs.evaluation)))
     loaded, model = inputs.loaded, inputs.loaded.model

@@ -268,7 +268,7 @@ def recover_candidate(spec: CandidateSpec, inputs: SearchInputs, *, resume: Cand
     if run.stopped is not None and status == "paused":
         status, reason = run.stopped, run.reason
     elif status == "paused":
-        reason = f"paused after {tuning.epoch:g} epoch(s) (successive halving's rung)"
+        reason = f"paused after {tuning.epoch:g} epoch(s) (the end of its rung or probe)"
     run.seconds += time.perf_counter() - started
     best_index = run.best
     return CandidateResult(spec=spec, status=status, reason=reason, curve=run.curve, best=run.curve[best_index],

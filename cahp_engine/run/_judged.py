@@ -13,10 +13,11 @@ fine-tunings:
    in the run's resume state (``budget_scores``): a resumed run scores none of them again.
 2. ``recovery`` ``reconstruct``: the fewest heads whose reconstructed score meets the budget win; nothing
    trains.
-3. Otherwise probes are fine-tuned, each for ``budget_screen_epochs`` at most (pausing as soon as it meets
-   the budget, :mod:`cahp_engine.run._candidates`). **The knee's head count goes first**: the best
-   candidate there (by reconstructed score) is what a single run would keep, so when the knee is the
-   answer the budget costs that run and the scoring. Every later probe is the fewest heads predicted to
+3. Otherwise probes are fine-tuned, each pausing as soon as it meets the budget
+   (:mod:`cahp_engine.run._candidates`). **The knee's head count goes first**, for the whole protocol
+   (``epochs``): the best candidate there (by reconstructed score) is what a single run would keep, so
+   when the knee is the answer the budget costs that run and the scoring, and the margin is calibrated on
+   a whole recovery. Every later probe trains ``budget_screen_epochs`` at most and is the fewest heads predicted to
    meet the budget, its reconstructed score plus a **margin** calibrated on the probes so far (the median
    of "fine-tuned best minus reconstructed"), or, when none is, the most heads left. A pass moves the
    upper end down, a miss the lower end up, until no head count between the two ends is predicted to pass.
@@ -124,10 +125,11 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
                       say: Callable[[str], None]) -> Judged | None:
     """Fine-tune the knee's head count, then the head counts the calibrated margin predicts; the winner or None.
 
-    Each probe trains ``budget_screen_epochs`` (or until it meets the budget); only the winner's recovery
-    goes on to the protocol's end, so a probe that wins costs nothing beyond the run it belongs to. The
-    first probe is the knee's head count, a single run's answer: the budget then costs one run when the
-    knee is the answer, and its probe calibrates the margin for the look below or above it. The margin is
+    The first probe is the knee's head count, fine-tuned as a single run would be (up to ``epochs``, pausing
+    once it meets the budget): the budget then costs one run when the knee is the answer, and that probe
+    calibrates the margin on a whole recovery for the look below or above it. Every later probe trains
+    ``budget_screen_epochs`` at most. Only the winner's recovery goes on to the protocol's end, so a probe
+    that wins costs nothing beyond the run it belongs to. The margin is
     what fine-tuning added to a probe's reconstructed score, so only a probe that trained measures it. A
     probe that already met the budget before its first epoch says nothing of it: while every probe so far
     was such a one, the step just below the winner is fine-tuned next. A runner-up of the same head count is
@@ -138,6 +140,14 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
     margins: list[float] = []
     lo, hi, winner = -1, len(steps), None
     knee = next((i for i, step in enumerate(steps) if step.knee), None)
+
+    def tried(entry: Judged, until: float) -> Judged | None:
+        met = _probe(entry, inputs, executor, until, margins.append)
+        assert entry.last is not None
+        say(f"  {entry.strategy} at {entry.selection.num_kept} heads: best {entry.last.best.score:.4f} after "
+            f"{entry.last.epochs:g} epoch(s) (reconstructed {entry.point.score:.4f}): {entry.last.reason}")
+        return met
+
     while hi - lo > 1:
         margin = statistics.median(margins) if margins else 0.0
 
@@ -145,9 +155,11 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
             return j.point.score + m >= inputs.threshold
 
         if knee is not None and lo < knee < hi:
-            i, knee = knee, None
-            say(f"fine-tuning the knee's head count first ({steps[i].heads} heads): a single run's answer")
+            i, knee, until = knee, None, float(config.epochs)
+            say(f"fine-tuning the knee's head count first ({steps[i].heads} heads), as a single run would: up to "
+                f"{until:g} epoch(s), pausing once it meets the budget")
         else:
+            until = screen
             predicted = lazy.first(lo, hi, predicted_to_pass,
                                    why=f", short of the budget even with a {100 * margin:+.2f}-point margin")
             if predicted is None and winner is not None:
@@ -159,13 +171,14 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
             i = predicted if predicted is not None else hi - 1
         group = lazy.group(i)
         ranked = sorted(group, key=Judged.rank, reverse=True)
-        say(f"fine-tuning {ranked[0].strategy} at {steps[i].heads} heads for up to {screen:g} epoch(s) (margin "
+        say(f"fine-tuning {ranked[0].strategy} at {steps[i].heads} heads for up to {until:g} epoch(s) (margin "
             f"{100 * margin:+.2f} points: predicted {100 * (ranked[0].point.score + margin):.2f} against "
             f"{100 * inputs.threshold:.2f})")
-        met = _probe(ranked[0], inputs, executor, margins, say)
+        met = tried(ranked[0], until)
         if not met and len(ranked) > 1 and _close(ranked[0], ranked[1], inputs):
-            say(f"  the runner-up {ranked[1].strategy} is within the validation split's noise of it: probed too")
-            met = _probe(ranked[1], inputs, executor, margins, say)
+            say(f"  the runner-up {ranked[1].strategy} is within the validation split's noise of it: probed too, "
+                f"for up to {screen:g} epoch(s)")
+            met = tried(ranked[1], screen)
         if met is not None:
             if winner is not None and winner.spec is not None:
                 executor.release(winner.spec)
@@ -175,24 +188,19 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
     return winner
 
 
-def _probe(entry: Judged, inputs: SearchInputs, executor: CandidateExecutor, margins: list[float],
-           say: Callable[[str], None]) -> Judged | None:
-    """Fine-tune ``entry`` for up to ``budget_screen_epochs`` (pausing once it meets the budget); itself if it
-    met it.
+def _probe(entry: Judged, inputs: SearchInputs, executor: CandidateExecutor, until: float,
+           measured: Callable[[float], None]) -> Judged | None:
+    """Fine-tune ``entry`` for up to ``until`` epochs (pausing once it meets the budget); itself if it met it.
 
-    What the probe added over its reconstructed score goes into ``margins`` when it trained; a probe that
-    missed is let go.
+    ``measured`` hears what the probe added over its reconstructed score when it trained (a margin); a probe
+    that missed is let go.
     """
-    config = inputs.config
-    screen = min(float(config.epochs), float(config.budget_screen_epochs))
-    entry.spec = CandidateSpec(strategy=entry.strategy, k=entry.k, seed=config.seed, until_epochs=screen,
+    entry.spec = CandidateSpec(strategy=entry.strategy, k=entry.k, seed=inputs.config.seed, until_epochs=until,
                                kept={layer: tuple(h) for layer, h in entry.selection.kept.items()})
     result = executor.run([entry.spec], inputs)[0]
     entry.last = result
     if result.epochs > 0:
-        margins.append(result.best.score - entry.point.score)
-    say(f"  {entry.strategy} at {entry.selection.num_kept} heads: best {result.best.score:.4f} after "
-        f"{result.epochs:g} epoch(s) (reconstructed {entry.point.score:.4f}): {result.reason}")
+        measured(result.best.score - entry.point.score)
     if result.status == "within_budget":
         return entry
     executor.release(entry.spec)

@@ -190,7 +190,7 @@ def _probing(inputs: SearchInputs, **changes) -> SearchInputs:
     return SearchInputs(**{**inputs.__dict__, "config": config})
 
 
-def test_the_knee_is_probed_first_for_the_screen_and_a_winning_knee_needs_no_other_probe(setup) -> None:
+def test_the_knee_is_probed_first_for_the_protocol_and_a_winning_knee_needs_no_other_probe(setup) -> None:
     steps, inputs = setup
     total = steps[-1].heads + 1
     knee = len(steps) // 2
@@ -210,7 +210,7 @@ def test_the_knee_is_probed_first_for_the_screen_and_a_winning_knee_needs_no_oth
     winner = _fine_tune_probes(steps, lazy, case, executor, said.append)
     assert winner is not None and winner.step == knee
     assert calls[0] == ("cahp", steps[knee].heads)  # scored first: the knee
-    assert executor.probes == [("cahp", steps[knee].heads, 0.5)]  # one probe, for the screen's epochs
+    assert executor.probes == [("cahp", steps[knee].heads, 3.0)]  # one probe, for the whole protocol
     assert any(line.startswith("fine-tuning the knee's head count first") for line in said)
 
 
@@ -234,8 +234,9 @@ def test_a_knee_that_misses_sends_the_search_above_it_with_the_runner_up_probed_
     assert winner is not None and winner.step == knee + 1
     assert len(steps[knee].options) == 2
     at_knee = [probe for probe in executor.probes if probe[1] == steps[knee].heads]
-    assert {probe[0] for probe in at_knee} == {"cahp", "salience"}  # the close runner-up, after the miss
-    assert all(probe[2] == 0.5 for probe in executor.probes)
+    assert [probe[0] for probe in at_knee] == ["cahp", "salience"]  # the close runner-up, after the miss
+    # The knee's probe trains the protocol's epochs, every other probe (its runner-up too) the screen's.
+    assert at_knee[0][2] == 3.0 and all(probe[2] == 0.5 for probe in executor.probes[1:])
     assert any("the runner-up" in line for line in said)
 
 

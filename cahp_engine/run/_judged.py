@@ -52,29 +52,27 @@ from cahp_engine.run._candidates import CandidateSpec, SearchInputs
 from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candidate
 from cahp_engine.run._holdout import ValidationData
 from cahp_engine.run._reconstruct import reconstructs
-from cahp_engine.run._scoring import Judged, LazyScores, ScoreBook, every_step, rebuild
+from cahp_engine.run._scoring import Judged, LazyScores, every_step, rebuild
 
 __all__ = ["judged_search"]
 
 
-def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: ValidationData,
-                  executor: CandidateExecutor | None = None,
-                  say: Callable[[str], None] = lambda _line: None,
-                  scored: Callable[[int, int], None] | None = None, book: ScoreBook | None = None) -> BudgetOutcome:
-    """Search ``steps`` for the fewest heads within the budget, judging candidates after reconstruction.
+def judged_search(lazy: LazyScores, *, validation: ValidationData,
+                  executor: CandidateExecutor | None = None) -> BudgetOutcome:
+    """Search ``lazy``'s ladder for the fewest heads within the budget, judging candidates after reconstruction.
 
-    ``scored(done, expected)`` hears each candidate scored (its progress); ``say`` a line for each;
-    ``book`` keeps the scores for a resumed run (and hands back an earlier attempt's).
+    ``lazy`` holds the ladder, the search's inputs, its log (``say``), its progress (``scored(done,
+    expected)``, each candidate scored) and its resume book, which keeps the scores for a resumed run.
 
     Raises
     ------
     AccuracyBudgetError
         When no candidate meets the budget; its ``budget`` holds every candidate's record.
     """
+    steps, inputs, say = lazy.steps, lazy.inputs, lazy.say
     config = inputs.config
     executor = executor if executor is not None else InTurn()
     started = time.perf_counter()
-    lazy = LazyScores(steps, inputs, say=say, scored=scored, book=book)
     say(f"accuracy budget judged after reconstruction: {len(steps)} head counts "
         f"({', '.join(str(s.heads) for s in steps)}) x strategies {', '.join(config.budget_strategies)}; "
         f"{config.budget_metric} must stay >= {inputs.threshold:.4f} with no class lost")
@@ -84,7 +82,7 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
         found = lazy.first(-1, len(steps), lambda j: j.meets, why=", short of the budget")
         search_s = time.perf_counter() - started
         if found is None:
-            record = _record(inputs, validation, steps, lazy, None, search_s, 0.0)
+            record = _record(validation, lazy, None, (search_s, 0.0))
             raise AccuracyBudgetError(failure_message(record), budget=record)
         winner = max((j for j in lazy.group(found) if j.meets), key=Judged.rank)
         winner.chosen = True
@@ -97,12 +95,12 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
             f"after reconstruction; no fine-tuning (recovery reconstruct); {len(lazy.path)} of "
             f"{every_step(steps)} candidates scored")
         return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery,
-                             record=_record(inputs, validation, steps, lazy, found, search_s, 0.0),
+                             record=_record(validation, lazy, found, (search_s, 0.0)),
                              reconstruction=rebuilt)
     found_or_none = _fine_tune_probes(steps, lazy, inputs, executor, say)
     search_s = time.perf_counter() - started
     if found_or_none is None:
-        record = _record(inputs, validation, steps, lazy, None, search_s, 0.0)
+        record = _record(validation, lazy, None, (search_s, 0.0))
         raise AccuracyBudgetError(failure_message(record), budget=record)
     winner = found_or_none
     winner.chosen = True
@@ -117,7 +115,7 @@ def judged_search(steps: list[LadderStep], inputs: SearchInputs, *, validation: 
     if reconstructs(config):
         refit = winner.reconstruction if winner.reconstruction is not None else rebuild(winner.selection, inputs)[1]
     return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery,
-                         record=_record(inputs, validation, steps, lazy, winner.step, search_s, final_s),
+                         record=_record(validation, lazy, winner.step, (search_s, final_s)),
                          reconstruction=refit)
 
 
@@ -237,8 +235,10 @@ def _candidate(entry: Judged, inputs: SearchInputs) -> BudgetCandidate:
         seconds=entry.seconds + last.seconds, chosen=entry.chosen, reconstructed=entry.point)
 
 
-def _record(inputs: SearchInputs, validation: ValidationData, steps: list[LadderStep], lazy: LazyScores,
-            chosen_step: int | None, search_s: float, final_s: float) -> BudgetRecord:
+def _record(validation: ValidationData, lazy: LazyScores, chosen_step: int | None,
+            seconds: tuple[float, float]) -> BudgetRecord:
+    """The search's record; ``seconds``: the search's and the chosen candidate's final recovery's."""
+    inputs, steps, (search_s, final_s) = lazy.inputs, lazy.steps, seconds
     judged = lazy.path
     candidates = tuple(_candidate(j, inputs) for j in judged)
     chosen = next((j for j in judged if j.chosen), None)

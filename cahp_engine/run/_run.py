@@ -287,8 +287,8 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: Selec
     Raises :class:`AccuracyBudgetError` when no candidate is within the budget.
     """
     model = inputs.loaded.model
-    outcome = steps.budget_search(run, inputs=inputs, model=model, result=result, teacher=teacher,
-                                  dense_validation=held[0].dense, dense_predictions=held[1], book=book)
+    outcome = steps.budget_search(run, inputs=inputs, result=result, teacher=teacher, held=(held[0].dense, held[1]),
+                                  book=book)
     # The report's consensus record stays the one of the configured strategy's choice.
     chosen = dataclasses.replace(outcome.selection, consensus=result.selection.consensus)
     result = dataclasses.replace(result, selection=chosen, k_star=outcome.k, knee=None)

@@ -111,7 +111,7 @@ class LazyScores:
     def __init__(self, steps: list[LadderStep], inputs: SearchInputs, *, say: Callable[[str], None],
                  scored: Callable[[int, int], None] | None = None, book: ScoreBook | None = None,
                  score: Callable[[str, Selection], Scored] | None = None) -> None:
-        self.steps, self.inputs, self._say, self._scored, self._book = steps, inputs, say, scored, book
+        self.steps, self.inputs, self.say, self._scored, self._book = steps, inputs, say, scored, book
         self._score = score if score is not None else self._reconstruct_and_score
         self.path: list[Judged] = []  # in the order scored: the search's path
         self.misses: dict[tuple[str, int], str] = {}  # (strategy, step) -> why it did not pass the last test
@@ -163,7 +163,7 @@ class LazyScores:
         self._by[(name, i)] = entry
         self.path.append(entry)
         config = self.inputs.config
-        self._say(f"  [{len(self.path)}] {name} at {selection.num_kept} heads: {config.budget_metric} "
+        self.say(f"  [{len(self.path)}] {name} at {selection.num_kept} heads: {config.budget_metric} "
                   f"{point.score:.4f} after reconstruction "
                   + ("(scored by an earlier attempt)" if restored else f"({seconds:.1f} s)")
                   + (" - within the budget" if entry.meets else "") + (f"; {why}" if why else ""))

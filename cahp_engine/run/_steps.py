@@ -58,7 +58,7 @@ from cahp_engine.run._reconstruct import (
 )
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
-from cahp_engine.run._scoring import ScoreBook
+from cahp_engine.run._scoring import LazyScores, ScoreBook
 from cahp_engine.run._stage_training import StageTraining
 from cahp_engine.run._target_check import check_target_reachable
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
@@ -377,10 +377,12 @@ def evaluate_validation(run: RunContext, *, model: nn.Module,
 
 
 def budget_search(
-    run: RunContext, *, inputs: Inputs, model: nn.Module, result: SelectionResult, teacher: TeacherLogits | None,
-    dense_validation: ClassificationMetrics, dense_predictions: np.ndarray, book: ScoreBook | None = None,
+    run: RunContext, *, inputs: Inputs, result: SelectionResult, teacher: TeacherLogits | None,
+    held: tuple[ClassificationMetrics, np.ndarray], book: ScoreBook | None = None,
 ) -> BudgetOutcome:
     """The accuracy budget's search (:func:`cahp_engine.run._budget.search`) over ``result``'s analysis.
+
+    ``held``: the dense model's scores and predictions on the validation split.
 
     Reads the validation split and the training rows only, never the evaluation split.
     """
@@ -402,13 +404,13 @@ def budget_search(
         run.overall("budget", min(0.99, share + (0.99 - share) * done[0] / expected))
 
     shared = dataclasses.replace(
-        search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=dense_validation,
-                      dense_predictions=dense_predictions),
+        search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=held[0], dense_predictions=held[1]),
         progress=lambda _step, _total: taken(1), steps_done=taken)
     with run.monitor.stage("budget"):
         if judged:
-            return judged_search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say,
-                                 book=book, scored=lambda n, total: run.overall("budget", share * n / max(1, total)))
+            lazy = LazyScores(steps, shared, say=run.say, book=book,
+                              scored=lambda n, total: run.overall("budget", share * n / max(1, total)))
+            return judged_search(lazy, validation=inputs.held_out, executor=run.candidates)
         return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
 
 

@@ -190,6 +190,15 @@ def _probing(inputs: SearchInputs, **changes) -> SearchInputs:
     return SearchInputs(**{**inputs.__dict__, "config": config})
 
 
+def _probed(steps, case: SearchInputs, score_of, gain: float):
+    """The probes' search over ``steps`` with a constructed score and fine-tuning: winner, scores asked, probes, log."""
+    score, calls = _constructed(case, score_of)
+    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
+    executor = _GainingExecutor(case, score_of, gain)
+    said: list[str] = []
+    return _fine_tune_probes(steps, lazy, case, executor, said.append), calls, executor.probes, said
+
+
 def test_the_knee_is_probed_first_for_the_protocol_and_a_winning_knee_needs_no_other_probe(setup) -> None:
     steps, inputs = setup
     total = steps[-1].heads + 1
@@ -203,14 +212,10 @@ def test_the_knee_is_probed_first_for_the_protocol_and_a_winning_knee_needs_no_o
     gain = 0.5 * (score_of("cahp", steps[knee].heads) - score_of("cahp", steps[knee - 1].heads))
     case = SearchInputs(**{**_probing(inputs, budget_strategies=("cahp",)).__dict__,
                            "threshold": score_of("cahp", steps[knee].heads) + 0.5 * gain})
-    score, calls = _constructed(case, score_of)
-    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
-    executor = _GainingExecutor(case, score_of, gain)
-    said: list[str] = []
-    winner = _fine_tune_probes(steps, lazy, case, executor, said.append)
+    winner, calls, probes, said = _probed(steps, case, score_of, gain)
     assert winner is not None and winner.step == knee
     assert calls[0] == ("cahp", steps[knee].heads)  # scored first: the knee
-    assert executor.probes == [("cahp", steps[knee].heads, 3.0)]  # one probe, for the whole protocol
+    assert probes == [("cahp", steps[knee].heads, 3.0)]  # one probe, for the whole protocol
     assert any(line.startswith("fine-tuning the knee's head count first") for line in said)
 
 
@@ -226,17 +231,13 @@ def test_a_knee_that_misses_sends_the_search_above_it_with_the_runner_up_probed_
     # Nothing passes below knee + 1 even after fine-tuning, which adds little.
     threshold = score_of("cahp", steps[knee + 1].heads) - 1e-6
     case = SearchInputs(**{**_probing(inputs).__dict__, "threshold": threshold})
-    score, _ = _constructed(case, score_of)
-    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
-    executor = _GainingExecutor(case, score_of, gain=1e-5)
-    said: list[str] = []
-    winner = _fine_tune_probes(steps, lazy, case, executor, said.append)
+    winner, _, probes, said = _probed(steps, case, score_of, gain=1e-5)
     assert winner is not None and winner.step == knee + 1
     assert len(steps[knee].options) == 2
-    at_knee = [probe for probe in executor.probes if probe[1] == steps[knee].heads]
+    at_knee = [probe for probe in probes if probe[1] == steps[knee].heads]
     assert [probe[0] for probe in at_knee] == ["cahp", "salience"]  # the close runner-up, after the miss
     # The knee's probe trains the protocol's epochs, every other probe (its runner-up too) the screen's.
-    assert at_knee[0][2] == 3.0 and all(probe[2] == 0.5 for probe in executor.probes[1:])
+    assert at_knee[0][2] == 3.0 and all(probe[2] == 0.5 for probe in probes[1:])
     assert any("the runner-up" in line for line in said)
 
 
@@ -249,12 +250,9 @@ def test_a_runner_up_is_not_probed_when_the_best_met_the_budget(setup) -> None:
         return 0.6  # the runner-up as close as can be
 
     case = SearchInputs(**{**_probing(inputs).__dict__, "threshold": 0.5})
-    score, _ = _constructed(case, score_of)
-    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
-    executor = _GainingExecutor(case, score_of, gain=0.0)
-    winner = _fine_tune_probes(steps, lazy, case, executor, lambda _line: None)
+    winner, _, probes, _ = _probed(steps, case, score_of, gain=0.0)
     assert winner is not None and winner.step == 0
-    assert all(strategy == "cahp" for strategy, _, _ in executor.probes)
+    assert all(strategy == "cahp" for strategy, _, _ in probes)
 
 
 # --------------------------------------------------------------------------- whole runs

@@ -184,6 +184,14 @@ def _with_knee(steps, at: int):
     return [dataclasses.replace(step, knee=i == at) for i, step in enumerate(steps)]
 
 
+@pytest.fixture
+def knee_setup(setup):
+    """The ladder with its middle step as the knee: steps, inputs, the knee's step, and one more than the most heads."""
+    steps, inputs = setup
+    knee = len(steps) // 2
+    return _with_knee(steps, knee), inputs, knee, steps[-1].heads + 1
+
+
 def _probing(inputs: SearchInputs, **changes) -> SearchInputs:
     config = inputs.config.replace(**{"recovery": "reconstruct+finetune", "epochs": 3.0, "budget_screen_epochs": 0.5,
                                       **changes})
@@ -199,11 +207,8 @@ def _probed(steps, case: SearchInputs, score_of, gain: float):
     return _fine_tune_probes(steps, lazy, case, executor, said.append), calls, executor.probes, said
 
 
-def test_the_knee_is_probed_first_for_the_protocol_and_a_winning_knee_needs_no_other_probe(setup) -> None:
-    steps, inputs = setup
-    total = steps[-1].heads + 1
-    knee = len(steps) // 2
-    steps = _with_knee(steps, knee)
+def test_the_knee_is_probed_first_for_the_protocol_and_a_winning_knee_needs_no_other_probe(knee_setup) -> None:
+    steps, inputs, knee, total = knee_setup
 
     def score_of(strategy: str, heads: int) -> float:
         return heads / total - (0.2 if strategy == "salience" else 0.0)
@@ -219,11 +224,8 @@ def test_the_knee_is_probed_first_for_the_protocol_and_a_winning_knee_needs_no_o
     assert any(line.startswith("fine-tuning the knee's head count first") for line in said)
 
 
-def test_a_knee_that_misses_sends_the_search_above_it_with_the_runner_up_probed_when_close(setup) -> None:
-    steps, inputs = setup
-    total = steps[-1].heads + 1
-    knee = len(steps) // 2
-    steps = _with_knee(steps, knee)
+def test_a_knee_that_misses_sends_the_search_above_it_with_the_runner_up_probed_when_close(knee_setup) -> None:
+    steps, inputs, knee, total = knee_setup
 
     def score_of(_strategy: str, heads: int) -> float:
         return heads / total  # two strategies within the noise (here zero: every candidate predicts alike)
@@ -241,10 +243,8 @@ def test_a_knee_that_misses_sends_the_search_above_it_with_the_runner_up_probed_
     assert any("the runner-up" in line for line in said)
 
 
-def test_a_runner_up_is_not_probed_when_the_best_met_the_budget(setup) -> None:
-    steps, inputs = setup
-    knee = len(steps) // 2
-    steps = _with_knee(steps, knee)
+def test_a_runner_up_is_not_probed_when_the_best_met_the_budget(knee_setup) -> None:
+    steps, inputs, _, _ = knee_setup
 
     def score_of(_strategy: str, _heads: int) -> float:
         return 0.6  # the runner-up as close as can be

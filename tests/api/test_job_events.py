@@ -22,6 +22,16 @@ def settings(tmp_path: Path) -> Settings:
     return service_settings(tmp_path, events_poll_s=0.05)
 
 
+def _events_while(work, client: TestClient, auth: dict[str, str], job_id: str) -> list[tuple[str, str, dict]]:
+    """The whole stream, read while ``work`` (the worker's writes) runs in a thread."""
+    writer = threading.Thread(target=work)
+    writer.start()
+    try:
+        return _events(client, auth, job_id)
+    finally:
+        writer.join()
+
+
 def _events(client: TestClient, auth: dict[str, str], job_id: str, last_event_id: str | None = None
             ) -> list[tuple[str, str, dict]]:
     """Read the whole stream: ``(id, event, data)`` of each event, in order."""
@@ -56,10 +66,7 @@ def test_the_stream_of_a_running_job_ends_with_its_terminal_status(
         time.sleep(0.2)
         finish(engine, job_id, messages=["done"])
 
-    writer = threading.Thread(target=work)
-    writer.start()
-    events = _events(client, auth, job_id)
-    writer.join()
+    events = _events_while(work, client, auth, job_id)
     kinds = [kind for _, kind, _ in events]
     assert kinds[0] == "status" and events[0][2]["status"] == "running"
     assert kinds[-1] == "status" and events[-1][2]["status"] == "succeeded"
@@ -114,10 +121,7 @@ def test_a_target_decided_while_the_job_runs_is_an_event_before_its_end_and_agai
         time.sleep(0.2)
         finish(engine, job_id, messages=["done"])
 
-    writer = threading.Thread(target=work)
-    writer.start()
-    events = _events(client, auth, job_id)
-    writer.join()
+    events = _events_while(work, client, auth, job_id)
     kinds = [kind for _, kind, _ in events]
     assert kinds.count("target") == 1 and kinds.index("target") < len(kinds) - 1
     shown = events[kinds.index("target")][2]

@@ -20,7 +20,9 @@ each layer's count changes between the variants:
 
 Each cell records the test accuracy and macro-F1 as cut and after layer-wise reconstruction (the run's
 ``recovery reconstruct``: attention and feed-forward output projections refit by ridge least squares on
-the calibration rows), the mean relative error of the feed-forward refits, and the seconds each step
+the calibration rows), the mean relative error of the feed-forward refits, per layer what the kept neurons
+are (their share of the layer's importance, how often they are active, how redundant among themselves),
+and the seconds each step
 cost: the shared ones per seed (importance, allocation, profiles and their correlations) and, per
 variant, the choice and the reconstruction. Cells are saved as they finish; a rerun with the same
 arguments skips those already in the results file.
@@ -177,7 +179,8 @@ def _plan(dense: nn.Module, data: dict[str, Any], seed: int, args: argparse.Name
     flops = flops_costs(dense, batch_size=args.batch, seq_len=args.seq_len)
     return {"config": config, "batches": batches, "heads": heads, "importance": scores.neurons.numpy(),
             "counts": list(plan.neurons_per_layer), "allocated": [list(n) for n in plan.kept_neurons],
-            "corr": corr, "tokens": int(profiles[0].shape[0]), "seconds": seconds,
+            "corr": corr, "active": [(p > 0).mean(axis=0) for p in profiles], "tokens": int(profiles[0].shape[0]),
+            "seconds": seconds,
             "flops_kept": flops.predict(np.array(plan.heads_per_layer), np.array(plan.neurons_per_layer)) / flops.dense,
             "predicted_speedup": plan.predicted_speedup}
 
@@ -199,6 +202,22 @@ def choose_neurons(variant: str, plan: dict[str, Any], seed: int) -> list[list[i
     return kept
 
 
+def _traits(plan: dict[str, Any], kept: list[list[int]]) -> dict[str, list[float | None]]:
+    """Per layer, what the kept neurons are: their share of the layer's importance, the median share of
+    profile tokens on which one is active (> 0), and the median of each one's largest ``|corr|`` with another
+    kept neuron (their redundancy; None with fewer than two)."""
+    share: list[float | None] = []
+    active: list[float | None] = []
+    redundancy: list[float | None] = []
+    for layer, neurons in enumerate(kept):
+        importance, corr = plan["importance"][layer], plan["corr"][layer]
+        share.append(round(float(importance[neurons].sum() / max(importance.sum(), 1e-300)), 4))
+        active.append(round(float(np.median(plan["active"][layer][neurons])), 4) if neurons else None)
+        among = corr[np.ix_(neurons, neurons)] - np.eye(len(neurons))
+        redundancy.append(round(float(np.median(among.max(axis=1))), 4) if len(neurons) > 1 else None)
+    return {"importance_kept": share, "active_kept": active, "redundancy_kept": redundancy}
+
+
 def _cell(dense: nn.Module, plan: dict[str, Any], variant: str, seed: int, test: Any) -> dict[str, Any]:
     started = time.perf_counter()
     kept = choose_neurons(variant, plan, seed)
@@ -213,12 +232,14 @@ def _cell(dense: nn.Module, plan: dict[str, Any], variant: str, seed: int, test:
     rebuilt = reconstruct_pruned(dense, pruned, plan["batches"], plan["config"])
     refit_s = time.perf_counter() - started
     ffn = [f.error_after for f in rebuilt.fits if f.sublayer == "ffn"]
+    kept_traits = _traits(plan, kept)
     return {"heads_per_layer": [len(h) for h in plan["heads"]], "neurons_per_layer": plan["counts"],
             "flops_kept": plan["flops_kept"], "predicted_speedup": plan["predicted_speedup"],
             "same_as_importance": [len(set(a) & set(b)) for a, b in zip(kept, plan["allocated"], strict=True)],
             "identical_layers": sum(list(k) == list(a) for k, a in zip(kept, plan["allocated"], strict=True)),
             "as_cut": as_cut, "reconstructed": _scores(pruned, test),
-            "ffn_error_after": float(np.mean(ffn)) if ffn else None, "reconstruction": rebuilt.describe(),
+            **kept_traits, "ffn_error_after": float(np.mean(ffn)) if ffn else None,
+            "reconstruction": rebuilt.describe(),
             "choice_seconds": choice_s, "reconstruction_seconds": refit_s}
 
 

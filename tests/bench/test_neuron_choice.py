@@ -46,6 +46,10 @@ def test_every_variant_fills_the_same_counts_and_a_rerun_resumes(
         assert importance["flops_kept"] <= 0.5
         # The importance variant is the allocation's own choice; every variant keeps its counts and heads.
         assert importance["same_as_importance"] == counts and importance["identical_layers"] == LAYERS
+        # No choice of as many neurons keeps more of a layer's importance than its most important ones.
+        for variant in neuron_choice.VARIANTS:
+            kept = cells[f"seed {seed}/{variant}"]["importance_kept"]
+            assert all(k <= best + 1e-9 for k, best in zip(kept, importance["importance_kept"], strict=True))
         for variant in neuron_choice.VARIANTS:
             cell = cells[f"seed {seed}/{variant}"]
             assert cell["neurons_per_layer"] == counts
@@ -54,6 +58,8 @@ def test_every_variant_fills_the_same_counts_and_a_rerun_resumes(
             for stage in ("as_cut", "reconstructed"):
                 assert 0 <= cell[stage]["accuracy"] <= 1 and 0 <= cell[stage]["macro_f1"] <= 1
             assert cell["ffn_error_after"] >= 0
+            assert all(0 <= share <= 1 + 1e-9 for share in cell["importance_kept"])
+            assert all(0 <= active <= 1 for active in cell["active_kept"])
     capsys.readouterr()
     neuron_choice.main(argv)  # every cell is there: nothing is measured again
     assert "resuming: 8 cell(s)" in capsys.readouterr().out

@@ -26,6 +26,7 @@ BENCHMARKS = {
     "target_cost": "bench.target_cost",
     "target_sides": "bench.target_sides",
     "reconstruction": "bench.reconstruction",
+    "neuron_choice": "bench.neuron_choice",
 }
 
 

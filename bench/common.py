@@ -148,3 +148,20 @@ def save(name: str, payload: dict[str, Any], *, command: str, protocol: str, res
     path = results / name
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
+
+
+def recorded(out: Path, identity: dict[str, Any]) -> dict[str, Any]:
+    """What an earlier run of a bench wrote to ``out``, when it ran with the same ``identity`` (else empty)."""
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    return previous if previous.get("identity") == identity else {}
+
+
+def dense_task(dense: str, data: str, max_length: int) -> tuple[Any, Any, Any]:
+    """A fine-tuned dense classifier (in eval mode) with its dataset's training and test splits encoded."""
+    from cahp_engine.data import DatasetOptions, encode, load_splits
+    from cahp_engine.models import load_classifier
+
+    splits = load_splits(data, DatasetOptions(eval_split="test"))
+    loaded = load_classifier(dense, num_labels=len(splits.label_names))
+    return (loaded.model.eval(), encode(loaded.tokenizer, splits.train, max_length=max_length),
+            encode(loaded.tokenizer, splits.eval, max_length=max_length))

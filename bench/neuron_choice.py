@@ -47,11 +47,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.common import RESULTS, SST5, pin_threads, save
+from bench.common import RESULTS, SST5, dense_task, pin_threads, recorded, save
 from cahp_engine.allocation import allocate, flops_costs, latency_costs, unit_importance
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import DatasetOptions, encode, load_splits
-from cahp_engine.models import get_adapter, load_classifier, prune_heads, prune_neurons
+from cahp_engine.models import get_adapter, prune_heads, prune_neurons
 from cahp_engine.recovery import evaluate
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.run._target_record import ENGINE_RUNTIMES
@@ -283,19 +282,14 @@ def main(argv: list[str] | None = None) -> None:
                 "target_flops": args.target_flops, "target_speedup": args.target_speedup, "runtime": args.runtime,
                 "batch": args.batch, "seq_len": args.seq_len, "tokens": args.tokens, "threads": args.threads,
                 "settings": settings}
-    previous = json.loads(out.read_text()) if out.exists() else {}
-    same = previous.get("identity") == identity
-    cells: dict[str, Any] = previous.get("cells", {}) if same else {}
-    shared: dict[str, Any] = previous.get("shared", {}) if same else {}
+    previous = recorded(out, identity)
+    cells: dict[str, Any] = previous.get("cells", {})
+    shared: dict[str, Any] = previous.get("shared", {})
     if cells:
         print(f"resuming: {len(cells)} cell(s) already in {out}", flush=True)
 
-    splits = load_splits(args.data, DatasetOptions(eval_split="test"))
-    loaded = load_classifier(args.dense, num_labels=len(splits.label_names))
-    dense = loaded.model.eval()
-    base = PruningConfig(**settings)
-    data = {"settings": settings, "train": encode(loaded.tokenizer, splits.train, max_length=base.max_length)}
-    test = encode(loaded.tokenizer, splits.eval, max_length=base.max_length)
+    dense, train, test = dense_task(args.dense, args.data, PruningConfig(**settings).max_length)
+    data = {"settings": settings, "train": train}
     target = (f"target_speedup x{args.target_speedup:g} on {args.runtime} (latency table, no timed corrections)"
               if args.target_speedup is not None else f"target_flops {args.target_flops:g}")
     command = "OMP_NUM_THREADS=1 nice -n 10 python -m bench neuron_choice " + " ".join(argv or [])
@@ -303,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
                 "and reconstruction on the seed's calibration rows; CAHP's heads within the counts); only the "
                 f"neurons each layer keeps vary; profiles on {args.tokens} calibration tokens of the dense model; "
                 f"{args.threads} thread(s); no fine-tuning; accuracy on the test split as cut and reconstructed")
-    dense_scores = previous.get("dense_accuracy") if same else None
+    dense_scores = previous.get("dense_accuracy")
     if dense_scores is None:
         dense_scores = _scores(dense, test)
     print(f"dense: {dense_scores}", flush=True)

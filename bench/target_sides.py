@@ -38,11 +38,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import RESULTS, SST5, pin_threads, save
+from bench.common import RESULTS, SST5, dense_task, pin_threads, recorded, save
 from cahp_engine.allocation import flops_costs, latency_costs, prune_to_target, time_pair, unit_importance
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import DatasetOptions, encode, load_splits
-from cahp_engine.models import load_classifier, prune_heads, prune_neurons
+from cahp_engine.models import prune_heads, prune_neurons
 from cahp_engine.recovery import evaluate
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.run._target_record import ENGINE_RUNTIMES
@@ -178,17 +177,12 @@ def main(argv: list[str] | None = None) -> None:
                 "target_speedup": args.target, "runtime": args.runtime, "batch": args.batch,
                 "seq_len": args.seq_len, "threads": args.threads, "corrections": args.corrections,
                 "settings": settings}
-    previous = json.loads(out.read_text()) if out.exists() else {}
-    cells: dict[str, Any] = previous.get("cells", {}) if previous.get("identity") == identity else {}
+    cells: dict[str, Any] = recorded(out, identity).get("cells", {})
     if cells:
         print(f"resuming: {len(cells)} cell(s) already in {out}", flush=True)
 
-    splits = load_splits(args.data, DatasetOptions(eval_split="test"))
-    loaded = load_classifier(args.dense, num_labels=len(splits.label_names))
-    dense = loaded.model.eval()
-    base = PruningConfig(**settings)
-    data = {"settings": settings, "train": encode(loaded.tokenizer, splits.train, max_length=base.max_length),
-            "test": encode(loaded.tokenizer, splits.eval, max_length=base.max_length)}
+    dense, train, test = dense_task(args.dense, args.data, PruningConfig(**settings).max_length)
+    data = {"settings": settings, "train": train, "test": test}
     command = "OMP_NUM_THREADS=1 nice -n 10 python -m bench target_sides " + " ".join(argv or [])
     protocol = (f"target x{args.target:g} on {args.runtime}, batch {args.batch} x {args.seq_len} tokens, "
                 f"{args.threads} thread(s); no fine-tuning after pruning; accuracy on the test split as cut and "

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.recovery import Reconstruction, finetune
 from cahp_engine.results import BudgetCandidate, BudgetRecord
-from cahp_engine.run._budget import BudgetOutcome, LadderStep, SearchSummary, budget_record, failure_message
+from cahp_engine.run._budget import BudgetOutcome, SearchSummary, budget_record, failure_message
 from cahp_engine.run._candidates import CandidateSpec, SearchInputs
 from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candidate
 from cahp_engine.run._holdout import ValidationData
@@ -97,7 +97,7 @@ def judged_search(lazy: LazyScores, *, validation: ValidationData,
         return BudgetOutcome(selection=winner.selection, k=winner.k, model=model, recovery=recovery,
                              record=_record(validation, lazy, found, (search_s, 0.0)),
                              reconstruction=rebuilt)
-    found_or_none = _fine_tune_probes(steps, lazy, inputs, executor, say)
+    found_or_none = _fine_tune_probes(lazy, executor)
     search_s = time.perf_counter() - started
     if found_or_none is None:
         record = _record(validation, lazy, None, (search_s, 0.0))
@@ -119,8 +119,7 @@ def judged_search(lazy: LazyScores, *, validation: ValidationData,
                          reconstruction=refit)
 
 
-def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchInputs, executor: CandidateExecutor,
-                      say: Callable[[str], None]) -> Judged | None:
+def _fine_tune_probes(lazy: LazyScores, executor: CandidateExecutor) -> Judged | None:
     """Fine-tune the knee's head count, then the head counts the calibrated margin predicts; the winner or None.
 
     The first probe is the knee's head count, fine-tuned as a single run would be (up to ``epochs``, pausing
@@ -133,6 +132,7 @@ def _fine_tune_probes(steps: list[LadderStep], lazy: LazyScores, inputs: SearchI
     was such a one, the step just below the winner is fine-tuned next. A runner-up of the same head count is
     probed only when the best missed and the two reconstructed scores are within the split's noise.
     """
+    steps, inputs, say = lazy.steps, lazy.inputs, lazy.say
     config = inputs.config
     screen = min(float(config.epochs), float(config.budget_screen_epochs))
     margins: list[float] = []

@@ -115,11 +115,10 @@ async def job_events(
             yield _event("log", line.model_dump_json(), offset)
         more = len(read.lines) == MAX_LOG_PAGE
         kind = None if more else _change(sent, read.job)
-        target = None if more else read.job.target
-        decided = target is not None and target != target_sent
-        if target is not None and decided:
-            target_sent = target
-            yield _event("target", target.model_dump_json(), offset)
+        decided = False
+        if not more and read.job.target is not None and read.job.target != target_sent:
+            target_sent, decided = read.job.target, True
+            yield _event("target", target_sent.model_dump_json(), offset)
         if kind is not None:
             sent = read.job
             yield _event(kind, read.job.model_dump_json(), offset)

@@ -169,10 +169,10 @@ def test_fine_tuning_probes_below_a_reconstructed_winner_to_learn_what_it_adds(s
                            "config": inputs.config.replace(budget_strategies=("cahp",),
                                                            recovery="reconstruct+finetune")})
     score, _ = _constructed(case, score_of)
-    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
-    executor = _GainingExecutor(case, score_of, gain)
     said: list[str] = []
-    winner = _fine_tune_probes(steps, lazy, case, executor, said.append)
+    lazy = LazyScores(steps, case, say=said.append, score=score)
+    executor = _GainingExecutor(case, score_of, gain)
+    winner = _fine_tune_probes(lazy, executor)
     assert winner is not None
     # The first probe met the budget as reconstructed and trained nothing; the search did not stop there.
     assert winner.step == frontier - 2 and winner.selection.num_kept == steps[frontier - 2].heads
@@ -201,10 +201,10 @@ def _probing(inputs: SearchInputs, **changes) -> SearchInputs:
 def _probed(steps, case: SearchInputs, score_of, gain: float):
     """The probes' search over ``steps`` with a constructed score and fine-tuning: winner, scores asked, probes, log."""
     score, calls = _constructed(case, score_of)
-    lazy = LazyScores(steps, case, say=lambda _line: None, score=score)
-    executor = _GainingExecutor(case, score_of, gain)
     said: list[str] = []
-    return _fine_tune_probes(steps, lazy, case, executor, said.append), calls, executor.probes, said
+    lazy = LazyScores(steps, case, say=said.append, score=score)
+    executor = _GainingExecutor(case, score_of, gain)
+    return _fine_tune_probes(lazy, executor), calls, executor.probes, said
 
 
 def test_the_knee_is_probed_first_for_the_protocol_and_a_winning_knee_needs_no_other_probe(knee_setup) -> None:

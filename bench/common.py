@@ -20,6 +20,19 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SST5 = SHARED / "data" / "sst5"
+MNLI = SHARED / "data" / "mnli"
+
+
+def task_options(data: str | Path) -> Any:
+    """The columns and test split of a benchmark's data directory, read from its training file's header:
+    MNLI's sentence pairs (``premise``, ``hypothesis``) are scored on ``validation_matched``, the split the
+    paper reports; a single-text task such as SST-5 on ``test``."""
+    from cahp_engine.data import DatasetOptions
+
+    header = (Path(data) / "train.csv").read_text().split("\n", 1)[0].split(",")
+    if {"premise", "hypothesis"} <= set(header):
+        return DatasetOptions(text_column="premise", text_pair_column="hypothesis", eval_split="validation_matched")
+    return DatasetOptions(eval_split="test")
 
 
 def minilm_path() -> str:
@@ -158,10 +171,10 @@ def recorded(out: Path, identity: dict[str, Any]) -> dict[str, Any]:
 
 def dense_task(dense: str, data: str, max_length: int) -> tuple[Any, Any, Any]:
     """A fine-tuned dense classifier (in eval mode) with its dataset's training and test splits encoded."""
-    from cahp_engine.data import DatasetOptions, encode, load_splits
+    from cahp_engine.data import encode, load_splits
     from cahp_engine.models import load_classifier
 
-    splits = load_splits(data, DatasetOptions(eval_split="test"))
+    splits = load_splits(data, task_options(data))
     loaded = load_classifier(dense, num_labels=len(splits.label_names))
     return (loaded.model.eval(), encode(loaded.tokenizer, splits.train, max_length=max_length),
             encode(loaded.tokenizer, splits.eval, max_length=max_length))

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import RESULTS, SST5, minilm_path, pin_threads, save
+from bench.common import RESULTS, SST5, minilm_path, pin_threads, save, task_options
 from cahp_engine.allocation import flops_costs, latency_costs, prune_to_target, unit_importance
-from cahp_engine.data import DatasetOptions, collate, draw_subset, encode, length_grouped_batches, load_splits
+from cahp_engine.data import collate, draw_subset, encode, length_grouped_batches, load_splits
 from cahp_engine.models import load_classifier, prune_heads
 from cahp_engine.recovery import ReconstructionOptions, compare_speed, evaluate
 
@@ -58,14 +58,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--targets", default="2,3")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--calibration", type=int, default=512, help="SST-5 training sentences scored")
-    p.add_argument("--model", default=None, help="a dense model fine-tuned on SST-5 (accuracy is then measured)")
-    p.add_argument("--data", default=str(SST5), help="the SST-5 directory (default: ../shared/data/sst5 of the repo)")
+    p.add_argument("--calibration", type=int, default=512, help="training rows scored")
+    p.add_argument("--model", default=None,
+                   help="a dense model fine-tuned on --data's task (accuracy is then measured)")
+    p.add_argument("--data", default=str(SST5),
+                   help="SST-5's directory (default: ../shared/data/sst5 of the repo) or MNLI's (sentence pairs, "
+                        "scored on validation_matched)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--out", default=None, help="the results file (default ffn_speed_accuracy.json with --model, "
+                   "else ffn_speed.json)")
     args = p.parse_args(argv)
     pin_threads(args.threads)
     targets = [float(t) for t in args.targets.split(",")]
-    splits = load_splits(args.data, DatasetOptions(eval_split="test"))
+    splits = load_splits(args.data, task_options(args.data))
     loaded = load_classifier(args.model or minilm_path(), num_labels=len(splits.label_names))
     model = loaded.model.eval()
     train = encode(loaded.tokenizer, splits.train, max_length=SEQ_LEN)
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         "heads_only_one_per_layer": {**ceiling, "flops_fraction": heads_flops / flops.dense},
         "calibration_sentences": int(len(chosen)),
     }
-    name = "ffn_speed_accuracy.json" if args.model else "ffn_speed.json"
+    name = args.out or ("ffn_speed_accuracy.json" if args.model else "ffn_speed.json")
     path = save(name, payload, command="nice -n 10 python -m bench ffn_speed " + " ".join(argv or []),
                 protocol=f"{args.threads} torch thread(s); Fisher importance on {len(chosen)} SST-5 training "
                 f"sentences; latency table fitted on 8 uniform shapes (3 rounds x 3 passes, non-negative least "

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS, SST5, minilm_path, pin_threads, save
+from bench.common import RESULTS, SST5, minilm_path, pin_threads, save, task_options
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import DatasetOptions, collate, draw_subset, encode, load_splits
+from cahp_engine.data import collate, draw_subset, encode, load_splits
 from cahp_engine.models import load_classifier, prune_heads, save_pruned
 from cahp_engine.recovery import ReconstructionOptions, evaluate, finetune, reconstruct
 from cahp_engine.selection import analyze_heads, choose
@@ -46,12 +46,12 @@ VARIANTS: dict[str, ReconstructionOptions] = {
 def dense_model(data: Path, cache: Path, dense_dir: Path | None, epochs: float,
                 say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """The dense model and tokenizer: ``dense_dir`` when given, else trained once into ``cache``."""
-    directory = dense_dir or cache / f"dense-sst5-{epochs:g}ep"
+    directory = dense_dir or cache / f"dense-{data.name}-{epochs:g}ep"
     if not (directory / "config.json").is_file():
         if dense_dir is not None:
             raise SystemExit(f"--dense {dense_dir}: no config.json there")
-        loaded = load_classifier(minilm_path(), num_labels=5, seed=42)
-        splits = load_splits(data, DatasetOptions(eval_split="test"))
+        splits = load_splits(data, task_options(data))
+        loaded = load_classifier(minilm_path(), num_labels=len(splits.label_names), seed=42)
         train = encode(loaded.tokenizer, splits.train, max_length=512)
         say(f"dense fine-tuning: {epochs:g} epochs at lr 5e-5 on {len(train)} rows")
         started = time.perf_counter()
@@ -66,7 +66,9 @@ def dense_model(data: Path, cache: Path, dense_dir: Path | None, epochs: float,
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench reconstruction", description=__doc__.splitlines()[0],
                                      allow_abbrev=False)
-    parser.add_argument("--data", type=Path, default=SST5, help="SST-5 directory (train.csv, test.csv)")
+    parser.add_argument("--data", type=Path, default=SST5,
+                        help="SST-5's directory (train.csv, test.csv) or MNLI's (train.csv, validation_matched.csv: "
+                             "sentence pairs)")
     parser.add_argument("--dense", type=Path, default=None, help="a densely fine-tuned model directory")
     parser.add_argument("--cache", type=Path, default=RESULTS / "cache" / "reconstruction")
     parser.add_argument("--seeds", default="42", help="comma-separated seeds (default 42)")
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated reconstruction variants (default all: {', '.join(VARIANTS)})")
     parser.add_argument("--calibration-rows", type=int, default=512, help="training sentences (default 512)")
-    parser.add_argument("--test-rows", type=int, default=None, help="test rows (default: all 2,210)")
+    parser.add_argument("--test-rows", type=int, default=None,
+                        help="test rows (default: all: SST-5's 2,210, MNLI's 9,815)")
     parser.add_argument("--dense-epochs", type=float, default=3.0, help="dense fine-tuning epochs (default 3)")
     parser.add_argument("--epoch", type=float, default=0.0, metavar="FRACTION",
                         help="also time this fraction of one recovery epoch per degree (first seed), scaled to one "
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
     dense, tokenizer, record = dense_model(args.data, args.cache, args.dense, args.dense_epochs, say)
-    splits = load_splits(args.data, DatasetOptions(eval_split="test"))
+    splits = load_splits(args.data, task_options(args.data))
     train = encode(tokenizer, splits.train, max_length=512)
     test_texts = splits.eval if args.test_rows is None else splits.eval.subset(
         draw_subset(len(splits.eval), args.test_rows, seed=0, labels=splits.eval.labels))

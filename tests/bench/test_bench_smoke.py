@@ -385,3 +385,40 @@ def test_reconstruction_bench_reports_the_gap_closed_per_variant(tmp_path):
                          "--variants", "ridge-residual", "--epoch", "0.5"])
     only = json.loads((tmp_path / "one.json").read_text())["cells"][0]
     assert set(only["variants"]) == {"ridge-residual"} and only["epoch_cpu_seconds"] > 0
+
+
+def test_the_benches_read_a_sentence_pair_task_and_score_its_validation_matched_split(tmp_path):
+    """A directory shaped as MNLI's (premise, hypothesis; no test.csv) is read as pairs and scored on
+    ``validation_matched``; SST-5's shape on ``test``."""
+    import csv
+
+    from bench import reconstruction
+    from bench.common import task_options
+    from tests.support.helpers import make_texts, write_split
+    from tests.support.tiny_models import make_classifier, make_tokenizer
+
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    for split, n, seed in (("train", 60, 1), ("validation_matched", 23, 2)):
+        first, labels = make_texts(n, num_classes=3, seed=seed)
+        second, _ = make_texts(n, num_classes=3, seed=seed + 10)
+        with open(pairs / f"{split}.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["premise", "hypothesis", "label"])
+            writer.writerows(zip(first, second, labels.tolist(), strict=True))
+    options = task_options(pairs)
+    assert (options.text_column, options.text_pair_column, options.eval_split) == (
+        "premise", "hypothesis", "validation_matched")
+    write_split(tmp_path / "single" / "train.csv", 10, seed=1)
+    assert (task_options(tmp_path / "single").text_pair_column, task_options(tmp_path / "single").eval_split) == (
+        None, "test")
+
+    dense = tmp_path / "dense"
+    make_classifier("bert", layers=2, heads=4, num_labels=3, seed=2).save_pretrained(dense)
+    make_tokenizer().save_pretrained(dense)
+    reconstruction.main(["--data", str(pairs), "--dense", str(dense), "--degrees", "2", "--variants",
+                         "ridge-residual", "--calibration-rows", "40", "--results", str(tmp_path), "--out", "p.json"])
+    cell = json.loads((tmp_path / "p.json").read_text())["cells"][0]
+    # Accuracy on 23 rows moves in steps of 1/23 (the 60 training rows would not): they were scored.
+    for value in (cell["dense"], cell["pruned"], cell["variants"]["ridge-residual"]["accuracy"]):
+        assert abs(value * 23 - round(value * 23)) < 1e-9

@@ -164,13 +164,15 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
     teacher = steps.teacher(run, model=model, train=inputs.train)
     held = _dense_on_validation(run, inputs, model)
     fastest = config.max_accuracy_drop is not None and config.budget_objective == "speed"
+    # What every candidate of an accuracy budget's search shares; steps.load carves or finds a validation split
+    # whenever a budget is set.
+    shared = None if config.max_accuracy_drop is None or held is None else steps.search_inputs(
+        run, inputs=inputs, teacher=teacher, dense_validation=held[0].dense, dense_predictions=held[1])
     if config.max_accuracy_drop is None or fastest:
         target: TargetRecord | None = None
         budget: BudgetRecord | None = None
         if fastest:
-            assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
-            shared = steps.search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=held[0].dense,
-                                         dense_predictions=held[1])
+            assert held is not None and shared is not None
             try:
                 found = _fastest_within_budget(run, inputs=inputs, result=result, shared=shared,
                                                cache_dir=request.latency_cache_dir)
@@ -200,9 +202,7 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
                           reconstruction=reconstruction, target=target,
                           budget=None if budget is None else with_recovery(budget, recovery))
     else:
-        assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
-        shared = steps.search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=held[0].dense,
-                                     dense_predictions=held[1])
+        assert held is not None and shared is not None
         try:
             done = _within_budget(run, inputs=inputs, result=result, shared=shared, book=resumed)
         except AccuracyBudgetError as exc:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from cahp_engine.config import PruningConfig
 from cahp_engine.run._deploy import INT8_PRUNED, ONNX_PRUNED, TORCH_PRUNED, torch_speed
 from cahp_engine.run._identity import RunIdentity, identity_of, recipe_of
-from cahp_engine.run._quality import assess_quality
+from cahp_engine.run._quality import AccuracyBudget, assess_quality
 from cahp_engine.run._report import FailedRunReport, RunReport
 from cahp_engine.run._warning_codes import code_warnings
 
@@ -31,9 +32,7 @@ def complete_report(report: RunReport, *, identity: RunIdentity | None, model_re
     int8 = export.onnx_int8
     int8_metrics = int8.accuracy if int8 is not None else None
     quality = assess_quality(dense=report.metrics.dense, pruned=report.metrics.pruned, int8=int8_metrics,
-                             label_names=report.dataset.label_names,
-                             max_accuracy_drop=report.config.max_accuracy_drop,
-                             budget_metric=report.config.budget_metric)
+                             label_names=report.dataset.label_names, budget=_budget_of(report.config))
     warnings = quality.messages + tuple(w for w in report.warnings if w not in quality.messages)
     speed = torch_speed(export) if export.speed is not None else report.speed
 
@@ -74,8 +73,13 @@ def complete_failed_report(report: FailedRunReport, *, identity: RunIdentity | N
     ident = identity_of(identity, model_ref=model_ref, dataset_ref=dataset_ref,
                         class_names=tuple(report.dataset.label_names))
     quality = assess_quality(dense=report.metrics.dense, pruned=None, int8=None,
-                             label_names=report.dataset.label_names,
-                             max_accuracy_drop=report.config.max_accuracy_drop,
-                             budget_metric=report.config.budget_metric)
+                             label_names=report.dataset.label_names, budget=_budget_of(report.config))
     warnings = quality.messages + tuple(w for w in report.warnings if w not in quality.messages)
     return dataclasses.replace(report, warnings=warnings, identity=ident, recipe=recipe_of(report), quality=quality)
+
+
+def _budget_of(config: PruningConfig) -> AccuracyBudget | None:
+    """The accuracy budget ``config`` sets for the quality checks, or None."""
+    if config.max_accuracy_drop is None:
+        return None
+    return AccuracyBudget(config.max_accuracy_drop, config.budget_metric)

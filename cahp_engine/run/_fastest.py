@@ -61,7 +61,7 @@ from cahp_engine.run._target_record import ENGINE_RUNTIMES, TargetRecord
 from cahp_engine.run._target_stage import TARGET_REPEATS, _as_selection, heads_within, latency_cache_dir, target_record
 from cahp_engine.selection import SelectionResult
 
-__all__ = ["FastestOutcome", "fastest_index", "fastest_search", "target_ladder", "with_recovery"]
+__all__ = ["FastestOutcome", "FastestScope", "fastest_index", "fastest_search", "target_ladder", "with_recovery"]
 
 #: The ladder of speed-ups: from this one, each this much above the last.
 FIRST_TARGET, TARGET_RATIO = 1.1, 1.05
@@ -111,6 +111,28 @@ class _TargetTried:
 
 
 @dataclass(frozen=True)
+class FastestScope:
+    """What the search for the fastest target reads of its run beyond what every candidate shares.
+
+    Attributes
+    ----------
+    result : SelectionResult
+        The selection's analysis: which heads within each layer's count (none: by importance).
+    rows : TrainRows
+        The training rows the cuts are calibrated and reconstructed on.
+    validation : ValidationData
+        The validation split they are judged on, and where it came from.
+    cache_dir : str or Path, optional
+        Where the latency table is read or kept (None: :func:`~cahp_engine.run._target_stage.latency_cache_dir`).
+    """
+
+    result: SelectionResult
+    rows: TrainRows
+    validation: ValidationData
+    cache_dir: str | Path | None = None
+
+
+@dataclass(frozen=True)
 class FastestOutcome:
     """The chosen target's cut (not yet reconstructed), its records, and the search's budget record."""
 
@@ -121,15 +143,12 @@ class FastestOutcome:
     record: BudgetRecord
 
 
-def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: TrainRows, validation: ValidationData,
-                   say: Callable[[str], None] = lambda _line: None,
-                   scored: Callable[[int, int], None] | None = None,
-                   cache_dir: str | Path | None = None) -> FastestOutcome:
+def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[str], None] = lambda _line: None,
+                   scored: Callable[[int, int], None] | None = None) -> FastestOutcome:
     """The fastest speed target within the budget, searched on reconstructed validation scores.
 
     ``say`` hears a line per target tried, ``scored(done, expected)`` the progress; the latency table is read
-    from ``cache_dir`` (None: :func:`~cahp_engine.run._target_stage.latency_cache_dir`) or measured once and kept
-    there.
+    from ``scope.cache_dir`` or measured once and kept there.
 
     Raises
     ------
@@ -137,9 +156,10 @@ def fastest_search(inputs: SearchInputs, *, result: SelectionResult, rows: Train
         When no target meets the budget; its ``budget`` holds every target tried.
     """
     config, dense = inputs.config, inputs.dense
-    tables = cache_dir or latency_cache_dir()
+    result, validation = scope.result, scope.validation
+    tables = scope.cache_dir or latency_cache_dir()
     started = time.perf_counter()
-    batches = calibration_batches(rows, config, inputs.device)
+    batches = calibration_batches(scope.rows, config, inputs.device)
     analysis = result.analysis
     runtime = ENGINE_RUNTIMES[config.target_runtime]
     repeats = max(1, min(TARGET_REPEATS, config.latency_repeats))

@@ -100,14 +100,22 @@ def chance_macro_f1(support: Sequence[int]) -> float:
     return max(uniform, 1 / classes, constant)
 
 
+@dataclass(frozen=True)
+class AccuracyBudget:
+    """The accuracy budget the pruned model is held to: ``points`` of ``metric`` (``accuracy`` or ``macro_f1``)
+    below the dense model's."""
+
+    points: float
+    metric: str = "accuracy"
+
+
 def assess_quality(
     *,
     dense: ClassificationMetrics,
     pruned: ClassificationMetrics | None,
     int8: ClassificationMetrics | None,
     label_names: Sequence[str],
-    max_accuracy_drop: float | None,
-    budget_metric: str = "accuracy",
+    budget: AccuracyBudget | None,
 ) -> QualityRecord:
     """Check each model's scores on the evaluation split (see the module's description).
 
@@ -118,15 +126,15 @@ def assess_quality(
         is None for a run that kept no pruned model (one that missed its accuracy budget): then the
         dense model alone is checked, for missing classes and a macro-F1 near chance
     label_names : names of the classes, index i for class i
-    max_accuracy_drop : the accuracy budget in points, or None
-    budget_metric : what the budget bounds, ``accuracy`` or ``macro_f1`` (points of macro-F1)
+    budget : the accuracy budget, or None (the pruned model is then held to :data:`MAX_ACCURACY_DROP`)
     """
+    max_accuracy_drop = None if budget is None else budget.points
     support = _support(dense)
     chance = chance_macro_f1(support)
     below = chance + NEAR_CHANCE_SHARE * (1 - chance)
     allowed, rule = ((max_accuracy_drop / 100, "budget") if max_accuracy_drop is not None
                      else (MAX_ACCURACY_DROP, "threshold"))
-    metric = budget_metric if max_accuracy_drop is not None else "accuracy"
+    metric = budget.metric if budget is not None else "accuracy"
     flags: list[QualityFlag] = []
     models = [("dense", "the dense model", dense)]
     if pruned is not None:

@@ -8,7 +8,7 @@ search judges first).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -65,13 +65,17 @@ def calibration_batches(rows: TrainRows, config: PruningConfig,
     return list(iterate_batches(data, batches, device))
 
 
-def reconstruct_pruned(
-    dense: nn.Module, pruned: nn.Module, batches: Sequence[dict[str, torch.Tensor]], config: PruningConfig, *,
-    progress: Callable[[int, int], None] | None = None, should_cancel: CancelFn | None = None,
-) -> Reconstruction:
-    """The run's reconstruction of ``pruned`` (in place) against ``dense``: the engine's default options, with
-    the feed-forward blocks refit too when ``pruned`` lost neurons (a speed or FLOPs target)."""
+def reconstruction_options(dense: nn.Module, pruned: nn.Module) -> ReconstructionOptions:
+    """The run's options for reconstructing ``pruned`` against ``dense``: the engine's defaults, with the
+    feed-forward blocks refit too when ``pruned`` lost neurons (a speed or FLOPs target)."""
     cut = neurons_per_layer(pruned) != neurons_per_layer(dense)
-    options = ReconstructionOptions(sublayers=("attention", "ffn")) if cut else ReconstructionOptions()
-    return reconstruct(dense, pruned, batches, options, seed=config.seed, progress=progress,
+    return ReconstructionOptions(sublayers=("attention", "ffn")) if cut else ReconstructionOptions()
+
+
+def reconstruct_pruned(dense: nn.Module, pruned: nn.Module, batches: Sequence[dict[str, torch.Tensor]],
+                       config: PruningConfig, *, should_cancel: CancelFn | None = None) -> Reconstruction:
+    """The run's reconstruction of ``pruned`` (in place) against ``dense``, with :func:`reconstruction_options`
+    and the run's seed; the run's own stage, which reports its progress, calls
+    :func:`cahp_engine.recovery.reconstruct` with the same."""
+    return reconstruct(dense, pruned, batches, reconstruction_options(dense, pruned), seed=config.seed,
                        should_cancel=should_cancel)

@@ -103,6 +103,16 @@ class DirectoryResumeStore:
         shutil.rmtree(self.root / stage, ignore_errors=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class SavePolicy:
+    """When a run's fine-tunings save their state: at their stops, no more often than ``interval_s`` seconds of
+    ``clock``, and, when a cancel stops one, if ``when_stopped`` answers True (None: never)."""
+
+    interval_s: float = 0.0
+    when_stopped: Callable[[], bool] | None = None
+    clock: Callable[[], float] = time.monotonic
+
+
 class Resumer:
     """One run's side of its resume state: what an earlier run saved, and saving each stage as it ends.
 
@@ -110,12 +120,12 @@ class Resumer:
     """
 
     def __init__(self, store: ResumeStore | None, config: PruningConfig, say: Callable[[str], None], *,
-                 live: LiveLog, interval_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 save_when_stopped: Callable[[], bool] | None = None) -> None:
+                 live: LiveLog, saving: SavePolicy | None = None) -> None:
         self._store, self._say, self._live = store, say, live
         self._settings = _fingerprint(config)
-        self._interval, self._clock = interval_s, clock
-        self._save_when_stopped = save_when_stopped
+        saving = saving or SavePolicy()
+        self._interval, self._clock = saving.interval_s, saving.clock
+        self._save_when_stopped = saving.when_stopped
         self._last_save: dict[str, float] = {}
         self._armed: str | None = None
         self._tuning: FineTuning | None = None

@@ -22,11 +22,12 @@ from cahp_engine._output_dir import prepare_output_dir, staged_output
 from cahp_engine._torch import resolve_device
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.progress import Monitor, RowCounts, RunProgress, stage_plan
-from cahp_engine.recovery import ClassificationMetrics, Reconstruction, TeacherLogits, TrainingResult, count_parameters
+from cahp_engine.recovery import ClassificationMetrics, Reconstruction, TrainingResult, count_parameters
 from cahp_engine.results import BudgetRecord
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._artifacts import write_artifacts, write_budget_plot, write_json
 from cahp_engine.run._budget import budget_warnings
+from cahp_engine.run._candidates import SearchInputs
 from cahp_engine.run._completion import complete_report
 from cahp_engine.run._deploy import (
     INT8_PRUNED,
@@ -36,7 +37,7 @@ from cahp_engine.run._deploy import (
     torch_speed,
     write_cards,
 )
-from cahp_engine.run._fastest import FastestOutcome, fastest_search, with_recovery
+from cahp_engine.run._fastest import FastestOutcome, FastestScope, fastest_search, with_recovery
 from cahp_engine.run._hooks import RunHooks
 from cahp_engine.run._live import LiveLog
 from cahp_engine.run._reconstruct import reconstructs
@@ -51,7 +52,7 @@ from cahp_engine.run._report import (
     ValidationRecord,
 )
 from cahp_engine.run._request import RunRequest
-from cahp_engine.run._resume import Resumer
+from cahp_engine.run._resume import Resumer, SavePolicy
 from cahp_engine.run._target_check import has_target
 from cahp_engine.run._target_stage import prune_for_run
 from cahp_engine.selection import SelectionResult
@@ -93,8 +94,8 @@ def run_pruning(request: RunRequest, hooks: RunHooks | None = None) -> RunReport
         placed(stage, fraction)
         live.progress(stage, fraction)
 
-    resumed = Resumer(hooks.resume_store, config, say, live=live, interval_s=hooks.save_interval_s,
-                     save_when_stopped=hooks.save_when_stopped)
+    resumed = Resumer(hooks.resume_store, config, say, live=live,
+                      saving=SavePolicy(interval_s=hooks.save_interval_s, when_stopped=hooks.save_when_stopped))
     run = steps.RunContext(config=config, device=resolve_device(config.device),
                            monitor=Monitor(overall, hooks.should_cancel), say=say, overall=overall,
                            should_cancel=hooks.should_cancel, training=resumed, candidates=hooks.candidates)
@@ -163,13 +164,17 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
     teacher = steps.teacher(run, model=model, train=inputs.train)
     held = _dense_on_validation(run, inputs, model)
     fastest = config.max_accuracy_drop is not None and config.budget_objective == "speed"
+    # What every candidate of an accuracy budget's search shares; steps.load carves or finds a validation split
+    # whenever a budget is set.
+    shared = None if config.max_accuracy_drop is None or held is None else steps.search_inputs(
+        run, inputs=inputs, teacher=teacher, dense_validation=held[0].dense, dense_predictions=held[1])
     if config.max_accuracy_drop is None or fastest:
         target: TargetRecord | None = None
         budget: BudgetRecord | None = None
         if fastest:
-            assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
+            assert held is not None and shared is not None
             try:
-                found = _fastest_within_budget(run, inputs=inputs, result=result, teacher=teacher, held=held,
+                found = _fastest_within_budget(run, inputs=inputs, result=result, shared=shared,
                                                cache_dir=request.latency_cache_dir)
             except AccuracyBudgetError as exc:
                 write_failure(work, run, request, Selected(inputs=inputs, dense=dense, dense_metrics=dense_metrics,
@@ -197,9 +202,9 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
                           reconstruction=reconstruction, target=target,
                           budget=None if budget is None else with_recovery(budget, recovery))
     else:
-        assert held is not None  # steps.load carves or finds a validation split whenever a budget is set
+        assert held is not None and shared is not None
         try:
-            done = _within_budget(run, inputs=inputs, result=result, teacher=teacher, held=held, book=resumed)
+            done = _within_budget(run, inputs=inputs, result=result, shared=shared, book=resumed)
         except AccuracyBudgetError as exc:
             if exc.budget is not None:
                 warnings.extend(budget_warnings(exc.budget))
@@ -262,24 +267,20 @@ def _dense_on_validation(run: steps.RunContext, inputs: steps.Inputs,
 
 
 def _fastest_within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult,
-                           teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray],
-                           cache_dir: str | Path | None) -> FastestOutcome:
+                           shared: SearchInputs, cache_dir: str | Path | None) -> FastestOutcome:
     """The fastest speed target within the accuracy budget (:mod:`cahp_engine.run._fastest`): its cut, not yet
     reconstructed (the run's reconstruction stage refits it as the search did).
 
     Raises :class:`AccuracyBudgetError` when no target is within the budget.
     """
     assert inputs.held_out is not None
-    shared = steps.search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=held[0].dense,
-                                 dense_predictions=held[1])
+    scope = FastestScope(result=result, rows=inputs.rows, validation=inputs.held_out, cache_dir=cache_dir)
     with run.monitor.stage("budget"):
-        return fastest_search(shared, result=result, rows=inputs.rows, validation=inputs.held_out, say=run.say,
-                              cache_dir=cache_dir,
+        return fastest_search(shared, scope, say=run.say,
                               scored=lambda done, expected: run.overall("budget", min(0.99, done / expected)))
 
 
-def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult,
-                   teacher: TeacherLogits | None, held: tuple[ValidationRecord, np.ndarray],
+def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult, shared: SearchInputs,
                    book: Resumer | None = None) -> _Recovered:
     """The accuracy budget's search over the dense model, then the chosen candidate as the run's selection
     (docs/method.md).
@@ -287,8 +288,7 @@ def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: Selec
     Raises :class:`AccuracyBudgetError` when no candidate is within the budget.
     """
     model = inputs.loaded.model
-    outcome = steps.budget_search(run, inputs=inputs, result=result, teacher=teacher, held=(held[0].dense, held[1]),
-                                  book=book)
+    outcome = steps.budget_search(run, inputs=inputs, result=result, shared=shared, book=book)
     # The report's consensus record stays the one of the configured strategy's choice.
     chosen = dataclasses.replace(outcome.selection, consensus=result.selection.consensus)
     result = dataclasses.replace(result, selection=chosen, k_star=outcome.k, knee=None)

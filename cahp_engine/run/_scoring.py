@@ -40,7 +40,7 @@ from cahp_engine.run._holdout import ValidationScorer
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.selection import Selection
 
-__all__ = ["Judged", "LazyScores", "ScoreBook", "Scored", "every_step", "rebuild"]
+__all__ = ["Judged", "LazyScores", "ScoreBook", "ScoreKeeping", "Scored", "every_step", "rebuild"]
 
 #: What scoring one candidate gives: its validation point, its predictions there, its reconstruction.
 Scored = tuple[ValidationPoint, np.ndarray, Reconstruction | None]
@@ -89,6 +89,22 @@ class Judged:
                 "reconstruction": None if self.reconstruction is None else self.reconstruction.to_dict()}
 
 
+@dataclass(frozen=True)
+class ScoreKeeping:
+    """What a run does with the scores of a :class:`LazyScores` as they come.
+
+    Attributes
+    ----------
+    book : ScoreBook, optional
+        Restores an earlier attempt's scores and keeps each new one.
+    scored : callable(done, expected), optional
+        Progress: candidates scored so far, against the search's expected number (it may run past it).
+    """
+
+    book: ScoreBook | None = None
+    scored: Callable[[int, int], None] | None = None
+
+
 class LazyScores:
     """The ladder's candidates, each pruned, reconstructed and scored the first time the search asks.
 
@@ -99,19 +115,18 @@ class LazyScores:
     inputs : SearchInputs
     say : callable(str)
         A line per candidate scored (or restored).
-    scored : callable(done, expected), optional
-        Progress: candidates scored so far, against the search's expected number (it may run past it).
-    book : ScoreBook, optional
-        Restores an earlier attempt's scores and keeps each new one.
+    keeping : ScoreKeeping, optional
+        Where the scores are kept and their progress heard (default: neither).
     score : callable(strategy, selection) -> Scored, optional
         Scores one candidate (default: prune a copy of the dense model, reconstruct it, score it on the
         validation split); a test may construct the scores.
     """
 
     def __init__(self, steps: list[LadderStep], inputs: SearchInputs, *, say: Callable[[str], None],
-                 scored: Callable[[int, int], None] | None = None, book: ScoreBook | None = None,
-                 score: Callable[[str, Selection], Scored] | None = None) -> None:
-        self.steps, self.inputs, self.say, self._scored, self._book = steps, inputs, say, scored, book
+                 keeping: ScoreKeeping | None = None, score: Callable[[str, Selection], Scored] | None = None) -> None:
+        keeping = keeping or ScoreKeeping()
+        book = keeping.book
+        self.steps, self.inputs, self.say, self._scored, self._book = steps, inputs, say, keeping.scored, book
         self._score = score if score is not None else self._reconstruct_and_score
         self.path: list[Judged] = []  # in the order scored: the search's path
         self.misses: dict[tuple[str, int], str] = {}  # (strategy, step) -> why it did not pass the last test

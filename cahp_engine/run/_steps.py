@@ -40,6 +40,7 @@ from cahp_engine.recovery import (
     count_parameters,
     evaluate,
     finetune,
+    reconstruct,
     teacher_logits,
 )
 from cahp_engine.run._budget import BudgetOutcome, ladder, search
@@ -54,11 +55,11 @@ from cahp_engine.run._reconstruct import (
     check_reconstruction,
     finetunes,
     judges_budget,
-    reconstruct_pruned,
+    reconstruction_options,
 )
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
-from cahp_engine.run._scoring import LazyScores, ScoreBook
+from cahp_engine.run._scoring import LazyScores, ScoreBook, ScoreKeeping
 from cahp_engine.run._stage_training import StageTraining
 from cahp_engine.run._target_check import check_target_reachable
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
@@ -268,9 +269,9 @@ def reconstruct_layers(run: RunContext, *, dense: nn.Module, pruned: nn.Module, 
     """Layer-wise reconstruction of ``pruned`` against ``dense`` (in place), in its own stage."""
     with run.monitor.stage("reconstruction"):
         batches = calibration_batches(rows, run.config, run.device)
-        result = reconstruct_pruned(dense, pruned, batches, run.config,
-                                    progress=lambda done, total: run.overall("reconstruction", done / total),
-                                    should_cancel=run.should_cancel)
+        result = reconstruct(dense, pruned, batches, reconstruction_options(dense, pruned), seed=run.config.seed,
+                             progress=lambda done, total: run.overall("reconstruction", done / total),
+                             should_cancel=run.should_cancel)
     run.say(result.describe())
     for note in result.notes:
         run.say(note)
@@ -377,12 +378,11 @@ def evaluate_validation(run: RunContext, *, model: nn.Module,
 
 
 def budget_search(
-    run: RunContext, *, inputs: Inputs, result: SelectionResult, teacher: TeacherLogits | None,
-    held: tuple[ClassificationMetrics, np.ndarray], book: ScoreBook | None = None,
+    run: RunContext, *, inputs: Inputs, result: SelectionResult, shared: SearchInputs, book: ScoreBook | None = None,
 ) -> BudgetOutcome:
     """The accuracy budget's search (:func:`cahp_engine.run._budget.search`) over ``result``'s analysis.
 
-    ``held``: the dense model's scores and predictions on the validation split.
+    ``shared``: what every candidate shares (:func:`search_inputs`); the search adds its progress to it.
 
     Reads the validation split and the training rows only, never the evaluation split.
     """
@@ -403,13 +403,11 @@ def budget_search(
         done[0] += n
         run.overall("budget", min(0.99, share + (0.99 - share) * done[0] / expected))
 
-    shared = dataclasses.replace(
-        search_inputs(run, inputs=inputs, teacher=teacher, dense_validation=held[0], dense_predictions=held[1]),
-        progress=lambda _step, _total: taken(1), steps_done=taken)
+    shared = dataclasses.replace(shared, progress=lambda _step, _total: taken(1), steps_done=taken)
     with run.monitor.stage("budget"):
         if judged:
-            lazy = LazyScores(steps, shared, say=run.say, book=book,
-                              scored=lambda n, total: run.overall("budget", share * n / max(1, total)))
+            lazy = LazyScores(steps, shared, say=run.say, keeping=ScoreKeeping(
+                book, scored=lambda n, total: run.overall("budget", share * n / max(1, total))))
             return judged_search(lazy, validation=inputs.held_out, executor=run.candidates)
         return search(steps, shared, validation=inputs.held_out, executor=run.candidates, say=run.say)
 

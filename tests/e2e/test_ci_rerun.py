@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from app.core.settings import Settings
 from tests.support.helpers import write_tiny_dataset, write_tiny_model
-from tests.support.processes import answers_ready, child_env, create_key, start_serve, stop, wait_for
+from tests.support.processes import serving
 
 #: The README's CI block (section "In CI, and for the platform that takes the model"), with settings that
 #: keep a tiny job to seconds added to its --param; its gate (`--fail-on`) is run on its own below, since
@@ -34,30 +34,23 @@ echo "$JOB" > job-id
 
 
 def test_the_readme_ci_step_run_twice_uploads_once_and_answers_the_same_job(tmp_path: Path) -> None:
-    data_dir = tmp_path / "cahp-data"
-    env = child_env(data_dir=str(data_dir))
-    key = create_key(env)
-    log = tmp_path / "serve.log"
-    url, server = start_serve(env, log)
-    workspace = tmp_path / "checkout"
-    write_tiny_model(workspace / "my-model")
-    write_tiny_dataset(workspace / "my-dataset")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "cahp").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m app.cli "$@"\n')
-    (bin_dir / "cahp").chmod(0o755)
-    ci_env = {**os.environ, "CAHP_URL": url, "CAHP_API_KEY": key, "CI_COMMIT_SHA": "4f2c9e1",
-              "CI_COMMIT_BRANCH": "main", "CI_PIPELINE_ID": "8812",
-              "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-              "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    try:
-        wait_for(lambda: answers_ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
-                 what="cahp serve and its worker", log=log)
+    with serving(tmp_path) as served:
+        workspace = tmp_path / "checkout"
+        write_tiny_model(workspace / "my-model")
+        write_tiny_dataset(workspace / "my-dataset")
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "cahp").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m app.cli "$@"\n')
+        (bin_dir / "cahp").chmod(0o755)
+        ci_env = {**os.environ, "CAHP_URL": served.url, "CAHP_API_KEY": served.key, "CI_COMMIT_SHA": "4f2c9e1",
+                  "CI_COMMIT_BRANCH": "main", "CI_PIPELINE_ID": "8812",
+                  "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                  "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         runs = []
         for _ in range(2):
             done = subprocess.run(["bash", "-c", CI_STEP], cwd=workspace, env=ci_env, capture_output=True, text=True,
                                   timeout=600)
-            assert done.returncode == 0, done.stdout + done.stderr + log.read_text(errors="replace")[-3000:]
+            assert done.returncode == 0, done.stdout + done.stderr + served.logs()[-3000:]
             runs.append((done, (workspace / "job-id").read_text().strip(),
                          {p.name: p.stat().st_mtime_ns for p in (workspace / "pruned").iterdir()}))
         (first, first_job, first_files), (second, second_job, second_files) = runs
@@ -66,7 +59,7 @@ def test_the_readme_ci_step_run_twice_uploads_once_and_answers_the_same_job(tmp_
         assert "my-model uploaded as upload://" in first.stderr and "my-dataset uploaded as upload://" in first.stderr
         assert "my-model is already uploaded (same sha256); nothing sent" in second.stderr
         assert "my-dataset is already uploaded (same sha256); nothing sent" in second.stderr
-        database = create_engine(Settings(data_dir=data_dir).resolved_database_url)
+        database = create_engine(Settings(data_dir=served.data_dir).resolved_database_url)
         with database.connect() as connection:
             assert connection.execute(text("SELECT count(*) FROM uploads")).scalar_one() == 2
             assert connection.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 1
@@ -102,9 +95,7 @@ def test_the_readme_ci_step_run_twice_uploads_once_and_answers_the_same_job(tmp_
                                text=True, timeout=120)
         assert wrong.returncode == 2 and wrong.stdout == ""
         assert "has no column 'sentiment'" in wrong.stderr and "Set `label_column`" in wrong.stderr
-        database = create_engine(Settings(data_dir=data_dir).resolved_database_url)
+        database = create_engine(Settings(data_dir=served.data_dir).resolved_database_url)
         with database.connect() as connection:
             assert connection.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 1
         database.dispose()
-    finally:
-        stop(server)

@@ -18,35 +18,18 @@ from app.cli import main
 from cahp_engine import load_pruned
 from cahp_engine.run import ARTIFACT_FILES
 from tests.support.helpers import write_split, write_tiny_dataset, write_tiny_model
-from tests.support.processes import (
-    answers_ready,
-    child_env,
-    create_key,
-    group_alive,
-    start,
-    start_serve,
-    stop,
-    wait_for,
-)
+from tests.support.processes import answers_ready, child_env, group_alive, serving, start, stop, wait_for
 
 
 def test_embedded_service_runs_a_job_from_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    env = child_env(data_dir=str(tmp_path / "cahp-data"))
-    created = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
-                             capture_output=True, text=True, check=True, timeout=120)
-    key = created.stdout.strip()
-    assert re.fullmatch(r"cahp_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", key) and created.stdout == key + "\n"
-
-    log = tmp_path / "serve.log"
-    url, server = start_serve(env, log)
-    try:
-        wait_for(lambda: answers_ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
-                 what="cahp serve and its worker", log=log)
+    with serving(tmp_path) as served:
+        # `cahp keys create` printed the key alone (serving checks it is its one line).
+        assert re.fullmatch(r"cahp_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", served.key)
+        url, server, log, common = served.url, served.process, served.log, served.cli
         model = write_tiny_model(tmp_path / "inputs" / "model")
         dataset = write_tiny_dataset(tmp_path / "inputs" / "dataset")
-        common = ["--url", url, "--api-key", key]
 
         # Local directories are packed and uploaded by `cahp submit` itself.
         assert main(["submit", "--model", str(model), "--dataset", str(dataset), "--param", "epochs=1",
@@ -64,7 +47,7 @@ def test_embedded_service_runs_a_job_from_the_command_line(
         out = tmp_path / "downloads"
         assert main(["download", job["id"], "-o", str(out), *common]) == 0
         assert {p.name for p in out.iterdir()} == {"model.tar.gz", "onnx.tar.gz", *ARTIFACT_FILES}
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as http:
+        with httpx.Client(base_url=url, headers=served.auth) as http:
             for entry in http.get(f"/v1/jobs/{job['id']}/artifacts").json()["data"]:
                 assert hashlib.sha256((out / entry["name"]).read_bytes()).hexdigest() == entry["sha256"]
         with tarfile.open(out / "model.tar.gz") as tar:
@@ -92,9 +75,7 @@ def test_embedded_service_runs_a_job_from_the_command_line(
         server.send_signal(signal.SIGTERM)
         server.wait(60)
         wait_for(lambda: not group_alive(server.pid), timeout=30, what="the embedded worker to stop", log=log)
-        assert "Warm shutdown" in log.read_text(errors="replace")
-    finally:
-        stop(server)
+        assert "Warm shutdown" in served.logs()
 
 
 def test_no_auth_is_refused_off_loopback(tmp_path: Path) -> None:
@@ -119,17 +100,12 @@ def _workers_of(server: int) -> list[int]:
 
 
 def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(tmp_path: Path) -> None:
-    env = child_env(data_dir=str(tmp_path / "cahp-data"))
-    key = create_key(env)
-    log = tmp_path / "serve.log"
-    url, server = start_serve(env, log)
-    try:
-        wait_for(lambda: answers_ready(url) and "ready." in log.read_text(errors="replace"), timeout=120,
-                 what="cahp serve and its worker", log=log)
+    with serving(tmp_path) as served:
+        url, server, log = served.url, served.process, served.log
         # A job keeps the worker's pool process busy when the server is killed.
         model = write_tiny_model(tmp_path / "inputs" / "model")
         dataset = write_tiny_dataset(tmp_path / "inputs" / "dataset", train=200)
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+        with httpx.Client(base_url=url, headers=served.auth, timeout=30) as http:
             uris = []
             for path in (model, dataset):
                 archive = tmp_path / f"{path.name}.tar.gz"
@@ -148,7 +124,7 @@ def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(
         # No clean-up ran in the server; the worker and its pool process go by themselves.
         wait_for(lambda: not group_alive(server.pid), timeout=15, what="the orphaned worker to exit", log=log)
 
-        restarted = start(["serve", "--port", url.rsplit(":", 1)[1]], env, tmp_path / "serve2.log")
+        restarted = start(["serve", "--port", url.rsplit(":", 1)[1]], served.env, tmp_path / "serve2.log")
         try:
             wait_for(lambda: answers_ready(url), timeout=120, what="the restarted server", log=tmp_path / "serve2.log")
             wait_for(lambda: len(_workers_of(restarted.pid)) == 1, timeout=60, what="one worker",
@@ -156,5 +132,3 @@ def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(
             assert not group_alive(server.pid)
         finally:
             stop(restarted)
-    finally:
-        stop(server)

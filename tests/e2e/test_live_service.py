@@ -15,7 +15,7 @@ from standardwebhooks.webhooks import Webhook as Verifier
 
 from app.cli import main
 from tests.support.helpers import write_tiny_dataset, write_tiny_model
-from tests.support.processes import child_env, create_key, start_serve, stop, wait_for
+from tests.support.processes import serving, wait_for
 from tests.support.receiver import Receiver
 
 
@@ -42,19 +42,12 @@ def _read_events(url: str, key: str, job_id: str, into: list[tuple[str, dict]]) 
 def test_a_job_is_followed_streamed_notified_and_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inputs = tmp_path / "inputs"
     model, data = write_tiny_model(inputs / "model"), write_tiny_dataset(inputs / "data")
-    env = child_env(data_dir=str(tmp_path / "cahp-data"), allowed_local_roots=str(inputs),
-                    allowed_outbound_hosts="127.0.0.1", webhook_interval_s="0.2", events_poll_s="0.2",
-                    progress_interval_s="0.2")
-    key = create_key(env)
-    log = tmp_path / "serve.log"
-    url, server = start_serve(env, log)
-    receiver = Receiver().start()
-    try:
-        wait_for(lambda: "ready." in log.read_text(errors="replace"), timeout=120, what="serve and its worker", log=log)
-        auth = {"Authorization": f"Bearer {key}"}
+    with (serving(tmp_path, allowed_local_roots=str(inputs), allowed_outbound_hosts="127.0.0.1",
+                  webhook_interval_s="0.2", events_poll_s="0.2", progress_interval_s="0.2") as served,
+          Receiver() as receiver):
+        url, key, auth, log, common = served.url, served.key, served.auth, served.log, served.cli
         secret = httpx.post(f"{url}/v1/webhooks", json={"url": receiver.url}, headers=auth).json()["secret"]
         before = _metrics(url)
-        common = ["--url", url, "--api-key", key]
 
         assert main(["submit", "--model", f"file://{model}", "--dataset", f"file://{data}", "--param", "epochs=1",
                      "--param", "dense_finetune=\"never\"", "--param", "untrained_dense=\"warn\"",
@@ -98,6 +91,3 @@ def test_a_job_is_followed_streamed_notified_and_counted(tmp_path: Path, capsys:
         assert main(["delete", job_id, *common]) == 0
         assert not (tmp_path / "cahp-data" / "artifacts" / "jobs" / job_id).exists()
         assert main(["status", job_id, *common]) == 2  # 404: a client error
-    finally:
-        receiver.stop()
-        stop(server)

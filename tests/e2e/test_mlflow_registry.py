@@ -28,7 +28,7 @@ from tests.support.helpers import (
     write_tiny_model,
 )
 from tests.support.mlflow_server import mlflow_server
-from tests.support.processes import child_env, create_key, start_serve, stop, wait_for
+from tests.support.processes import serving
 from worker.runner import Outcome, WorkerContext, execute_job
 
 
@@ -43,15 +43,9 @@ def test_a_job_with_register_lands_in_the_registry_and_cahp_register_adds_a_vers
 ) -> None:
     inputs = tmp_path / "inputs"
     model, data = write_tiny_model(inputs / "reviews-bert"), write_tiny_dataset(inputs / "data")
-    env = child_env(data_dir=str(tmp_path / "cahp-data"), allowed_local_roots=str(inputs),
-                    allowed_outbound_hosts="127.0.0.1", mlflow_tracking_uri=tracking_uri,
-                    mlflow_experiment="ci-pruning", progress_interval_s="0.2")
-    key = create_key(env)
-    log = tmp_path / "serve.log"
-    url, server = start_serve(env, log)
-    common = ["--url", url, "--api-key", key]
-    try:
-        wait_for(lambda: "ready." in log.read_text(errors="replace"), timeout=120, what="serve and its worker", log=log)
+    with serving(tmp_path, allowed_local_roots=str(inputs), allowed_outbound_hosts="127.0.0.1",
+                 mlflow_tracking_uri=tracking_uri, mlflow_experiment="ci-pruning", progress_interval_s="0.2") as served:
+        url, log, common = served.url, served.log, served.cli
         assert main(["submit", "--model", f"file://{model}", "--dataset", f"file://{data}", "--param", "epochs=1",
                      "--param", 'dense_finetune="never"', "--param", 'untrained_dense="warn"',
                      "--param", "max_length=32", "--param", "latency_repeats=2",
@@ -62,7 +56,7 @@ def test_a_job_with_register_lands_in_the_registry_and_cahp_register_adds_a_vers
         # `cahp wait` repeats the job's quality warnings on stderr (this model's head was never trained).
         assert f"cahp: warning: job {job_id} [" in capsys.readouterr().err
 
-        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key}"}).json()
+        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=served.auth).json()
         registration = job["registration"]
         assert registration["status"] == "registered" and registration["model_name"] == "reviews-classifier"
         assert registration["version"] == "1" and registration["model_uri"] == "models:/reviews-classifier/1"
@@ -109,12 +103,10 @@ def test_a_job_with_register_lands_in_the_registry_and_cahp_register_adds_a_vers
         assert main(["register", job_id, "--json", *common]) == 0
         assert json.loads(capsys.readouterr().out)["version"] == "2"
         # The job keeps every registration, its own first; `registration` is the latest.
-        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key}"}).json()
+        job = httpx.get(f"{url}/v1/jobs/{job_id}", headers=served.auth).json()
         assert [(r["model_name"], r["version"]) for r in job["registrations"]] == [
             ("reviews-classifier", "1"), ("reviews-staging", "1"), ("reviews-classifier", "2")]
         assert job["registration"] == job["registrations"][-1]
-    finally:
-        stop(server)
 
 
 def test_an_unreachable_registry_fails_the_job_keeps_its_model_and_a_later_register_works(

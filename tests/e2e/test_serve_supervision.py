@@ -11,14 +11,13 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import httpx
 
 from tests.support.helpers import free_port, write_tiny_dataset, write_tiny_model
-from tests.support.processes import child_env, start, stop, wait_for
+from tests.support.processes import child_env, serving, start, stop, wait_for
 
 SLOW = {"lease_s": "600", "heartbeat_interval_s": "20", "sweep_interval_s": "0", "requeue_after_s": "3600",
         "checkpoint_interval_s": "0", "progress_interval_s": "0.2", "cancel_check_interval_s": "0.2"}
@@ -51,11 +50,6 @@ def _metric(url: str, name: str) -> float | None:
     return None if found is None else float(found.group(1))
 
 
-def _key(env: dict[str, str]) -> str:
-    return subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", "ci"], env=env,
-                          capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-
-
 def _saved(data_dir: Path, job_id: str) -> bool:
     path = data_dir / "artifacts" / "jobs" / job_id / "checkpoints" / "index.json"
     try:
@@ -65,21 +59,13 @@ def _saved(data_dir: Path, job_id: str) -> bool:
 
 
 def test_a_sigtermed_worker_hands_its_job_back_and_the_server_starts_one_that_resumes_it(tmp_path: Path) -> None:
-    data_dir = tmp_path / "cahp-data"
-    env = child_env(data_dir=str(data_dir), **SLOW)
-    key = _key(env)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    server = start(["serve", "--port", str(port)], env, log)
-    try:
-        wait_for(lambda: _status(url, "/readyz") == 200 and "ready." in log.read_text(errors="replace"),
-                 timeout=120, what="cahp serve and its worker", log=log)
+    with serving(tmp_path, **SLOW) as served:
+        url, server, log, data_dir = served.url, served.process, served.log, served.data_dir
         assert _metric(url, "cahp_local_workers") == 1 and _metric(url, "cahp_local_worker_restarts_total") == 0
         (first,) = _workers_of(server.pid)
         model = write_tiny_model(tmp_path / "inputs" / "model")
         dataset = write_tiny_dataset(tmp_path / "inputs" / "dataset", train=200)
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+        with httpx.Client(base_url=url, headers=served.auth, timeout=30) as http:
             uris = []
             for path in (model, dataset):
                 archive = tmp_path / f"{path.name}.tar.gz"
@@ -126,8 +112,6 @@ def test_a_sigtermed_worker_hands_its_job_back_and_the_server_starts_one_that_re
 
             assert http.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
             wait_for(lambda: job()["status"] == "cancelled", timeout=120, what="the job to be cancelled", log=log)
-    finally:
-        stop(server)
 
 
 def test_readyz_says_not_ready_while_no_worker_runs_and_ready_once_one_does(tmp_path: Path) -> None:

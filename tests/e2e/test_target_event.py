@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tests.support.helpers import job_body, write_tiny_dataset, write_tiny_model
-from tests.support.processes import child_env, create_key, start_serve, stop, wait_for
+from tests.support.processes import serving, wait_for
 from tests.support.receiver import Receiver
 
 
@@ -38,16 +38,11 @@ def _follow(url: str, auth: dict[str, str], job_id: str, into: list[tuple[str, A
 def test_the_stream_sends_the_target_once_decided_before_recovery(tmp_path: Path) -> None:
     inputs = tmp_path / "inputs"
     model, data = write_tiny_model(inputs / "model"), write_tiny_dataset(inputs / "data")
-    env = child_env(data_dir=str(tmp_path / "cahp-data"), allowed_local_roots=str(inputs),
-                    allowed_outbound_hosts="127.0.0.1", webhook_interval_s="0.2", events_poll_s="0.2",
-                    progress_interval_s="0.2", cancel_check_interval_s="0.2")
-    key = create_key(env)
-    log = tmp_path / "serve.log"
-    url, server = start_serve(env, log)
-    receiver = Receiver().start()
-    try:
-        wait_for(lambda: "ready." in log.read_text(errors="replace"), timeout=120, what="serve and its worker", log=log)
-        auth = {"Authorization": f"Bearer {key}"}
+    with (serving(tmp_path, allowed_local_roots=str(inputs), allowed_outbound_hosts="127.0.0.1",
+                  webhook_interval_s="0.2", events_poll_s="0.2", progress_interval_s="0.2",
+                  cancel_check_interval_s="0.2") as served,
+          Receiver() as receiver):
+        url, auth, log = served.url, served.auth, served.log
         assert httpx.post(f"{url}/v1/webhooks", json={"url": receiver.url, "events": ["job.stage_changed"]},
                           headers=auth).status_code == 201
         body = job_body(f"file://{model}", f"file://{data}", target_flops=0.5, target_seq_len=16,
@@ -88,6 +83,3 @@ def test_the_stream_sends_the_target_once_decided_before_recovery(tmp_path: Path
                     for d in receiver.of_type("job.stage_changed")}
         assert by_stage["surgery"]["target"] is None and by_stage["load"]["target"] is None
         assert by_stage["recovery"]["target"] == target
-    finally:
-        receiver.stop()
-        stop(server)

@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -32,9 +34,12 @@ def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
 
 
 def create_key(env: dict[str, str], name: str = "ci") -> str:
-    """A new API key, made by ``cahp keys create`` against the service that ``env`` configures."""
-    return subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", name], env=env,
-                          capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+    """A new API key, made by ``cahp keys create`` against the service that ``env`` configures (the one line
+    it prints)."""
+    out = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--name", name], env=env,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert out.count("\n") == 1 and out.endswith("\n"), f"`cahp keys create` printed more than a key: {out!r}"
+    return out.strip()
 
 
 def start_serve(env: dict[str, str], log: Path) -> tuple[str, subprocess.Popen[bytes]]:
@@ -43,6 +48,53 @@ def start_serve(env: dict[str, str], log: Path) -> tuple[str, subprocess.Popen[b
 
     port = free_port()
     return f"http://127.0.0.1:{port}", start(["serve", "--port", str(port)], env, log)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A ``cahp serve`` of a test (the API and its embedded worker) and an API key it accepts."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    key: str
+    env: dict[str, str]
+    data_dir: Path
+    log: Path
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The ``Authorization`` header of its key."""
+        return {"Authorization": f"Bearer {self.key}"}
+
+    @property
+    def cli(self) -> list[str]:
+        """What points ``cahp`` at it: ``--url`` and ``--api-key``."""
+        return ["--url", self.url, "--api-key", self.key]
+
+    def logs(self) -> str:
+        """What it has written to its log so far."""
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def serving(tmp_path: Path, **cahp: str) -> Iterator[Served]:
+    """``cahp serve`` on a free port with its data under ``tmp_path / "cahp-data"``, the ``CAHP_*`` settings
+    ``cahp`` (:func:`child_env`) and a key made by ``cahp keys create``; its log is ``tmp_path / "serve.log"``.
+
+    Yields once it answers ``/readyz`` and its log says ``ready.`` (its worker is up); stops it on the way out.
+    """
+    data_dir = tmp_path / "cahp-data"
+    env = child_env(data_dir=str(data_dir), **cahp)
+    key = create_key(env)
+    log = tmp_path / "serve.log"
+    url, process = start_serve(env, log)
+    try:
+        served = Served(url=url, process=process, key=key, env=env, data_dir=data_dir, log=log)
+        wait_for(lambda: answers_ready(url) and "ready." in served.logs(), timeout=120,
+                 what="cahp serve and its worker", log=log)
+        yield served
+    finally:
+        stop(process)
 
 
 def answers_ready(url: str) -> bool:

@@ -68,6 +68,12 @@ class Receiver:
             self._server.server_close()
             self._server = None
 
+    def __enter__(self) -> Receiver:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def of_type(self, event_type: str) -> list[Delivery]:
         import json
 

@@ -17,7 +17,7 @@ from cahp_engine.recovery import ClassificationMetrics, speedup_interval
 from cahp_engine.run import FailedRunMetrics, FailedRunReport, RunError, RunIdentity, RunReport, RunRequest, run_pruning
 from cahp_engine.run._completion import complete_failed_report
 from cahp_engine.run._identity import identity_of
-from cahp_engine.run._quality import MAX_ACCURACY_DROP, assess_quality, chance_macro_f1
+from cahp_engine.run._quality import MAX_ACCURACY_DROP, AccuracyBudget, assess_quality, chance_macro_f1
 from cahp_engine.run._report import DatasetInfo, DenseFinetuneRecord, Environment, ModelInfo, SelectionRecord
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
@@ -45,7 +45,7 @@ def test_a_model_that_predicts_two_of_five_classes_is_flagged_whatever_the_prune
     broken = _metrics([[10, 0, 0, 10, 0], [12, 0, 0, 8, 0], [9, 0, 0, 11, 0], [6, 0, 0, 14, 0], [5, 0, 0, 15, 0]])
     healthy = _metrics([[15, 3, 1, 1, 0], [3, 12, 3, 1, 1], [1, 3, 12, 3, 1], [0, 1, 3, 13, 3], [0, 1, 1, 3, 15]])
     names = ("very negative", "negative", "neutral", "positive", "very positive")
-    record = assess_quality(dense=broken, pruned=broken, int8=broken, label_names=names, max_accuracy_drop=None)
+    record = assess_quality(dense=broken, pruned=broken, int8=broken, label_names=names, budget=None)
     kinds = {(f.model, f.kind) for f in record.flags}
     assert kinds == {(m, k) for m in ("dense", "pruned", "onnx-int8") for k in ("missing_classes", "near_chance")}
     missing = next(f for f in record.flags if f.model == "dense" and f.kind == "missing_classes")
@@ -54,20 +54,22 @@ def test_a_model_that_predicts_two_of_five_classes_is_flagged_whatever_the_prune
                                "of the 5 classes of the evaluation split")
     assert record.chance_macro_f1 == pytest.approx(0.2) and record.near_chance_below == pytest.approx(0.28)
     assert assess_quality(dense=healthy, pruned=healthy, int8=None, label_names=names,
-                          max_accuracy_drop=None).flags == ()
+                          budget=None).flags == ()
 
 
 def test_a_drop_beyond_the_budget_or_the_threshold_is_flagged() -> None:
     dense = _metrics([[18, 2], [2, 18]])  # 90 %
     pruned = _metrics([[16, 4], [3, 17]])  # 82.5 %: 7.5 points down
     int8 = _metrics([[15, 5], [4, 16]])  # 77.5 %: 5 points below the pruned model
-    without = assess_quality(dense=dense, pruned=pruned, int8=int8, label_names=("a", "b"), max_accuracy_drop=None)
+    without = assess_quality(dense=dense, pruned=pruned, int8=int8, label_names=("a", "b"), budget=None)
     assert without.drop_rule == "threshold" and without.max_accuracy_drop == MAX_ACCURACY_DROP
     assert [(f.model, f.kind) for f in without.flags] == [("pruned", "accuracy_drop"), ("onnx-int8", "accuracy_drop")]
     assert "7.5 points below the dense model's 90.00%" in without.flags[0].message
-    within = assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"), max_accuracy_drop=10.0)
+    within = assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"),
+                            budget=AccuracyBudget(10.0))
     assert within.flags == () and within.drop_rule == "budget"
-    beyond = assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"), max_accuracy_drop=5.0)
+    beyond = assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"),
+                            budget=AccuracyBudget(5.0))
     assert "more than the accuracy budget of 5 points" in beyond.flags[0].message
 
 
@@ -76,18 +78,18 @@ def test_a_macro_f1_budget_holds_macro_f1_to_it_and_accuracy_to_the_threshold() 
     pruned = _metrics([[16, 4], [3, 17]])  # 82.5 %: 7.5 points down; macro-F1 about 7.5 points down
     gentle = _metrics([[17, 3], [2, 18]])  # 87.5 %: 2.5 points down
     f1_drop = 100 * (dense.macro_f1 - pruned.macro_f1)
-    within = assess_quality(dense=dense, pruned=gentle, int8=None, label_names=("a", "b"), max_accuracy_drop=3.0,
-                            budget_metric="macro_f1")
+    within = assess_quality(dense=dense, pruned=gentle, int8=None, label_names=("a", "b"),
+                            budget=AccuracyBudget(3.0, "macro_f1"))
     assert within.flags == () and within.drop_metric == "macro_f1" and within.drop_rule == "budget"
-    beyond = assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"), max_accuracy_drop=5.0,
-                            budget_metric="macro_f1")
+    beyond = assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"),
+                            budget=AccuracyBudget(5.0, "macro_f1"))
     assert [f.kind for f in beyond.flags] == ["macro_f1_drop", "accuracy_drop"]
     assert f"macro-F1 {pruned.macro_f1:.2%} is {f1_drop:.1f} points below" in beyond.flags[0].message
     assert "more than the macro-F1 budget of 5 points" in beyond.flags[0].message
     assert beyond.flags[1].message.endswith("more than 5 points")  # the threshold, not the budget
-    # without a budget the metric is accuracy whatever is asked
-    assert assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"), max_accuracy_drop=None,
-                          budget_metric="macro_f1").drop_metric == "accuracy"
+    # without a budget the metric is accuracy
+    assert assess_quality(dense=dense, pruned=pruned, int8=None, label_names=("a", "b"),
+                          budget=None).drop_metric == "accuracy"
 
 
 def test_a_speed_up_inside_its_noise_is_no_measurable_change() -> None:
@@ -225,7 +227,7 @@ def test_a_failed_report_flags_a_broken_dense_model_first_in_its_warnings(tmp_pa
     assert report.quality.flags[0].classes == ("b", "c")
     assert report.warnings == (*report.quality.messages, "a budget warning")
     assert report.quality == assess_quality(dense=broken, pruned=None, int8=None, label_names=("a", "b", "c"),
-                                            max_accuracy_drop=1.0)
+                                            budget=AccuracyBudget(1.0))
     assert report.identity is not None and (report.identity.base_model, report.identity.dataset_hub_id) == (
         "bert-reviews", "org/reviews")
     assert report.recipe is not None and report.recipe.recovery is None

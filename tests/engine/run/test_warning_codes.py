@@ -25,7 +25,7 @@ def test_quality_flags_get_their_codes_and_other_warnings_theirs_in_order() -> N
     pruned = _metrics([[20, 0, 0], [12, 8, 0], [10, 10, 0]])  # 'c' never predicted, far below the dense model
     int8 = _metrics([[20, 0, 0], [20, 0, 0], [20, 0, 0]])  # one class only: near chance, far below pruned
     quality = assess_quality(dense=dense, pruned=pruned, int8=int8, label_names=("a", "b", "c"),
-                             max_accuracy_drop=None)
+                             budget=None)
     recall = recall_warnings(dense, pruned, ("a", "b", "c"))
     warnings = (*quality.messages, *recall, "something new")
     codes = code_warnings(warnings, quality.flags)

@@ -39,8 +39,16 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+class _Rule:
+    """A rule whose words are the same for every value it refuses: ``describe`` is ``str(self)``."""
+
+    def describe(self, value: object) -> str:
+        """What a value must be, in the words of a message."""
+        return str(self)
+
+
 @dataclass(frozen=True)
-class Interval:
+class Interval(_Rule):
     """Numbers of one kind between two optional bounds.
 
     Parameters
@@ -70,10 +78,6 @@ class Interval:
                 return False
         return True
 
-    def describe(self, value: object) -> str:
-        """What a value must be, in the words of a message (the same for every value)."""
-        return str(self)
-
     def __str__(self) -> str:
         noun = "an integer" if self.kind == "integer" else "a number"
         left_in = self.closed in ("left", "both")
@@ -88,17 +92,13 @@ class Interval:
 
 
 @dataclass(frozen=True)
-class Options:
+class Options(_Rule):
     """One of a fixed set of strings."""
 
     values: tuple[str, ...]
 
     def __contains__(self, value: object) -> bool:
         return isinstance(value, str) and value in self.values
-
-    def describe(self, value: object) -> str:
-        """What a value must be, in the words of a message."""
-        return str(self)
 
     def __str__(self) -> str:
         return f"one of {', '.join(self.values)}"
@@ -148,24 +148,23 @@ class Amount:
 
 
 @dataclass(frozen=True)
-class OffOr:
-    """``0``, which turns a feature off, or an integer in ``interval`` ("0 (off) or an integer between 2 and 20")."""
+class OffOr(_Rule):
+    """``0``, which turns a feature off, or an integer in ``interval`` ("0 (off) or an integer between 2 and 20").
+
+    A refused value gets the whole rule: one that misses the interval may have meant 0.
+    """
 
     interval: Interval
 
     def __contains__(self, value: object) -> bool:
         return (is_int(value) and value == 0) or value in self.interval
 
-    def describe(self, value: object) -> str:
-        """The whole rule (a value that misses the interval may have meant 0)."""
-        return str(self)
-
     def __str__(self) -> str:
         return f"0 (off) or {self.interval}"
 
 
 @dataclass(frozen=True)
-class TupleOf:
+class TupleOf(_Rule):
     """A non-empty tuple (or list) whose items all lie in ``item``.
 
     ``text`` is the rule in words, e.g. "a non-empty tuple of integers between 1 and 10".
@@ -177,16 +176,12 @@ class TupleOf:
     def __contains__(self, value: object) -> bool:
         return isinstance(value, tuple | list) and len(value) > 0 and all(v in self.item for v in value)
 
-    def describe(self, value: object) -> str:
-        """The whole rule."""
-        return self.text
-
     def __str__(self) -> str:
         return self.text
 
 
 @dataclass(frozen=True)
-class SubsetOf:
+class SubsetOf(_Rule):
     """A non-empty tuple (or list) of distinct names, each one of ``values`` ("cahp,salience")."""
 
     values: tuple[str, ...]
@@ -195,16 +190,12 @@ class SubsetOf:
         return (isinstance(value, tuple | list) and len(value) > 0 and len(set(value)) == len(value)
                 and all(isinstance(v, str) and v in self.values for v in value))
 
-    def describe(self, value: object) -> str:
-        """The whole rule."""
-        return str(self)
-
     def __str__(self) -> str:
         return f"a non-empty list of distinct names from {', '.join(self.values)}"
 
 
 @dataclass(frozen=True)
-class Device:
+class Device(_Rule):
     """A device name the engine accepts, spelled as :func:`parse_device` reads it."""
 
     def __contains__(self, value: object) -> bool:
@@ -213,10 +204,6 @@ class Device:
         except ConfigError:
             return False
         return True
-
-    def describe(self, value: object) -> str:
-        """The names accepted."""
-        return DEVICE_NAMES
 
     def __str__(self) -> str:
         return DEVICE_NAMES

@@ -37,7 +37,6 @@ from cahp_engine.models._preflight import (
     check_fit,
     check_heads,
     check_limit,
-    check_size,
     weight_shapes,
 )
 from cahp_engine.models._surgery import RECORD_ATTR, prune_heads, pruning_record
@@ -123,8 +122,7 @@ def load_pruned(
     try:
         # Built and cut on the meta device: the full-size architecture is never allocated, and the
         # pruned one only once its shapes match the weight file's.
-        model = build_on_meta(config)
-        check_size(model, max_params=max_params, ref=ref)
+        model = build_on_meta(config, max_params=max_params, ref=ref)
         if kept is not None:
             prune_heads(model, kept)
         if neurons is not None:

@@ -9,7 +9,7 @@ messages differ (:class:`Units`).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +143,17 @@ def plan_kept(units: Units, kept: Mapping[int, Sequence[int]], current: list[tup
             raise InvalidInputError(f"{units.noun}s to keep in layer {layer} repeat an index{repeated}")
         plan[layer] = tuple(sorted(chosen))
     return plan
+
+
+def changed_layers(current: Sequence[tuple[int, ...]],
+                   plan: Sequence[tuple[int, ...]]) -> Iterator[tuple[int, list[int]]]:
+    """Each layer whose ``plan`` differs from the units it has now, with the current positions of those it keeps.
+
+    Surgery slices by position in the layer as it is now; the plan and the record speak of original indices.
+    """
+    for layer, (now, new) in enumerate(zip(current, plan, strict=True)):
+        if new != now:
+            yield layer, [now.index(unit) for unit in new]
 
 
 def as_index(value: Any, what: str) -> int:

@@ -41,7 +41,6 @@ from cahp_engine.models._preflight import (
     check_fit,
     check_heads,
     check_limit,
-    check_size,
     weight_shapes,
 )
 from cahp_engine.models._surgery import RECORD_ATTR
@@ -282,8 +281,7 @@ def _checked_config(
     labels = {"num_labels": num_labels} if num_labels is not None else {}
     config = transformers.AutoConfig.from_pretrained(where, trust_remote_code=False, **labels, **hub)
     check_heads(config, adapter, ref=ref)
-    meta = build_on_meta(config)
-    check_size(meta, max_params=max_params, ref=ref)
+    meta = build_on_meta(config, max_params=max_params, ref=ref)
     check_fit(meta, shapes, ref=ref, new_head=num_labels is not None)
     return config
 

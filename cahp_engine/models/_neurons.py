@@ -28,7 +28,7 @@ from cahp_engine._torch import num_parameters
 from cahp_engine.errors import ModelLoadError
 from cahp_engine.models._adapters import get_adapter, scaled_inputs
 from cahp_engine.models._families import FeedForwardParts
-from cahp_engine.models._kept import NEURONS, current_kept, parse_kept, plan_kept
+from cahp_engine.models._kept import NEURONS, changed_layers, current_kept, parse_kept, plan_kept
 from cahp_engine.models._surgery import NEURONS_FORMAT_VERSION, RECORD_ATTR, _keep_features, _record, current_kept_heads
 
 
@@ -101,11 +101,8 @@ def prune_neurons(model: nn.Module, kept: Mapping[int, Sequence[int]]) -> Neuron
 
     before = sum(len(n) for n in current)
     params_before = num_parameters(model)
-    for index, layer in enumerate(layers):
-        if plan[index] == current[index]:
-            continue
-        positions = [current[index].index(neuron) for neuron in plan[index]]
-        _slice_feed_forward(adapter.feed_forward(layer), positions)
+    for index, positions in changed_layers(current, plan):
+        _slice_feed_forward(adapter.feed_forward(layers[index]), positions)
     setattr(config, RECORD_ATTR, _record(adapter.num_heads(config), heads, neurons=(adapter.num_neurons(config), plan)))
     return NeuronSurgeryResult(
         kept=tuple(plan),

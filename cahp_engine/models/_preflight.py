@@ -14,8 +14,7 @@ in which nothing sized by the config exists yet:
 2. the parsed config (:func:`check_heads`): no more heads per layer than the hidden size;
 3. the architecture, built on the ``meta`` device (:func:`build_on_meta`: shapes, no storage), is
    counted against the caller's parameter limit, and the buffers no checkpoint holds
-   (``position_ids``) against :data:`~cahp_engine.models._limits.MAX_UNSAVED_BUFFER_ELEMENTS`
-   (:func:`check_size`);
+   (``position_ids``) against :data:`~cahp_engine.models._limits.MAX_UNSAVED_BUFFER_ELEMENTS`;
 4. every tensor the architecture needs is compared, by name and shape, with the safetensors
    headers, read without loading a tensor (:func:`weight_shapes`, :func:`check_fit`).
 
@@ -92,24 +91,22 @@ def check_heads(config: Any, adapter: ModelAdapter, *, ref: str) -> None:
         )
 
 
-def build_on_meta(config: Any) -> nn.Module:
-    """The ``*ForSequenceClassification`` architecture of ``config`` on the ``meta`` device: shapes, no storage."""
+def build_on_meta(config: Any, *, max_params: int, ref: str) -> nn.Module:
+    """The ``*ForSequenceClassification`` architecture of ``config`` on the ``meta`` device (shapes, no storage),
+    refused by :func:`_check_size` when it is larger than ``max_params``."""
     with torch.device("meta"):
-        return transformers.AutoModelForSequenceClassification.from_config(
+        model = transformers.AutoModelForSequenceClassification.from_config(
             copy.deepcopy(config), trust_remote_code=False
         )
+    _check_size(model, max_params=max_params, ref=ref)
+    return model
 
 
-def check_size(model: nn.Module, *, max_params: int, ref: str) -> int:
+def _check_size(model: nn.Module, *, max_params: int, ref: str) -> None:
     """Count ``model``'s parameters (on any device, ``meta`` included) and refuse it above ``max_params``.
 
-    Buffers that the weights do not hold (not in the state dict) are built from the config when the
-    model is materialised, so they are held to :data:`MAX_UNSAVED_BUFFER_ELEMENTS`.
-
-    Returns
-    -------
-    int
-        The parameter count, tied parameters once.
+    Tied parameters count once. Buffers that the weights do not hold (not in the state dict) are built
+    from the config when the model is materialised, so they are held to :data:`MAX_UNSAVED_BUFFER_ELEMENTS`.
     """
     params = num_parameters(model)
     if params > max_params:
@@ -127,7 +124,6 @@ def check_size(model: nn.Module, *, max_params: int, ref: str) -> int:
             f"{largest[0]} {tuple(largest[1].shape)}), more than {MAX_UNSAVED_BUFFER_ELEMENTS:,}; check "
             "`max_position_embeddings`"
         )
-    return params
 
 
 def check_fit(

@@ -25,7 +25,7 @@ from torch import nn
 from cahp_engine._torch import num_parameters
 from cahp_engine.errors import ModelLoadError
 from cahp_engine.models._adapters import AttentionParts, ModelAdapter, get_adapter
-from cahp_engine.models._kept import HEADS, current_kept, parse_kept, plan_kept
+from cahp_engine.models._kept import HEADS, changed_layers, current_kept, parse_kept, plan_kept
 
 RECORD_ATTR = "cahp"
 RECORD_FORMAT_VERSION = 1
@@ -94,12 +94,8 @@ def prune_heads(model: nn.Module, kept: Mapping[int, Sequence[int]]) -> SurgeryR
 
     heads_before = sum(len(heads) for heads in current)
     params_before = num_parameters(model)
-    for index, layer in enumerate(layers):
-        new = plan[index]
-        if new == current[index]:
-            continue
-        positions = [current[index].index(head) for head in new]
-        _slice_layer(adapter, adapter.attention(layer), positions, head_dim)
+    for index, positions in changed_layers(current, plan):
+        _slice_layer(adapter, adapter.attention(layers[index]), positions, head_dim)
     setattr(config, RECORD_ATTR, _record(adapter.num_heads(config), plan, previous=getattr(config, RECORD_ATTR, None)))
     return SurgeryResult(
         kept=tuple(plan),

@@ -162,10 +162,9 @@ class SearchSummary:
 
 @dataclass
 class _Tried:
-    """A candidate the search started: where it stands and what it last reported."""
+    """A candidate the search started: where it stands and what it last reported. ``spec`` is its next piece of
+    work, and says which strategy's choice at which ``k`` it is."""
 
-    strategy: str
-    k: int
     selection: Selection
     round: int
     spec: CandidateSpec
@@ -173,6 +172,14 @@ class _Tried:
     stopped: str | None = None
     reason: str = ""
     chosen: bool = False
+
+    @property
+    def strategy(self) -> str:
+        return self.spec.strategy
+
+    @property
+    def k(self) -> int:
+        return self.spec.k
 
     def rank(self) -> tuple[bool, float]:
         assert self.last is not None
@@ -274,7 +281,7 @@ def _round(state: _Search, steps: list[LadderStep], number: int) -> tuple[int, _
     epochs = float(config.epochs)
     entries: dict[int, list[_Tried]] = {}
     for i, step in enumerate(steps):
-        entries[i] = [_Tried(strategy=name, k=step.k, selection=sel, round=number,
+        entries[i] = [_Tried(selection=sel, round=number,
                              spec=CandidateSpec(strategy=name, k=step.k, seed=config.seed, until_epochs=0.0,
                                                 kept={layer: tuple(heads) for layer, heads in sel.kept.items()}))
                       for name, sel in step.options]

@@ -27,7 +27,7 @@ import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -114,13 +114,12 @@ def _expire_artifacts(*, sessions: sessionmaker[Session], store: ArtifactStore, 
     cutoff = utcnow() - dt.timedelta(days=settings.artifact_ttl_days)
     with transaction(sessions) as session:
         old = repository.jobs_with_artifacts_to_expire(session, finished_before=cutoff)
-    expired = []
-    for job_id in old:
-        if not _deleted(functools.partial(store.delete_prefix, job_prefix(job_id)), f"the artifacts of job {job_id}"):
-            continue
-        with transaction(sessions) as session:
-            if repository.expire_artifacts(session, job_id=job_id):
-                expired.append(job_id)
+    expired = _objects_then_rows(
+        sessions,
+        [(job_id, functools.partial(store.delete_prefix, job_prefix(job_id)), f"the artifacts of job {job_id}")
+         for job_id in old],
+        forget=lambda session, job_id: repository.expire_artifacts(session, job_id=job_id),
+    )
     if expired:
         logger.info("sweeper: deleted the artifacts of %d job(s) past CAHP_ARTIFACT_TTL_DAYS", len(expired))
     return expired
@@ -162,15 +161,38 @@ def _remove_stale_uploads(*, sessions: sessionmaker[Session], store: ArtifactSto
     cutoff = utcnow() - dt.timedelta(seconds=settings.upload_stale_s)
     with transaction(sessions) as session:
         stale = [(u.id, u.storage_key) for u in repository.stale_uploads(session, started_before=cutoff)]
-    removed = []
-    for upload_id, key in stale:
-        # The object first: a row without an object is what the next sweep retries.
-        if not _deleted(functools.partial(store.delete, key), f"abandoned upload object {key}"):
+    return _objects_then_rows(
+        sessions,
+        [(upload_id, functools.partial(store.delete, key), f"abandoned upload object {key}")
+         for upload_id, key in stale],
+        forget=_forget_upload,
+    )
+
+
+def _forget_upload(session: Session, upload_id: str) -> bool:
+    """Delete an upload's row (it is gone whoever deleted it)."""
+    repository.delete_upload(session, upload_id=upload_id)
+    return True
+
+
+def _objects_then_rows(
+    sessions: sessionmaker[Session], doomed: Iterable[tuple[str, Callable[[], object], str]], *,
+    forget: Callable[[Session, str], bool],
+) -> list[str]:
+    """For each ``(id, delete, what)``: ``delete`` the stored objects, then ``forget`` their row in a transaction
+    of its own; the ids whose row ``forget`` changed.
+
+    The objects first: one that cannot be deleted keeps its row, and a sweep that dies between the two leaves
+    a row whose objects are gone, which the next sweep finishes.
+    """
+    done = []
+    for key, delete, what in doomed:
+        if not _deleted(delete, what):
             continue
         with transaction(sessions) as session:
-            repository.delete_upload(session, upload_id=upload_id)
-        removed.append(upload_id)
-    return removed
+            if forget(session, key):
+                done.append(key)
+    return done
 
 
 def _clean_spool(settings: Settings) -> int:

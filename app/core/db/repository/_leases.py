@@ -27,6 +27,11 @@ def _lease_expired(now: dt.datetime) -> Any:
     return or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now)
 
 
+def _held(job_id: str, worker_id: str) -> tuple[Any, ...]:
+    """The row of the job ``job_id`` while ``worker_id`` runs it: a worker's every write is conditional on it."""
+    return (Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
+
+
 def claim_job(
     session: Session,
     *,
@@ -96,7 +101,7 @@ def renew_lease(session: Session, *, job_id: str, worker_id: str, lease_s: float
     now = utcnow()
     renewed = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
+        .where(*_held(job_id, worker_id))
         .values(lease_expires_at=now + dt.timedelta(seconds=lease_s))
     )
     return rowcount(renewed) == 1
@@ -133,7 +138,7 @@ def report_progress(
     # Never below what a client was shown (an attempt that resumes re-counts its stages from their start).
     values: dict[str, Any] = {"progress": case((Job.progress > shown, Job.progress), else_=shown),
                               "updated_at": utcnow(), "eta_s": eta_s}
-    held_by = (Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
+    held_by = _held(job_id, worker_id)
     held = False
     if stage is not None:
         # A stage change is its own conditional UPDATE, so that it is known (and reported to
@@ -157,8 +162,9 @@ def report_target(session: Session, *, job_id: str, worker_id: str, target: Mapp
     Whether it still holds the job: a worker that lost it writes nothing. A later attempt's record
     replaces an earlier one's (it pruned again, perhaps on another machine).
     """
-    held_by = (Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
-    written = session.execute(update(Job).where(*held_by).values(target=dict(target), updated_at=utcnow()))
+    written = session.execute(
+        update(Job).where(*_held(job_id, worker_id)).values(target=dict(target), updated_at=utcnow())
+    )
     return rowcount(written) == 1
 
 
@@ -211,7 +217,7 @@ def finish_job(
         values["registration_history"] = [dict(registration)]  # the job's own, the first of its list
     done = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value)
+        .where(*_held(job_id, worker_id))
         .values(**values)
     )
     if rowcount(done) != 1:
@@ -242,8 +248,7 @@ def hand_back_job(session: Session, *, job_id: str, worker_id: str, messages: Se
     now = utcnow()
     handed = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.worker_id == worker_id, Job.status == JobStatus.running.value,
-               Job.cancel_requested.is_(False))
+        .where(*_held(job_id, worker_id), Job.cancel_requested.is_(False))
         .values(status=JobStatus.queued.value, worker_id=None, lease_expires_at=None, attempts=Job.attempts - 1,
                 stage=None, eta_s=None, enqueued_at=now, updated_at=now)
     )

@@ -106,9 +106,10 @@ def _on_a_grid(trace: list[tuple[float, str, float]], every_s: float) -> list[tu
     """The trace with, between its reports, the last one heard again every ``every_s`` seconds.
 
     That is what the worker does: it writes the estimate on each report (at most every 2 s) and on its
-    keep-alive ticks while a stage reports nothing (an export, a teacher pass), and a client may read it
-    at any time. A grid sample is flagged True; the score counts only those, so each second of the run
-    weighs the same whichever stage it falls in (a fine-tuning reports every step, an export twice).
+    keep-alive ticks while a stage reports nothing (a teacher pass, an export's graph being written), and a
+    client may read it at any time. A grid sample is flagged True; the score counts only those, so each
+    second of the run weighs the same whichever stage it falls in (a fine-tuning reports every step, a
+    teacher pass twice).
     """
     out: list[tuple[float, str, float, bool]] = []
     tick = 0.0

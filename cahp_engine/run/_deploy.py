@@ -55,7 +55,8 @@ _CARD_CANDIDATE = {"pytorch": TORCH_PRUNED, "onnx": ONNX_PRUNED, "onnx-int8": IN
 #: 20 timed passes). Measured on the real all-MiniLM-L6-v2 with 400 SST-5 test rows (the shape of
 #: ``python -m bench eta``'s job), 1 thread at nice 10, 2026-12-05, load average 4.0 (int8: 5.1, in a
 #: second run, whose latency rounds with the int8 graph as a fifth candidate took 104 s; an int8 run's
-#: rounds weigh more than this table gives them).
+#: rounds weigh more than this table gives them). A real job's trace shows what they take there
+#: (docs/performance.md, "The time left").
 #: The export reports its progress as the share of these its steps have done (within the scoring and
 #: the latency rounds, as they go), so that a job's progress moves during the export and its time left
 #: is measured on the export's own rate rather than counted down from other stages' speed.

@@ -102,13 +102,22 @@ def _replanned(saved: dict[str, Any], config: Any) -> tuple[list[tuple[float, st
     return moved, (loaded, plan)
 
 
+def _silenced(trace: list[tuple[float, str, float]], stage: str) -> list[tuple[float, str, float]]:
+    """``trace`` without ``stage``'s reports between its first and its last: the stage heard at its start
+    and its end only."""
+    mine = [i for i, (_, heard, _) in enumerate(trace) if heard == stage]
+    inner = set(mine[1:-1])
+    return [report for i, report in enumerate(trace) if i not in inner]
+
+
 def _on_a_grid(trace: list[tuple[float, str, float]], every_s: float) -> list[tuple[float, str, float, bool]]:
     """The trace with, between its reports, the last one heard again every ``every_s`` seconds.
 
     That is what the worker does: it writes the estimate on each report (at most every 2 s) and on its
-    keep-alive ticks while a stage reports nothing (an export, a teacher pass), and a client may read it
-    at any time. A grid sample is flagged True; the score counts only those, so each second of the run
-    weighs the same whichever stage it falls in (a fine-tuning reports every step, an export twice).
+    keep-alive ticks while a stage reports nothing (a teacher pass, an export's graph being written), and a
+    client may read it at any time. A grid sample is flagged True; the score counts only those, so each
+    second of the run weighs the same whichever stage it falls in (a fine-tuning reports every step, a
+    teacher pass twice).
     """
     out: list[tuple[float, str, float, bool]] = []
     tick = 0.0
@@ -226,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trace", type=Path,
                         help="replay this saved trace (a bench/results/eta*.json, or the .partial of a run stopped "
                              "early) instead")
+    parser.add_argument("--silent", metavar="STAGE",
+                        help="with --trace: drop STAGE's reports between its first and its last, as a stage that "
+                             "reports nothing while it works is heard (the export before it reported its steps)")
     parser.add_argument("--grid", type=float, default=5.0,
                         help="seconds between the samples scored, the last report heard again (default 5)")
     parser.add_argument("--out", default="eta.json", help="results file name under bench/results/")
@@ -241,12 +253,14 @@ def main(argv: list[str] | None = None) -> None:
         payload = {key: saved.get(key) for key in ("rows", "test_rows", "threads", "timings_s")}
         payload |= {"replayed": str(args.trace), "recorded_at": saved.get("date"),
                     "recorded_on": saved.get("machine"), "config": config.to_dict(),
-                    "plan_derived": "plan" not in saved}
+                    "plan_derived": "plan" not in saved, "silent": args.silent}
     else:
         saved, config, timings = _record(args)
         payload = {"rows": args.rows, "test_rows": args.test_rows, "threads": args.threads,
                    "config": config.to_dict(), "timings_s": timings, **saved}
     trace, planned = _replanned(saved, config)
+    if args.silent is not None:
+        trace = _silenced(trace, args.silent)
     figures = _figures(trace, config, args.grid, planned)
     payload["figures"] = figures
     path = save(args.out, payload, command="python -m bench eta " + " ".join(argv or []),

@@ -256,13 +256,14 @@ class ThroughputEta:
 
     The current stage's time left is its fraction left at that speed, blended with its own rate over the
     last ``window_s`` (for a fine-tuning, the rows per second of the current epoch) in proportion to the
-    share of the stage done: its first minute does not outweigh what the run has shown, its last ones
-    are its own. A stage that reports nothing while it works (an export, a teacher pass) is counted down
-    as its seconds pass. Its silent seconds say nothing of its speed until they pass what it was
-    expected to take; from then on the speed of its kind is at least its seconds over its calibrated
-    cost, which the stages after it take, and the stage itself is given :attr:`OVERRUN_SHARE` of its
-    silent time again rather than a figure that runs out. A stage the spans do not place (a validation
-    pass) counts the last estimate down rather than freezing it.
+    share of the stage done: its first minute does not outweigh what the run has shown, its last ones are
+    its own (the export reports its steps, the latency rounds as they go). A stage that reports nothing
+    while it works (a teacher pass, an export's graph being written) is counted down as its seconds pass.
+    Its silent seconds say nothing of its speed until they pass what it was expected to take; from then on
+    the speed of its kind is at least its seconds over its calibrated cost, which the stages after it take,
+    and the stage itself is given :attr:`OVERRUN_SHARE` of its silent time again rather than a figure that
+    runs out. A stage the spans do not place (a validation pass) counts the last estimate down rather than
+    freezing it.
 
     Parameters
     ----------

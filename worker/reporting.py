@@ -105,8 +105,9 @@ class JobReporter:
                 self._write(self._clock())
 
     def keep_alive(self, quiet_s: float = KEEP_ALIVE_S - KEEP_ALIVE_CHECK_S) -> None:
-        """A line when the log has been quiet for ``quiet_s`` (a step that reports nothing: loading, an
-        export, a teacher pass), so that a slow job never looks like a hung one. Called from a thread."""
+        """A line when the log has been quiet for ``quiet_s`` (a step that logs nothing: loading, an
+        export's latency rounds, a teacher pass), so that a slow job never looks like a hung one. Called
+        from a thread."""
         with self._lock:
             now = self._clock()
             if (self._drained or self._stage is None or self._stage_started is None

@@ -31,7 +31,7 @@ import inspect
 import logging
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,7 @@ def export_onnx(
     samples: int = PARITY_SAMPLES,
     threshold: float = PARITY_THRESHOLD,
     seed: int = 0,
+    exported: Callable[[], None] | None = None,
 ) -> OnnxExport:
     """Write ``model`` as ``model.onnx`` with its config and tokenizer into ``out_dir``, and check it.
 
@@ -120,6 +121,8 @@ def export_onnx(
         Run :func:`check_parity` (on by default; a graph that does not reproduce the model is useless).
     samples, threshold, seed
         Passed to :func:`check_parity`.
+    exported : callable, optional
+        Called once the files are written, before the parity check (a step of the caller's progress).
 
     Returns
     -------
@@ -151,6 +154,8 @@ def export_onnx(
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     export_s = time.perf_counter() - started
+    if exported is not None:
+        exported()
     parity = None
     if check:
         parity = check_parity(reference, graph, data=data, samples=samples, threshold=threshold, seed=seed)

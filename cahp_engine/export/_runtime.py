@@ -10,6 +10,7 @@ onnxruntime graphs and PyTorch models side by side with the protocol of
 from __future__ import annotations
 
 import copy
+import functools
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -157,7 +158,7 @@ def _numpy(value: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def evaluate_onnx(
     path: str | Path | ort.InferenceSession, data: EncodedDataset, *, batch_size: int = 64, threads: int | None = None,
-    rowwise: bool = False,
+    rowwise: bool = False, progress: Callable[[int, int], None] | None = None,
 ) -> ClassificationMetrics:
     """Accuracy, macro-F1 and confusion matrix of an exported classifier on ``data``.
 
@@ -172,6 +173,8 @@ def evaluate_onnx(
     rowwise : bool
         Score each row alone on its own tokens (:func:`run_logits_rowwise`): dynamic int8's accuracy as a
         deployment that runs it a row at a time gets it, the same whatever the batch.
+    progress : callable (done, total), optional
+        Told the rows scored so far and the rows to score after every batch.
     """
     check_positive_int("batch_size", batch_size)
     if len(data) == 0:
@@ -179,10 +182,14 @@ def evaluate_onnx(
     session = path if isinstance(path, ort.InferenceSession) else onnx_session(path, threads=threads)
     order: list[np.ndarray] = []
     predictions: list[np.ndarray] = []
+    scored = 0
     for idx in length_grouped_batches(data.lengths, np.arange(len(data)), batch_size):
         run = run_logits_rowwise if rowwise else run_logits
         predictions.append(run(session, collate(data, idx)).argmax(axis=-1))
         order.append(idx)
+        scored += len(idx)
+        if progress is not None:
+            progress(scored, len(data))
     return classification_metrics(data.labels[np.concatenate(order)], np.concatenate(predictions), data.num_classes)
 
 
@@ -200,6 +207,7 @@ def compare_runtimes(
     repeats: int = 20,
     seed: int = 0,
     threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RuntimeSpeed:
     """CPU latency of exported graphs and PyTorch models on the same random inputs, and speed-ups.
 
@@ -218,6 +226,9 @@ def compare_runtimes(
     threads : int, optional
         Intra-op threads of onnxruntime, and of torch while timing; by default torch's current
         setting, which is restored afterwards.
+    progress : callable (done, total), optional
+        Told after every pass of all the candidates, warm-up passes included, in rows: a pass at batch
+        size 32 counts 32, so ``done / total`` follows the work rather than the number of passes.
 
     Returns
     -------
@@ -262,12 +273,14 @@ def compare_runtimes(
         torch.set_num_threads(n_threads)
         for m in cpu_models.values():
             m.eval()
+        passes = _Passes(progress, sum(int(bs) for bs in batch_sizes) * (warmup + repeats))
         with torch.no_grad():
             for bs in batch_sizes:
                 inputs = random_inputs(holder, int(bs), seq_len, seed, torch.device("cpu"))
                 runners = {name: _torch_runner(m, inputs) for name, m in cpu_models.items()}
                 runners |= {name: _onnx_runner(s, inputs) for name, s in sessions.items()}
-                rows.append(_time_round(runners, int(bs), seq_len, warmup, repeats, chosen, seed))
+                rows.append(_time_round(runners, int(bs), seq_len, warmup, repeats, chosen, seed,
+                                        passed=functools.partial(passes.add, int(bs))))
     finally:
         torch.set_num_threads(previous_threads)
         for name, m in cpu_models.items():
@@ -299,20 +312,34 @@ def _onnx_runner(session: ort.InferenceSession, inputs: dict[str, torch.Tensor])
     return lambda: session.run(["logits"], feed)
 
 
+class _Passes:
+    """The rows :func:`compare_runtimes` has timed so far, told to its ``progress`` after each pass."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None, total: int) -> None:
+        self._progress, self._total, self._done = progress, total, 0
+
+    def add(self, rows: int) -> None:
+        self._done += rows
+        if self._progress is not None:
+            self._progress(self._done, self._total)
+
+
 def _time_round(
     runners: dict[str, Callable[[], Any]], batch_size: int, seq_len: int, warmup: int, repeats: int, baseline: str,
-    seed: int,
+    seed: int, passed: Callable[[], None] = lambda: None,
 ) -> RuntimeLatencies:
     times: dict[str, list[float]] = {name: [] for name in runners}
     order = list(runners)
     for _ in range(warmup):
         for name in order:
             runners[name]()
+        passed()
     for rep in range(repeats):
         for name in order if rep % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             runners[name]()
             times[name].append(time.perf_counter() - start)
+        passed()
     latency = {name: latency_of(values, batch_size=batch_size, seq_len=seq_len, warmup=warmup, device="cpu")
                for name, values in times.items()}
     reference = latency[baseline].p50_ms

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,47 @@ _LABELS = {TORCH_DENSE: ("PyTorch", "dense"), TORCH_PRUNED: ("PyTorch", "pruned"
 #: The timed candidate each card describes.
 _CARD_CANDIDATE = {"pytorch": TORCH_PRUNED, "onnx": ONNX_PRUNED, "onnx-int8": INT8_PRUNED}
 
+#: What each of the export's steps took, in seconds, in the order they run: the pruned graph written,
+#: its parity check, its scoring, the int8 model (quantized, checked and scored), the dense graph
+#: written, the latency rounds (two PyTorch models and two graphs, batch sizes 1 and 32, 3 warm-up and
+#: 20 timed passes). Measured on the real all-MiniLM-L6-v2 with 400 SST-5 test rows (the shape of
+#: ``python -m bench eta``'s job), 1 thread at nice 10, 2026-12-05, load average 4.0 (int8: 5.1, in a
+#: second run, whose latency rounds with the int8 graph as a fifth candidate took 104 s; an int8 run's
+#: rounds weigh more than this table gives them). A real job's trace shows what they take there
+#: (docs/performance.md, "The time left").
+#: The export reports its progress as the share of these its steps have done (within the scoring and
+#: the latency rounds, as they go), so that a job's progress moves during the export and its time left
+#: is measured on the export's own rate rather than counted down from other stages' speed.
+EXPORT_STEP_COST: dict[str, float] = {
+    "onnx": 9.6,
+    "parity": 5.0,
+    "scoring": 4.6,
+    "int8": 10.0,
+    "dense_onnx": 8.0,
+    "latency": 49.6,
+}
+
+
+class ExportSteps:
+    """The export stage's progress: each of ``steps`` given its share of the stage in proportion to
+    :data:`EXPORT_STEP_COST`, told to ``report(stage, fraction)`` as each ends or moves."""
+
+    def __init__(self, report: Callable[[str, float], None], steps: Sequence[str], stage: str = "export") -> None:
+        total = sum(EXPORT_STEP_COST[step] for step in steps) or 1.0
+        self._report, self._stage, self._spans, at = report, stage, {}, 0.0
+        for step in steps:
+            self._spans[step] = (at / total, (at + EXPORT_STEP_COST[step]) / total)
+            at += EXPORT_STEP_COST[step]
+
+    def done(self, step: str) -> None:
+        """``step`` is over."""
+        self._report(self._stage, self._spans[step][1])
+
+    def part(self, step: str) -> Callable[[int, int], None]:
+        """A ``progress(done, total)`` callback for the work within ``step``."""
+        lo, hi = self._spans[step]
+        return lambda done, total: self._report(self._stage, lo + (hi - lo) * min(1.0, done / max(total, 1)))
+
 
 def latency_seq_len(evaluation: EncodedDataset) -> int:
     """The length latency is measured at: the evaluation split's 95th-percentile length, within [8, 64]."""
@@ -72,35 +114,42 @@ def export_for_deployment(run: RunContext, *, work: Path, dense: nn.Module, prun
     config, tokenizer, evaluation = run.config, inputs.loaded.tokenizer, inputs.evaluation
     seq_len = latency_seq_len(evaluation)
 
-    def timed(graphs: dict[str, Path]) -> RuntimeSpeed:
+    def timed(graphs: dict[str, Path], progress: Callable[[int, int], None] | None = None) -> RuntimeSpeed:
         return compare_runtimes(graphs, torch_models={TORCH_DENSE: dense, TORCH_PRUNED: pruned}, baseline=TORCH_DENSE,
                                 batch_sizes=BATCH_SIZES, seq_len=seq_len, warmup=config.latency_warmup,
-                                repeats=config.latency_repeats, seed=config.seed)
+                                repeats=config.latency_repeats, seed=config.seed, progress=progress)
 
     if config.export == "none":
         with run.monitor.stage("evaluation"):
             run.say("timing the dense and pruned models together on the CPU, in interleaved rounds")
             return ExportRecord(onnx=None, onnx_int8=None, speed=timed({}))
     with run.monitor.stage("export"):
+        steps = ExportSteps(run.monitor.report, [step for step in EXPORT_STEP_COST
+                                                 if step != "int8" or config.quantize == "int8"])
         run.say("exporting the pruned model to ONNX and checking it against PyTorch")
-        onnx = export_onnx(pruned, tokenizer, work / ONNX_DIR, data=evaluation, seed=config.seed)
+        onnx = export_onnx(pruned, tokenizer, work / ONNX_DIR, data=evaluation, seed=config.seed,
+                           exported=lambda: steps.done("onnx"))
+        steps.done("parity")
         parity = onnx.parity
         if parity is not None:
             run.say(f"ONNX parity: max |logit difference| {parity.max_abs_diff:.2e} on {parity.samples} samples")
-        onnx = dataclasses.replace(onnx, accuracy=evaluate_onnx(work / ONNX_DIR, evaluation,
-                                                                batch_size=config.batch_size))
+        scored = evaluate_onnx(work / ONNX_DIR, evaluation, batch_size=config.batch_size,
+                               progress=steps.part("scoring"))
+        onnx = dataclasses.replace(onnx, accuracy=scored)
         int8 = None
         if config.quantize == "int8":
             run.say("quantizing the ONNX model to int8 (dynamic, per output channel)")
             int8 = quantize_int8(work / ONNX_DIR, work / INT8_DIR, model=pruned, parity_data=evaluation,
                                  eval_data=evaluation, per_channel=True, seed=config.seed)
+            steps.done("int8")
         run.say("timing PyTorch and onnxruntime together on the CPU, in interleaved rounds")
         with tempfile.TemporaryDirectory(prefix="cahp-dense-onnx-") as scratch:
             export_onnx(dense, tokenizer, Path(scratch) / ONNX_DIR, check=False, seed=config.seed)
+            steps.done("dense_onnx")
             graphs = {ONNX_DENSE: Path(scratch) / ONNX_DIR, ONNX_PRUNED: work / ONNX_DIR}
             if int8 is not None:
                 graphs[INT8_PRUNED] = work / INT8_DIR
-            speed = timed(graphs)
+            speed = timed(graphs, steps.part("latency"))
     # Paths relative to the run's output, so the report names no directory of the machine.
     record = ExportRecord(
         onnx=dataclasses.replace(onnx, path=ONNX_DIR),

@@ -93,3 +93,10 @@ def test_a_trace_recorded_without_a_plan_is_replayed_on_the_plan_its_rows_give(
         assert mine["samples_from_25pct"] == theirs["samples_from_25pct"] > 0
         for key in ("median_error", "max_error", "within_25pct"):
             assert mine[key] == pytest.approx(theirs[key], abs=1e-3)
+
+
+def test_a_stage_silenced_in_a_replay_is_heard_at_its_start_and_its_end_only() -> None:
+    trace = [(0.0, "load", 0.0), (10.0, "export", 0.5), (20.0, "export", 0.6), (30.0, "export", 0.7),
+             (40.0, "export", 0.9), (41.0, "artifacts", 0.9)]
+    assert eta._silenced(trace, "export") == [trace[0], trace[1], trace[4], trace[5]]
+    assert eta._silenced(trace, "teacher") == trace

@@ -68,7 +68,8 @@ def test_the_costs_follow_the_runs_stages_and_epochs() -> None:
     assert all(spans[stage][1] > spans[stage][0] for stage, cost in costs.items() if cost > 0)
 
 
-# A run whose last stages report nothing while they work: an export, then the artifacts (both fixed-cost).
+# A run whose last stages report nothing while they work (an export heard only at its start and end, as
+# before it reported its steps), then the artifacts (both fixed-cost).
 QUIET_SPANS = {"load": (0.0, 0.1), "recovery": (0.1, 0.6), "export": (0.6, 0.9), "artifacts": (0.9, 1.0)}
 QUIET_COSTS = {"load": 10.0, "recovery": 100.0, "export": 40.0, "artifacts": 10.0}
 
@@ -106,3 +107,21 @@ def test_a_silent_stage_past_its_expected_time_keeps_a_share_of_its_time_and_slo
     eta.update(now + 200, "export", 0.9)
     done = eta.update(now + 200, "artifacts", 0.9)
     assert done == pytest.approx((20.0 + 200.0) / (10.0 + 40.0) * 10)
+
+
+def test_an_export_that_reports_its_steps_is_foretold_from_its_own_rate_as_a_reporting_stage_is() -> None:
+    eta, now = _quiet_run_to_export()
+    # The export takes 240 s, six times the calibrated 40 and three times what the loading's speed
+    # foretold, and reports its steps as it goes (one every 10 s).
+    for second in range(0, 121, 10):
+        left = eta.update(now + second, "export", 0.6 + 0.3 * second / 240)
+    # Half done: its own rate over the last minute (120 s left) weighs half; the other half is the
+    # fixed-cost stages' speed measured so far, the export's included ((20 + 120) s for (10 + 20)
+    # calibrated s), on its 20 calibrated s left, and the artifacts go at that speed too.
+    speed = (20.0 + 120.0) / (10.0 + 20.0)
+    assert left == pytest.approx(0.5 * 120 + 0.5 * speed * 20 + speed * 10)
+    # Heard only at its start, the same export would be counted down from the loading's speed.
+    silent, _ = _quiet_run_to_export()
+    silent.update(now, "export", 0.6)
+    assert silent.update(now + 120, "export", 0.6) == pytest.approx(ThroughputEta.OVERRUN_SHARE * 120
+                                                                      + (20.0 + 120.0) / (10.0 + 40.0) * 10)

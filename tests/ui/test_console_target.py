@@ -133,3 +133,15 @@ def test_the_target_is_shown_while_the_job_runs_then_the_report_replaces_it(
     assert any("/logs?offset=" in url for url in urls) is not stream
     if not stream:  # the refused stream was reported as a failed request; the page logged no script error
         watched.errors[:] = [e for e in watched.errors if "502" not in e]
+
+
+def test_a_target_jobs_page_fits_a_phone_screen(target_job, watched: Watched) -> None:
+    live, job_id = target_job
+    page = watched.page
+    page.set_viewport_size({"width": 390, "height": 844})
+    sign_in(watched, live, path=f"/ui/jobs/{job_id}")
+    for part in ("figure.units svg", "div.target[data-source=report]", "table.latency-table"):
+        expect(page.locator(part)).to_be_visible()
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the target job's page scrolls sideways at 390 px ({width} px wide)"
+    watched.shot("phone-target-job")

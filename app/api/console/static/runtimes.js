@@ -31,13 +31,14 @@ export function latencyTable(speed) {
         h("th", { scope: "row", "data-label": "Runtime" }, RUNTIMES[name] || name),
         h("td", { "data-label": "Batch" }, String(result.batch_size)),
         h("td", { "data-label": "Median" }, `${formatNumber(latency.p50_ms, 2)} ms`),
-        h("td", { "data-label": `Against ${baseline}` }, against)));
+        h("td", { "data-label": "Speed-up" }, against)));
     }
   }
   return h("div", { class: "latency" },
-    h("p", { class: "muted" }, `${speed.device}, sequence length ${speed.seq_len}, ${speed.threads} ${speed.threads === 1 ? "thread" : "threads"}; `
-      + `every runtime timed in the same interleaved rounds (${speed.repeats} repeats).`),
+    h("p", { class: "muted" }, `Speed-ups against ${baseline}; ${speed.device}, sequence length ${speed.seq_len}, `
+      + `${speed.threads} ${speed.threads === 1 ? "thread" : "threads"}; every runtime timed in the same interleaved `
+      + `rounds (${speed.repeats} repeats).`),
     h("table", { class: "latency-table" },
-      h("thead", {}, h("tr", {}, ["Runtime", "Batch", "Median", `Against ${baseline}`].map((name) => h("th", { scope: "col" }, name)))),
+      h("thead", {}, h("tr", {}, ["Runtime", "Batch", "Median", `Speed-up against ${baseline}`].map((name) => h("th", { scope: "col" }, name)))),
       h("tbody", {}, rows)));
 }

@@ -4,7 +4,10 @@
 // once the job has ended.
 
 import { clear, formatNumber, formatPercent, h, s } from "./dom.js";
-import { KEPT_FILL, SAFETY_FILL, responsive } from "./plot.js";
+import { KEPT_FILL, VIRIDIS, responsive } from "./plot.js";
+
+// Neurons in a hue of their own: the head map beside uses the kept heads' and layer safety's.
+const NEURON_FILL = VIRIDIS[3];
 
 /**
  * The target's headline and its table of heads and neurons per layer.
@@ -60,7 +63,7 @@ export function layerUnits(target) {
     const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": label });
     heads.forEach((n, l) => {
       const y = 4 + l * rowHeight;
-      const bars = [[n, target.heads_total, "heads", KEPT_FILL], [neurons[l], target.neurons_total, "neurons", SAFETY_FILL]];
+      const bars = [[n, target.heads_total, "heads", KEPT_FILL], [neurons[l], target.neurons_total, "neurons", NEURON_FILL]];
       svg.append(s("text", { x: left - 8, y: y + bar, "text-anchor": "end", "dominant-baseline": "middle" }, `layer ${l}`));
       bars.forEach(([kept, total, what, fill], i) => {
         const by = y + i * (bar + 2);

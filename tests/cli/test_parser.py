@@ -83,3 +83,40 @@ def test_a_bad_setting_value_is_refused_before_anything_is_packed(capsys: pytest
     assert code == ExitCode.USAGE
     err = capsys.readouterr().err
     assert "cahp: --param: `epochs` must be a number" in err and "got 'one'" in err and "upload" not in err
+
+
+def test_a_misspelt_flag_is_named_even_when_a_required_argument_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    required = "error: the following arguments are required:"
+    for argv, said in (
+            (["prune", "model", "data", "--ouput", "out"],
+             f"cahp prune: {required} --output/-o; unrecognized arguments: --ouput; did you mean --output?"),
+            (["submit", "--modle", "m", "--dataset", "d"],
+             f"cahp submit: {required} --model; unrecognized arguments: --modle; did you mean --model?"),
+            (["submit", "--dataset", "d", "--epoch", "1"],
+             "unrecognized arguments: --epoch; did you mean --param epochs=VALUE?"),
+            (["wait", "--follw"],
+             f"cahp wait: {required} job; unrecognized arguments: --follw; did you mean --follow?")):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == ExitCode.USAGE
+        assert said in capsys.readouterr().err, argv
+
+
+def test_every_flag_of_every_command_misspelt_by_a_letter_gets_its_whole_name_suggested(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    checked = 0
+    for name, parser in _parsers():
+        if any(isinstance(action, argparse._SubParsersAction) for action in parser._actions):
+            continue  # `cahp` itself (and any other parser of subcommands): its words are the commands
+        flags = {s for action in parser._actions for s in action.option_strings}
+        for flag in sorted(f for f in flags if f.startswith("--") and f != "--help" and len(f) > 5):
+            misspelt = flag[:-1]
+            if misspelt in flags:
+                continue
+            with pytest.raises(SystemExit):
+                main([*name.split()[1:], misspelt])
+            err = capsys.readouterr().err
+            assert f"unrecognized arguments: {misspelt}" in err and "did you mean" in err, (name, misspelt, err)
+            assert flag in err.rsplit("did you mean", 1)[1], (name, misspelt, err)
+            checked += 1
+    assert checked > 100

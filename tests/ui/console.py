@@ -197,23 +197,39 @@ def run_failed_job(console: Console) -> str:
 
 @dataclass
 class RunningJob:
+    """A job a real worker runs in a thread, held at the start of each stage named in ``holds``."""
+
     job_id: str
     thread: threading.Thread
     outcome: list[Outcome]
+    reached: dict[str, threading.Event]
+    released: dict[str, threading.Event]
+
+    def wait_for(self, stage: str, timeout_s: float = 180.0) -> None:
+        """Return once the run has reached ``stage`` (and is held there)."""
+        assert self.reached[stage].wait(timeout_s), f"the job did not reach its {stage} stage"
+
+    def release(self, stage: str) -> None:
+        """Let the run go on past ``stage``."""
+        self.released[stage].set()
 
 
 @contextmanager
-def running_job(console: Console, *, hold_s: float = 300.0) -> Iterator[RunningJob]:
-    """A job that a real worker runs and holds in its ``recovery`` stage until a cancel is requested.
+def running_job(console: Console, *, holds: tuple[str, ...] = ("recovery",), hold_s: float = 300.0,
+                **params: Any) -> Iterator[RunningJob]:
+    """A job that a real worker runs and holds at the start of each stage of ``holds`` (in run order)
+    until the test releases it or a cancel is requested; yields once the first is reached.
 
-    The pipeline is the real ``run_pruning``; its progress callback, once recovery has started, waits
-    (at most ``hold_s``) for the job's cancel flag, so the test sees the job running for as long as it
-    needs and the cancel is then honoured by the engine's own check between steps.
+    The pipeline is the real ``run_pruning``; its progress callback, on a held stage's first report,
+    waits (at most ``hold_s``) for the release or the job's cancel flag, so the test sees the job
+    running in that stage for as long as it needs, and a cancel is then honoured by the engine's own
+    check between steps. ``params``: the job's settings (default: 50 recovery epochs).
     """
     model, data = tiny_inputs(console.local_root)
-    job_id = console.submit(job_body(f"file://{model}", f"file://{data}", epochs=50))
+    job_id = console.submit(job_body(f"file://{model}", f"file://{data}", **{"epochs": 50, **params}))
     context = console.worker("ui-running-worker")
-    recovering = threading.Event()
+    reached = {stage: threading.Event() for stage in holds}
+    released = {stage: threading.Event() for stage in holds}
 
     def holding_run(request: RunRequest, hooks: RunHooks) -> RunReport:
         progress = hooks.progress
@@ -221,14 +237,14 @@ def running_job(console: Console, *, hold_s: float = 300.0) -> Iterator[RunningJ
 
         def watch(stage: str, fraction: float) -> None:
             progress(stage, fraction)
-            if stage == "recovery" and not recovering.is_set():
-                recovering.set()
-                deadline = time.monotonic() + hold_s
-                while time.monotonic() < deadline:
-                    with context.sessions() as session:
-                        if repository.cancel_requested(session, job_id=job_id):
-                            return
-                    time.sleep(0.1)
+            if stage not in reached or reached[stage].is_set():
+                return
+            reached[stage].set()
+            deadline = time.monotonic() + hold_s
+            while time.monotonic() < deadline and not released[stage].wait(0.1):
+                with context.sessions() as session:
+                    if repository.cancel_requested(session, job_id=job_id):
+                        return
 
         return run_pruning(request, dataclasses.replace(hooks, progress=watch))
 
@@ -237,10 +253,12 @@ def running_job(console: Console, *, hold_s: float = 300.0) -> Iterator[RunningJ
         target=lambda: outcome.append(execute_job(job_id=job_id, context=context, pipeline=holding_run)),
         name="ui-running-job", daemon=True)
     thread.start()
+    running = RunningJob(job_id=job_id, thread=thread, outcome=outcome, reached=reached, released=released)
     try:
-        assert recovering.wait(180), "the job did not reach its recovery stage"
-        yield RunningJob(job_id=job_id, thread=thread, outcome=outcome)
+        running.wait_for(holds[0])
+        yield running
     finally:
-        with console.client() as client:
-            client.post(f"/v1/jobs/{job_id}/cancel")
+        if thread.is_alive():
+            with console.client() as client:
+                client.post(f"/v1/jobs/{job_id}/cancel")
         thread.join(180)

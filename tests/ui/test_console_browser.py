@@ -249,12 +249,7 @@ def test_pages_fit_a_phone_screen(served: Console, watched: Watched) -> None:
     page.set_viewport_size({"width": 390, "height": 844})
     sign_in(watched, served, path=f"/ui/jobs/{served.jobs['succeeded']}")
     expect(page.locator("figure.heads rect.cell").first).to_be_visible()
-    # The MSS curve's degree labels, however close their knees, never overlap one another.
-    boxes = page.locator(".knee-label").evaluate_all(
-        "(els) => els.map((e) => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; })")
-    for i, (left, top, right, bottom) in enumerate(boxes):
-        for other in boxes[i + 1:]:
-            assert right <= other[0] or other[2] <= left or bottom <= other[1] or other[3] <= top, boxes
+    # The MSS curve's degree labels at this width: tests/ui/test_console_mss_labels.py (a curve whose knees crowd).
     for path in (f"/ui/jobs/{served.jobs['succeeded']}", "/ui/", "/ui/submit", f"/ui/jobs/{served.jobs['failed']}"):
         page.goto(served.url + path)
         expect(page.locator("main h1").first).to_be_visible()

@@ -4,6 +4,8 @@
 import { api, ApiError, download } from "./api.js";
 import { headMap, layerRetention } from "./heads.js";
 import { mssChart } from "./mss.js";
+import { latencyTable } from "./runtimes.js";
+import { layerUnits, targetSection } from "./target.js";
 import {
   clear, formatBytes, formatCount, formatDuration, formatNumber, formatPercent, formatSpeedup, formatTime, h,
   labelChips, secondsBetween, statusBadge, timeElement,
@@ -115,24 +117,6 @@ async function copyLink(artifact, say) {
   }
 }
 
-/** A speed or FLOPs target: what it asked, predicted and measured, and the heads and neurons each layer kept. */
-function targetSection(target) {
-  const asked = target.kind === "flops" ? `${formatPercent(target.target)} of the FLOPs`
-    : `×${formatNumber(target.target, 2)} on ${target.runtime}`;
-  const measured = target.measured_speedup === null ? "not timed (a FLOPs target)"
-    : `measured ×${formatNumber(target.measured_speedup, 2)}`;
-  const headline = h("p", {}, `Target ${asked} at batch ${target.batch_size} × ${target.seq_len} tokens: predicted `
-    + `×${formatNumber(target.predicted_speedup, 2)}, ${measured}; FLOPs kept ${formatPercent(target.flops_kept, 1)} `
-    + `(reachable ×${formatNumber(target.reachable_speedup, 2)}).`);
-  const rows = target.heads_per_layer.map((heads, layer) => h("tr", { dataset: { layer: String(layer) } },
-    h("th", { scope: "row", "data-label": "Layer" }, String(layer)),
-    h("td", { "data-label": "Heads" }, `${heads} of ${target.heads_total}`),
-    h("td", { "data-label": "Neurons" }, `${target.neurons_per_layer[layer]} of ${target.neurons_total}`)));
-  return h("div", { class: "target" }, headline, h("table", { class: "target-layers" },
-    h("thead", {}, h("tr", {}, ["Layer", "Heads", "Neurons"].map((name) => h("th", { scope: "col" }, name)))),
-    h("tbody", {}, rows)));
-}
-
 function artifactTable(jobId, manifest, onError) {
   const rows = manifest.map((artifact) => {
     const button = h("button", { type: "button", class: "secondary", "aria-label": `Download ${artifact.name}` }, "Download");
@@ -189,6 +173,8 @@ function attemptList(attempts) {
 export function jobView(jobId) {
   let job = null;
   let resultShown = false;
+  let liveTarget = ""; // the target record shown from the job's state, as JSON: redrawn only when it changes
+  let pendingTarget = null; // a target event that came before the job's first state
   const destroyers = [];
 
   const title = h("h1", {}, "Job ", h("code", { class: "job-id" }, jobId));
@@ -201,6 +187,9 @@ export function jobView(jobId) {
   const progressText = h("span", { id: "job-progress-label" });
   const meta = h("dl", { class: "meta" });
   const result = h("div", { class: "result" });
+  // A target run's allocation, from the job's state as soon as the run has decided it (before recovery);
+  // the result's section, from the report, takes its place once the job has ended.
+  const decided = h("section", { class: "decided-target", hidden: true });
   const logList = h("ol", { class: "log-lines" });
   const log = h("div", { class: "log", tabindex: 0, role: "log", "aria-label": "Job log" }, logList);
   const logEmpty = h("p", { class: "muted" }, "No log lines yet.");
@@ -209,7 +198,7 @@ export function jobView(jobId) {
     h("div", { class: "title-row" }, title, badge, cancel),
     named, notice, problem,
     h("div", { class: "progress-row" }, progress, progressText),
-    meta, result,
+    meta, decided, result,
     h("section", { class: "log-section" }, h("h2", {}, "Log"), logEmpty, log));
 
   function say(text) {
@@ -258,6 +247,21 @@ export function jobView(jobId) {
       resultShown = true;
       showResult();
     }
+    showDecided(job.target);
+  }
+
+  /** The target as decided (the job's `target`, or the event stream's `target` event), until the result replaces it. */
+  function showDecided(target) {
+    pendingTarget = target ?? pendingTarget;
+    target = pendingTarget;
+    if (!job || resultShown || !target) return; // showResult removes it once the report's figures are drawn
+    const note = isFinished(job) ? "Decided before the job ended; it left no report to measure it against."
+      : "Decided while the run goes on (recovery follows); the final report's figures replace these when the job ends.";
+    const shown = JSON.stringify([target, note]);
+    if (shown === liveTarget) return;
+    liveTarget = shown;
+    clear(decided, h("h2", {}, "Heads and neurons per layer"), targetSection(target, { source: "job", note }));
+    decided.hidden = false;
   }
 
   function appendLogs(lines) {
@@ -284,6 +288,7 @@ export function jobView(jobId) {
     const read = (name) => (names.has(name) ? api(`${base}/${name}`) : Promise.resolve(null));
     const [report, curve, map] = (await Promise.allSettled([read("report.json"), read("mss_curve.json"), read("head_map.json")]))
       .map((settled) => (settled.status === "fulfilled" ? settled.value : null));
+    const target = report?.target ?? job.target ?? null;
     const parts = [qualityWarnings(job.result), h("h2", {}, "Result"), summary(job, report, curve)];
     if (curve) {
       const chart = mssChart(curve);
@@ -294,11 +299,18 @@ export function jobView(jobId) {
       const grid = headMap(map);
       const retention = layerRetention(map);
       destroyers.push(grid.destroy, retention.destroy);
-      parts.push(h("h2", {}, "Heads"), h("div", { class: "side-by-side" }, grid.element, retention.element));
+      // A target run cut feed-forward neurons too: their map goes beside the head map, under the retention.
+      const units = target ? layerUnits(target) : null;
+      if (units) destroyers.push(units.destroy);
+      parts.push(h("h2", {}, "Heads"), h("div", { class: "side-by-side" }, grid.element,
+        h("div", {}, retention.element, units?.element)));
     }
-    if (report?.target) parts.push(h("h2", {}, "Heads and neurons per layer"), targetSection(report.target));
+    if (target) parts.push(h("h2", {}, "Heads and neurons per layer"), targetSection(target, { source: "report" }));
+    if (report?.export?.speed?.results?.length) parts.push(h("h2", {}, "Latency by runtime"), latencyTable(report.export.speed));
     parts.push(h("h2", {}, "Artifacts"), manifest.length ? artifactTable(jobId, manifest, say) : h("p", { class: "muted" }, "None stored."));
     clear(result, ...parts);
+    clear(decided);
+    decided.hidden = true;
   }
 
   cancel.addEventListener("click", async () => {
@@ -320,6 +332,7 @@ export function jobView(jobId) {
       showJob(next);
     },
     onLogs: appendLogs,
+    onTarget: showDecided,
     onError(error) {
       if (error instanceof ApiError && error.status === 404) {
         watch.stop();

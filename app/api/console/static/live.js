@@ -7,7 +7,9 @@
 // it, an older server), the page falls back to polling: one request at a time, every couple of
 // seconds, paused while the tab is hidden, backing off while the service does not answer. The job
 // list is polled. Either way the callers get the same calls: `onJob(job)` for each new state,
-// `onLogs(lines)` for new log lines.
+// `onLogs(lines)` for new log lines. A target run's allocation comes in the job's `target` as soon as
+// the run has decided it; the stream also sends it alone (its `target` event, before the job's next
+// state), which goes to `onTarget(target)`.
 
 import { api, openStream } from "./api.js";
 
@@ -135,10 +137,11 @@ function pollJob(jobId, { onJob, onLogs, onError, intervalMs }) {
  * Follow one job: its state and its log, until it has finished and the log is read to the end.
  *
  * @param {string} jobId
- * @param {{onJob: function(object), onLogs: function(object[]), onError?: function(Error), intervalMs?: number}} handlers
+ * @param {{onJob: function(object), onLogs: function(object[]), onTarget?: function(object), onError?: function(Error),
+ *          intervalMs?: number}} handlers
  * @returns {{stop: function(), now: function()}}
  */
-export function watchJob(jobId, { onJob, onLogs, onError, intervalMs = 1500 }) {
+export function watchJob(jobId, { onJob, onLogs, onTarget, onError, intervalMs = 1500 }) {
   const id = encodeURIComponent(jobId);
   const controller = new AbortController();
   let stopped = false;
@@ -168,6 +171,8 @@ export function watchJob(jobId, { onJob, onLogs, onError, intervalMs = 1500 }) {
           const data = JSON.parse(event.data);
           if (event.event === "log") {
             onLogs([data]);
+          } else if (event.event === "target") {
+            onTarget?.(data);
           } else if (["status", "stage", "progress"].includes(event.event)) {
             onJob(data);
             if (isFinished(data)) return stop();

@@ -4,6 +4,9 @@
 import { clear, formatNumber, h, s } from "./dom.js";
 import { degreeRanges, labelRows, nextId, replaceKeepingFocus, responsive, ticks, tooltip } from "./plot.js";
 
+// Pixels between two rows of knee labels: more than their 11 px text's box (13 px), so rows never touch.
+const LABEL_ROW = 15;
+
 /**
  * The Mean Simplified Silhouette against k, with the knee of each polynomial degree and k*.
  *
@@ -78,8 +81,8 @@ export function mssChart(curve) {
     // plot starts below the last row.
     const { placed, rows } = labelRows(kneeKs.map((k) => ({ x: kneeX(k), text: `deg ${degreeRanges(kneesAt.get(k))}` })),
       { minX: 0, maxX: width });
-    m.top += 12 * (rows - 1);
-    const height = Math.round(Math.min(340, Math.max(220, width * 0.45))) + 12 * (rows - 1);
+    m.top += LABEL_ROW * (rows - 1);
+    const height = Math.round(Math.min(340, Math.max(220, width * 0.45))) + LABEL_ROW * (rows - 1);
     let yLo = Math.min(...mss);
     let yHi = Math.max(...mss);
     const pad = (yHi - yLo) * 0.08 || 0.05;
@@ -113,7 +116,7 @@ export function mssChart(curve) {
     kneeKs.forEach((k, i) => {
       const kx = x(k);
       const { x: lx, row } = placed[i];
-      const top = m.top - 12 * (rows - 1) + row * 12;
+      const top = m.top - LABEL_ROW * (rows - 1) + row * LABEL_ROW;
       const chosen = kneesAt.get(k).includes(chosenDegree);
       knees.append(
         s("line", { x1: kx, x2: kx, y1: top - 4, y2: height - m.bottom, class: chosen ? "knee chosen" : "knee" }),

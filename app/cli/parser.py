@@ -40,14 +40,21 @@ class CahpParser(argparse.ArgumentParser):
         super().error(message)
 
     def _unknown_flag(self, words: Sequence[str]) -> str:
-        """The first word that looks like a flag and is none of this parser's ("" when none)."""
+        """The first word that looks like a flag and is none of this parser's ("" when none).
+
+        A word argparse reads as a positional or a value is none: ``-`` alone, one with a space, a
+        negative number, and a short flag with its value attached (``-o/tmp/out``).
+        """
         for word in words:
             if word == "--":
                 break
             name = word.split("=", 1)[0]
-            if name.startswith(tuple(self.prefix_chars)) and name not in self._option_string_actions \
-                    and not self._negative_number_matcher.match(name):
-                return name
+            if len(word) < 2 or word[0] not in self.prefix_chars or " " in word \
+                    or self._negative_number_matcher.match(name) or name in self._option_string_actions:
+                continue
+            if word[1] not in self.prefix_chars and word[:2] in self._option_string_actions:
+                continue
+            return name
         return ""
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]

@@ -120,3 +120,18 @@ def test_every_flag_of_every_command_misspelt_by_a_letter_gets_its_whole_name_su
             assert flag in err.rsplit("did you mean", 1)[1], (name, misspelt, err)
             checked += 1
     assert checked > 100
+
+
+def test_a_missing_required_argument_names_no_word_the_parser_took_as_unrecognized(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # A short flag with its value attached (-o/tmp/out is --output /tmp/out), "-" (a positional, as
+    # argparse reads it) and a value with a space that starts with a dash are all words argparse took.
+    for argv, missing in ((["prune", "model", "-o/tmp/out"], "dataset"),
+                          (["prune", "-", "data"], "--output/-o"),
+                          (["prune", "model", "-o", "-a b"], "dataset")):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert f"the following arguments are required: {missing}" in err, argv
+        assert "unrecognized" not in err, (argv, err)

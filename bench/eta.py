@@ -242,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds between the samples scored, the last report heard again (default 5)")
     parser.add_argument("--out", default="eta.json", help="results file name under bench/results/")
     args = parser.parse_args(argv)
+    if args.silent is not None and args.trace is None:
+        parser.error("--silent replays a saved trace: give it with --trace FILE (a new run records every report)")
     pin_threads(args.threads)
 
     from cahp_engine.config import PruningConfig

@@ -100,3 +100,10 @@ def test_a_stage_silenced_in_a_replay_is_heard_at_its_start_and_its_end_only() -
              (40.0, "export", 0.9), (41.0, "artifacts", 0.9)]
     assert eta._silenced(trace, "export") == [trace[0], trace[1], trace[4], trace[5]]
     assert eta._silenced(trace, "teacher") == trace
+
+
+def test_silencing_a_stage_without_a_trace_is_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        eta.main(["--silent", "export", "--rows", "10"])
+    assert stopped.value.code == 2
+    assert "--silent replays a saved trace" in capsys.readouterr().err

@@ -135,6 +135,26 @@ def test_the_target_is_shown_while_the_job_runs_then_the_report_replaces_it(
         watched.errors[:] = [e for e in watched.errors if "502" not in e]
 
 
+def test_a_decided_target_stops_promising_a_report_when_the_report_cannot_be_read(
+        tmp_path_factory: pytest.TempPathFactory, watched: Watched) -> None:
+    page = watched.page
+    page.route("**/artifacts", lambda route: route.fulfill(status=503, body="unavailable"))
+    with console(tmp_path_factory.mktemp("console-target-unread")) as live, \
+            running_job(live, holds=("recovery",), epochs=1, **TARGET) as running:
+        running.wait_for("recovery")
+        sign_in(watched, live, path=f"/ui/jobs/{running.job_id}")
+        section = page.locator("div.target[data-source=job]")
+        expect(section.locator(".target-note")).to_contain_text("the final report's figures replace these")
+        running.release("recovery")
+        running.thread.join(180)
+        assert running.outcome == [Outcome.succeeded]
+        expect(page.locator("[data-field=status]")).to_have_text("succeeded")
+        expect(page.get_by_text("Could not list the artifacts")).to_be_visible()
+        expect(section.locator(".target-note")).to_contain_text("the final report could not be read")
+        expect(section.locator(".target-note")).not_to_contain_text("replace these when the job ends")
+    watched.errors[:] = [e for e in watched.errors if "503" not in e]
+
+
 def test_a_target_jobs_page_fits_a_phone_screen(target_job, watched: Watched) -> None:
     live, job_id = target_job
     page = watched.page

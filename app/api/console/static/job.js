@@ -282,6 +282,11 @@ export function jobView(jobId) {
       manifest = (await api(base)).data;
     } catch (error) {
       clear(result, h("p", { class: "error" }, `Could not list the artifacts: ${error.message}`));
+      if (pendingTarget && !decided.hidden) {
+        // The job has ended: the figures decided during the run stay, without the promise of a report.
+        clear(decided, h("h2", {}, "Heads and neurons per layer"), targetSection(pendingTarget, {
+          source: "job", note: "Decided during the run; the final report could not be read to replace these figures." }));
+      }
       return;
     }
     const names = new Set(manifest.map((artifact) => artifact.name));

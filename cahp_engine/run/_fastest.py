@@ -224,6 +224,12 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
     record = _record(inputs, validation, targets, tried, search_s)
     record = dataclasses.replace(record, skipped=tuple(
         SkippedCandidate(strategy=config.strategy, k=0, heads_kept=0, reason=why) for why in unreachable.values()))
+    if found is None and not tried and unreachable:
+        raise AccuracyBudgetError(
+            f"no speed target could be judged: each of the {len(unreachable)} tried was out of reach once cut, its "
+            f"latency timed again lower than the table foretold (the table said x{targets[-1]:g} at most; this "
+            "machine's timings of the model are too noisy). Run it on a quieter machine, or raise `latency_repeats`",
+            budget=record)
     if found is None:
         raise AccuracyBudgetError(failure_message(record), budget=record)
     chosen = tried[found]

@@ -88,7 +88,7 @@ def write_failure(work: Path, run: steps.RunContext, request: RunRequest, select
     write_curve(work, result, run.config)
     write_head_map(work, result)
     budget = exc.budget
-    if budget is not None:
+    if budget is not None and budget.candidates:  # a search that judged nothing has nothing to draw
         write_budget_plot(work, budget, int(result.selection.kept_mask.size))
     assert selected.validation is not None  # a budget always judges on a validation split
     report = FailedRunReport(

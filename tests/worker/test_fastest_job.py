@@ -16,8 +16,9 @@ def test_a_fastest_within_budget_job_reports_the_targets_it_tried_and_the_one_it
     response = client.post("/v1/jobs", json=body, headers=auth)
     assert response.status_code == 202, response.text
     job_id = str(response.json()["id"])
-    assert execute_job(job_id=job_id, context=context) is Outcome.succeeded
+    outcome = execute_job(job_id=job_id, context=context)
     job = client.get(f"/v1/jobs/{job_id}", headers=auth).json()
+    assert outcome is Outcome.succeeded, job["error"]
     assert job["status"] == "succeeded" and job["params"]["budget_objective"] == "speed"
     manifest = {a["name"]: a for a in client.get(f"/v1/jobs/{job_id}/artifacts", headers=auth).json()["data"]}
     report = client.get(manifest["report.json"]["url"], headers=auth).json()

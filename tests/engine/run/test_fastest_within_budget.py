@@ -136,3 +136,24 @@ def test_the_chosen_target_is_fine_tuned_when_the_recovery_says_so_and_keeps_bot
     assert chosen.epochs == report.recovery.epochs > 0 and len(chosen.curve) > 1
     assert chosen.reconstructed is not None and chosen.curve[0].score == pytest.approx(chosen.reconstructed.score)
     assert all(c.epochs == 0 for c in budget.candidates if not c.chosen)  # the others were never trained
+
+
+def test_a_search_whose_every_target_is_out_of_reach_once_cut_fails_saying_why(inputs, tmp_path, monkeypatch) -> None:
+    """A busy machine can time every cut slower than the latency table foretold: the run then fails with that
+    reason and a report of what it skipped, not with an error about drawing an empty plot."""
+    from cahp_engine.allocation import TargetUnreachableError
+    from cahp_engine.errors import AccuracyBudgetError
+    from cahp_engine.run import _fastest
+
+    def out_of_reach(*_args, **kwargs):
+        raise TargetUnreachableError(f"x{kwargs['target_speedup']:g} is beyond this model here", best=1.0)
+
+    monkeypatch.setattr(_fastest, "prune_to_target", out_of_reach)
+    with pytest.raises(AccuracyBudgetError, match="no speed target could be judged") as err:
+        _run(inputs, tmp_path / "out")
+    assert err.value.code == "accuracy_budget_not_met" and "quieter machine" in str(err.value)
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["status"] == "failed" and written["budget"]["candidates"] == []
+    assert written["budget"]["skipped"] and all("out of reach when cut" in s["reason"]
+                                                for s in written["budget"]["skipped"])
+    assert not (tmp_path / "out" / "budget.png").exists()

@@ -260,6 +260,10 @@ export function jobView(jobId) {
     const shown = JSON.stringify([target, note]);
     if (shown === liveTarget) return;
     liveTarget = shown;
+    drawDecided(target, note);
+  }
+
+  function drawDecided(target, note) {
     clear(decided, h("h2", {}, "Heads and neurons per layer"), targetSection(target, { source: "job", note }));
     decided.hidden = false;
   }
@@ -284,8 +288,7 @@ export function jobView(jobId) {
       clear(result, h("p", { class: "error" }, `Could not list the artifacts: ${error.message}`));
       if (pendingTarget && !decided.hidden) {
         // The job has ended: the figures decided during the run stay, without the promise of a report.
-        clear(decided, h("h2", {}, "Heads and neurons per layer"), targetSection(pendingTarget, {
-          source: "job", note: "Decided during the run; the final report could not be read to replace these figures." }));
+        drawDecided(pendingTarget, "Decided during the run; the final report could not be read to replace these figures.");
       }
       return;
     }

@@ -11,6 +11,10 @@ weights are missing) and its cached CAHP selections. Three parts (``--parts``):
   ``patience2``), since an early-stopped fine-tuning is the never-stopped one's prefix (checked by
   tests/engine/recovery/test_early_stopping.py). Test accuracy, macro-F1 and recovery seconds. What decides the
   default of ``early_stopping_patience``.
+* ``reconstructed-start``: the same protocol, each recovery starting from the pruned model after the
+  engine's layer-wise reconstruction (``recovery: reconstruct+finetune``) instead of from the pruned
+  weights; test accuracy after every epoch, read against ``early-stopping``'s: what decides the default
+  of ``recovery``.
 * ``budget``: whole runs (``run_pruning``, what ``cahp prune`` runs) on the dense model: one at the knee
   with the same recovery, then accuracy budgets of 1.0, 2.0 and 0.5 points of accuracy and 1.0 point
   of macro-F1, both strategies searched; heads kept, test accuracy against dense, and the wall time
@@ -51,16 +55,16 @@ import torch
 from torch import nn
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import DatasetOptions, EncodedDataset, encode, load_splits
+from cahp_engine.data import DatasetOptions, EncodedDataset, collate, draw_subset, encode, load_splits
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
-from cahp_engine.recovery import BestWeights, FineTuning, evaluate, finetune
+from cahp_engine.recovery import BestWeights, FineTuning, ReconstructionOptions, evaluate, finetune, reconstruct
 from cahp_engine.results import ValidationPoint
 from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._holdout import ValidationScorer
 from studies import common, quality
 
-PARTS = ("early-stopping", "budget", "imbalanced")
+PARTS = ("early-stopping", "reconstructed-start", "budget", "imbalanced")
 #: Early stopping's settings compared (patience 0 is the paper's fixed epochs).
 PATIENCES = (0, 1, 2)
 #: The budget runs: name -> the settings that differ from the knee run's.
@@ -157,15 +161,27 @@ class _TimedScorer:
 
 
 def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDataset, test: EncodedDataset,
-                  heads: list[list[int]], *, seed: int, setup: Setup, teacher: Any) -> dict[str, Any]:
+                  heads: list[list[int]], *, seed: int, setup: Setup, teacher: Any,
+                  reconstructed: bool = False) -> dict[str, Any]:
     """CAHP's heads recovered once over the whole schedule, judged on validation after every epoch and
     never stopped; the test split scored at every evaluation too (outside the timed span, and never
-    seen by the recovery). Each stop's training and validation seconds are recorded apart."""
+    seen by the recovery). Each stop's training and validation seconds are recorded apart. With
+    ``reconstructed``, the pruned model is first reconstructed as a ``reconstruct+finetune`` run does
+    (the engine's default options, the seed's calibration rows), and its seconds recorded."""
     pruned = copy.deepcopy(dense)
     kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
     for layer, head in heads:
         kept[layer].append(head)
     prune_heads(pruned, kept)
+    reconstruction: dict[str, Any] | None = None
+    if reconstructed:
+        start = time.perf_counter()
+        rows = draw_subset(len(train), PruningConfig().reconstruction_rows, seed=seed, labels=train.labels)
+        order = rows[np.argsort(train.lengths[rows], kind="stable")]
+        batches = [collate(train, order[i:i + 32]) for i in range(0, len(order), 32)]
+        refit = reconstruct(dense, pruned, batches, ReconstructionOptions(), seed=seed)
+        reconstruction = {"seconds": time.perf_counter() - start, "sentences": len(rows), "tokens": refit.rows,
+                          "summary": refit.describe()}
     scorer = _TimedScorer(ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device),
                                            32, setup.device))
     tuning = FineTuning(pruned, train, epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1,
@@ -183,7 +199,7 @@ def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDa
                                "recall": list(scored.recall)}})
     result = tuning.finish()
     return {"heads_kept": len(heads), "stops": stops, "steps": result.steps,
-            "loss_per_epoch": list(result.loss_per_epoch)}
+            "loss_per_epoch": list(result.loss_per_epoch), "reconstruction": reconstruction}
 
 
 def derive(stops: list[dict[str, Any]], total_steps: int, patience: int, keep_best: bool) -> dict[str, Any]:
@@ -211,10 +227,12 @@ def derive(stops: list[dict[str, Any]], total_steps: int, patience: int, keep_be
             "recovery_s": sum(s["train_s"] + s["validation_s"] for s in stops[:end])}
 
 
-def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None]) -> dict[str, Any]:
-    """The ``early-stopping`` part: one never-stopped recovery per (seed, degree), resumable; every
-    recovery of :data:`RECOVERIES` derived from it."""
-    path = setup.record / "early-stopping.json"
+def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None], *,
+                   reconstructed: bool = False) -> dict[str, Any]:
+    """The ``early-stopping`` part (or, ``reconstructed``, the ``reconstructed-start`` part): one
+    never-stopped recovery per (seed, degree), resumable; every recovery of :data:`RECOVERIES` derived
+    from it."""
+    path = setup.record / ("reconstructed-start.json" if reconstructed else "early-stopping.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     cells: dict[str, Any] = _read(path) or {}
     todo = [(s, d) for s in setup.protocol.seeds for d in setup.protocol.degrees]
@@ -230,7 +248,8 @@ def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None]) -> d
                 continue  # another process of the study took it
             heads = _selection(setup, dense, train, seed)["degrees"][str(degree)]["kept"]["cahp"]
             t0 = time.perf_counter()
-            cell = recover_curve(dense, train, validation, test, heads, seed=seed, setup=setup, teacher=teacher)
+            cell = recover_curve(dense, train, validation, test, heads, seed=seed, setup=setup, teacher=teacher,
+                                 reconstructed=reconstructed)
             cell.update(seed=seed, degree=degree, wall_s=time.perf_counter() - t0)
             cells = _store(path, _es_key(seed, degree), cell)
             say(f"seed {seed} degree {degree}: {len(heads)} heads, test by epoch "
@@ -428,6 +447,8 @@ def run(setup: Setup, parts: tuple[str, ...], *, compute: bool, say: Callable[[s
                                             "lr": setup.lr}}
     if "early-stopping" in parts:
         payload["early_stopping"] = early_stopping(setup, compute, say)
+    if "reconstructed-start" in parts:
+        payload["reconstructed_start"] = early_stopping(setup, compute, say, reconstructed=True)
     if "budget" in parts:
         if compute:
             quality.dense_model(setup.base, setup.data_dir, setup.quality_cache, setup.protocol, setup.device, say)
@@ -469,6 +490,7 @@ def markdown(doc: dict[str, Any]) -> str:
             vals = ", ".join(f"{100 * s['point']['accuracy']:.2f}" for s in cell["stops"])
             lines.append(f"| {cell['seed']} | {cell['degree']} | {cell['heads_kept']} | {tests} | {vals} |")
         lines.append("")
+    lines += _start_lines(doc)
     for part in ("budget", "imbalanced"):
         runs = doc.get(part)
         if not runs:
@@ -487,6 +509,29 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{r['wall_time_s']:.0f}{ratio} | {len(r['warnings'])} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _start_lines(doc: dict[str, Any]) -> list[str]:
+    """The ``reconstructed-start`` table: test accuracy after each epoch of the recovery that starts from the
+    reconstructed model, beside the one that starts from the pruned weights (``early-stopping``'s cell)."""
+    rs = doc.get("reconstructed_start")
+    if not rs or not rs["cells"]:
+        return []
+    pruned_start = {(c["seed"], c["degree"]): c for c in (doc.get("early_stopping") or {}).get("cells", [])}
+    lines = ["## Recovery from the reconstructed model against recovery from the pruned weights", "",
+             "The same never-stopped 3-epoch recovery (distillation) of CAHP's heads; test accuracy after epoch "
+             "0 (before training), 1, 2, 3. `from pruned` is the early-stopping part's cell (`finetune`); "
+             "`from reconstructed` starts after the engine's reconstruction (`reconstruct+finetune`).", "",
+             "| seed | degree | heads | from pruned | from reconstructed | reconstruction s |",
+             "|---|---|---|---|---|---|"]
+    for cell in rs["cells"]:
+        other = pruned_start.get((cell["seed"], cell["degree"]))
+        before = "–" if other is None else ", ".join(f"{100 * s['test']['accuracy']:.2f}" for s in other["stops"])
+        after = ", ".join(f"{100 * s['test']['accuracy']:.2f}" for s in cell["stops"])
+        seconds = (cell.get("reconstruction") or {}).get("seconds")
+        lines.append(f"| {cell['seed']} | {cell['degree']} | {cell['heads_kept']} | {before} | {after} | "
+                     f"{'–' if seconds is None else f'{seconds:.0f}'} |")
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,6 +55,13 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     fixed = [r for r in es["recoveries"] if r["recovery"] == "fixed"]
     assert all(r["best_epoch"] is None and r["epochs"] == 1.0 for r in fixed)  # the paper's: the last weights
     assert set(es["summary"]["2"]) == set(budget_study.RECOVERIES)
+    start = payload["reconstructed_start"]
+    assert start["complete"] and len(start["cells"]) == 2
+    assert all(c["reconstruction"]["sentences"] > 0 and "layer-wise reconstruction" in c["reconstruction"]["summary"]
+               for c in start["cells"])
+    assert all(c["reconstruction"] is None for c in es["cells"])
+    # the reconstructed start changes the model the recovery begins from
+    assert all(a["loss_per_epoch"] != b["loss_per_epoch"] for a, b in zip(start["cells"], es["cells"], strict=True))
     runs = payload["budget"]
     assert set(runs) == set(budget_study.BUDGET_RUNS)
     assert runs["knee"]["budget"] is None and runs["knee"]["wall_vs_knee"] == 1.0
@@ -67,6 +74,7 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     assert set(imbalanced) == set(budget_study.IMBALANCED_RUNS)
     text = budget_study.markdown({**payload, "date": "today", "command": "python -m studies budget"})
     assert "| p1.0 |" in text and "| d6-balanced |" in text and "patience1" in text and "best-of-3" in text
+    assert "Recovery from the reconstructed model" in text
 
     # The rerun computes nothing: every cell and run is in the cache.
     def refuse(*_args, **_kwargs):
@@ -76,6 +84,7 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     monkeypatch.setattr(budget_study, "recover_curve", refuse)
     again = budget_study.run(setup, budget_study.PARTS, compute=True, say=said.append)
     assert again["early_stopping"]["cells"] == es["cells"] and again["budget"] == runs
+    assert again["reconstructed_start"]["cells"] == start["cells"]
     # ... also from the record alone (another session: the cache of models and run directories is gone).
     shutil.rmtree(setup.cache)
     again = budget_study.run(setup, budget_study.PARTS, compute=True, say=said.append)

@@ -2,10 +2,18 @@
 // polynomial degree as a dashed line, k* ringed. Read by pointer or arrow keys; also as a table.
 
 import { clear, formatNumber, h, s } from "./dom.js";
-import { degreeRanges, labelRows, nextId, replaceKeepingFocus, responsive, ticks, tooltip } from "./plot.js";
+import { degreeRanges, labelRows, nextId, placeLabel, replaceKeepingFocus, responsive, textWidth, ticks, tooltip } from "./plot.js";
 
 // Pixels between two rows of knee labels: more than their 11 px text's box (13 px), so rows never touch.
 const LABEL_ROW = 15;
+// The curve's points, and k*'s ring with half its 3 px stroke.
+const POINT_R = 2.6;
+const STAR_R = 9;
+// k*'s label (12 px, bold; .plot svg and .kstar-label in app.css) as a box 16 px tall with its baseline
+// 4 px above the bottom.
+const STAR_FONT = 12;
+const STAR_HEIGHT = 16;
+const STAR_DESCENT = 4;
 
 /**
  * The Mean Simplified Silhouette against k, with the knee of each polynomial degree and k*.
@@ -128,16 +136,10 @@ export function mssChart(curve) {
     const line = ks.map((k, i) => `${i ? "L" : "M"}${x(k).toFixed(1)},${y(mss[i]).toFixed(1)}`).join("");
     svg.append(s("path", { d: line, class: "curve" }));
     const points = s("g", { class: "points" });
-    if (ks.length <= 80) for (let i = 0; i < ks.length; i += 1) points.append(s("circle", { cx: x(ks[i]), cy: y(mss[i]), r: 2.6 }));
+    if (ks.length <= 80) for (let i = 0; i < ks.length; i += 1) points.append(s("circle", { cx: x(ks[i]), cy: y(mss[i]), r: POINT_R }));
     svg.append(points);
     const starIndex = ks.indexOf(kStar);
-    if (starIndex >= 0) {
-      const sx = x(kStar);
-      const sy = y(mss[starIndex]);
-      svg.append(
-        s("circle", { cx: sx, cy: sy, r: 7.5, class: "kstar" }),
-        s("text", { x: sx + 11, y: sy - 10, class: "kstar-label" }, `k* = ${kStar}`));
-    }
+    if (starIndex >= 0) svg.append(...kStarMark(kStar, x(kStar), y(mss[starIndex]), { ks, mss, x, y, kneeKs, width, height, m }));
     const cursor = s("line", { y1: m.top, y2: height - m.bottom, class: "cursor", visibility: "hidden" });
     const ring = s("circle", { r: 5, class: "ring", visibility: "hidden" });
     svg.append(cursor, ring);
@@ -174,6 +176,30 @@ export function mssChart(curve) {
 
   const stop = responsive(plot, draw);
   return { element: figure, destroy: stop };
+}
+
+/**
+ * k*'s ring and its label, the label beside the ring where it hides no point of the curve, no stretch of
+ * its line and (where there is room) no knee's dashed line: on a phone the curve's next points stand
+ * where a label at a fixed offset would go.
+ */
+function kStarMark(kStar, sx, sy, { ks, mss, x, y, kneeKs, width, height, m }) {
+  const text = `k* = ${kStar}`;
+  const centres = ks.map((k, i) => [x(k), y(mss[i])]);
+  const spot = placeLabel({
+    x: sx, y: sy, width: textWidth(text, STAR_FONT, 700), height: STAR_HEIGHT, gap: 11, rise: 14,
+    bounds: [m.left, m.top, width - m.right, height - m.bottom],
+    avoid: [[sx - STAR_R, sy - STAR_R, sx + STAR_R, sy + STAR_R],
+      ...centres.map(([cx, cy]) => [cx - POINT_R, cy - POINT_R, cx + POINT_R, cy + POINT_R])],
+    lines: centres.slice(1).map((end, i) => [centres[i], end]),
+    guides: kneeKs.map((k) => [[x(k), m.top], [x(k), height - m.bottom]]),
+  });
+  const [left, , right, bottom] = spot.box;
+  return [
+    s("circle", { cx: sx, cy: sy, r: 7.5, class: "kstar" }),
+    s("text", { x: spot.side === "right" ? left : right, y: bottom - STAR_DESCENT, "text-anchor": spot.side === "right" ? "start" : "end",
+                class: "kstar-label", dataset: { side: spot.side } }, text),
+  ];
 }
 
 function dataTable(ks, mss, kneesAt, kStar) {

@@ -81,6 +81,72 @@ export function labelRows(labels, { minX, maxX, charWidth = 6.6, gap = 6 }) {
   return { placed, rows: Math.max(ends.length, 1) };
 }
 
+let measurer;
+
+/**
+ * The width in px of `text` in the page's font at `size` px and `weight`, as a canvas measures it (the
+ * same shaping as an SVG text's); 0.7 em a character, about the widest bold digits of common fonts,
+ * where no canvas can tell.
+ */
+export function textWidth(text, size, weight = 400) {
+  if (measurer === undefined) measurer = document.createElement("canvas").getContext("2d");
+  if (!measurer) return text.length * size * 0.7;
+  measurer.font = `${weight} ${size}px ${getComputedStyle(document.documentElement).fontFamily}`;
+  return measurer.measureText(text).width;
+}
+
+/** Whether the segment [a, b] passes through the box [left, top, right, bottom] (Liang–Barsky clipping). */
+function crosses([ax, ay], [bx, by], [left, top, right, bottom]) {
+  let t0 = 0;
+  let t1 = 1;
+  const dx = bx - ax;
+  const dy = by - ay;
+  for (const [p, q] of [[-dx, ax - left], [dx, right - ax], [-dy, ay - top], [dy, bottom - ay]]) {
+    if (p === 0) {
+      if (q < 0) return false;
+    } else if (p < 0) {
+      t0 = Math.max(t0, q / p);
+    } else {
+      t1 = Math.min(t1, q / p);
+    }
+    if (t0 > t1) return false;
+  }
+  return true;
+}
+
+/**
+ * Where a label `width` x `height` px goes beside the point (x, y) so that it hides nothing: the first of
+ * the spots `gap` px to its right or left, stepping 4 px at a time above then below it (starting `rise`
+ * px above), whose box stays inside `bounds` and, `margin` px around it, clears every box of `avoid` and
+ * every segment of `lines`. `guides`: segments (dashed lines) to keep clear too while some spot allows it. Boxes are
+ * [left, top, right, bottom]; segments [[x, y], [x, y]]. Returns the box, and the `side` ("right" or
+ * "left") the label stands on; the first spot when no spot is clear.
+ */
+export function placeLabel({ x, y, width, height, gap, rise, bounds, avoid = [], lines = [], guides = [], margin = 2 }) {
+  const [minX, minY, maxX, maxY] = bounds;
+  const spots = [];
+  for (let d = rise; d <= maxY - minY + height; d += 4) {
+    for (const dy of [-d, d]) {
+      for (const side of ["right", "left"]) {
+        const left = side === "right" ? x + gap : x - gap - width;
+        const top = y + dy - height / 2;
+        spots.push({ side, box: [left, top, left + width, top + height] });
+      }
+    }
+  }
+  const inside = ({ box: [l, t, r, b] }) => minX <= l && r <= maxX && minY <= t && b <= maxY;
+  const overlaps = (a, b) => a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3];
+  // A margin around the box: the curve's stroke is 2 px wide, and a label needs air to be read.
+  const clear = ([l, t, r, b], segments) => {
+    const box = [l - margin, t - margin, r + margin, b + margin];
+    return !avoid.some((other) => overlaps(box, other)) && !segments.some(([p, q]) => crosses(p, q, box));
+  };
+  const all = [...lines, ...guides];
+  return spots.find((spot) => inside(spot) && clear(spot.box, all))
+    || spots.find((spot) => inside(spot) && clear(spot.box, lines))
+    || spots[0];
+}
+
 /** Re-draw `draw(width)` into `host` whenever its width changes. Returns a function that stops it. */
 export function responsive(host, draw) {
   let width = 0;

@@ -4,7 +4,7 @@
 // once the job has ended.
 
 import { clear, formatNumber, formatPercent, h, s } from "./dom.js";
-import { KEPT_FILL, VIRIDIS, responsive } from "./plot.js";
+import { KEPT_FILL, VIRIDIS, responsive, textWidth } from "./plot.js";
 
 // Neurons in a hue of their own: the head map beside uses the kept heads' and layer safety's.
 const NEURON_FILL = VIRIDIS[3];
@@ -53,9 +53,12 @@ export function layerUnits(target) {
     `Kept in each layer, of ${target.heads_total} heads and ${target.neurons_total} feed-forward neurons.`), plot);
   const label = heads.map((n, l) => `layer ${l}: ${n} of ${target.heads_total} heads, `
     + `${neurons[l]} of ${target.neurons_total} neurons`).join("; ");
+  const counts = heads.flatMap((n, l) => [`${n} heads`, `${neurons[l]} neurons`]);
   const draw = (width) => {
     const left = 56;
-    const right = 84;
+    // Room right of the bars for the longest count, as wide as the page's font draws it: BERT-base's
+    // "3072 neurons" is wider than a fixed margin at a phone's 390 px.
+    const right = 12 + Math.max(...counts.map((text) => textWidth(text, 12)));
     const bar = 12;
     const rowHeight = 2 * bar + 10;
     const height = L * rowHeight + 6;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
@@ -159,9 +160,11 @@ class Monitor:
         return step
 
 
-#: Stages whose work grows with the dataset's rows: the pace measured in one carries to the next of them.
-ROW_STAGES = frozenset({"dense_finetune", "dense_evaluation", "teacher", "pruned_evaluation", "budget", "recovery",
-                        "evaluation"})
+#: Stages whose seconds say nothing of the run's speed on the work after them: loading reads files (or
+#: downloads them) and computes little. A 2,000-row SST-5 job loads in 1.6 to 5.3 s where the calibration
+#: took 10, while its fine-tunings and selection run at 0.7 to 1.7 s per calibrated second
+#: (``bench/results/eta-sst5-2000*.json``).
+UNTIMED_STAGES = frozenset({"load"})
 
 
 #: The export's share of :data:`STAGE_COST`'s ``export`` when it makes no int8 model (the calibration job
@@ -244,15 +247,17 @@ def stage_plan(config: Any, rows: RowCounts | None = None) -> StagePlan:
 
 
 class ThroughputEta:
-    """Seconds a run still needs, from the pace measured in its own stages so far.
+    """Seconds a run still needs, from the speed measured in its own stages so far.
 
-    Each stage still to come takes its calibrated cost (:func:`stage_costs`) times this run's measured
-    speed on that kind of stage: seconds spent per second of calibrated cost, in the stages that grow
-    with the rows (fine-tunings, teacher, evaluations) and, apart, in the others (loading, selection,
-    export). Until a fixed-cost stage has been measured they go at the calibration's speed, not at the
-    row-bound stages' (which carries the dataset's size: a 2,000-row job's fine-tuning runs at a quarter
-    of the calibrated 8,544-row one's cost, its export does not); the row-bound stages take the fixed
-    ones' speed until one of theirs has been measured.
+    Each stage still to come takes its calibrated cost (:func:`stage_costs`, on the run's rows once its
+    :class:`StagePlan` is heard) times the run's speed: seconds spent per second of calibrated cost, over
+    every stage measured so far but loading (:data:`UNTIMED_STAGES`), the recent seconds weighing more
+    (each measured second by ``exp(-age / memory_s)``: a shared machine's speed drifts over minutes, and
+    the next stages run on the machine as it is now). All the stages share one speed: with the costs on
+    the run's own rows, a row-bound stage's seconds per calibrated second measure the machine as a
+    fixed-cost stage's do, and the fine-tunings measure it over minutes where the selection's stages
+    take seconds. Until something is measured (loading just over), the stages go at the calibration's
+    speed.
 
     The current stage's time left is its fraction left at that speed, blended with its own rate over the
     last ``window_s`` (for a fine-tuning, the rows per second of the current epoch) in proportion to the
@@ -260,10 +265,10 @@ class ThroughputEta:
     its own (the export reports its steps, the latency rounds as they go). A stage that reports nothing
     while it works (a teacher pass, an export's graph being written) is counted down as its seconds pass.
     Its silent seconds say nothing of its speed until they pass what it was expected to take; from then on
-    the speed of its kind is at least its seconds over its calibrated cost, which the stages after it take,
-    and the stage itself is given :attr:`OVERRUN_SHARE` of its silent time again rather than a figure that
+    the run's speed is at least its seconds over its calibrated cost, which the stages after it take, and
+    the stage itself is given :attr:`OVERRUN_SHARE` of its silent time again rather than a figure that
     runs out. A stage the spans do not place (a validation pass) counts the last estimate down rather than
-    freezing it.
+    freezing it. No estimate while a loading that has not ended is all the run has heard.
 
     Parameters
     ----------
@@ -274,6 +279,8 @@ class ThroughputEta:
         The calibrated seconds of each stage (:func:`stage_costs`).
     window_s : float
         How much of the current stage's recent past its rate is measured over.
+    memory_s : float
+        How fast the run's measured seconds fade from its speed (``math.inf``: all weigh the same).
     """
 
     #: The current stage's own rate is trusted once measured over this many seconds.
@@ -282,14 +289,16 @@ class ThroughputEta:
     OVERRUN_SHARE = 0.25
 
     def __init__(self, spans: dict[str, tuple[float, float]], costs: dict[str, float], *,
-                 window_s: float = 60.0) -> None:
+                 window_s: float = 60.0, memory_s: float = 240.0) -> None:
         self._spans = spans
         self._costs = costs
         self._window = window_s
-        self._spent = {True: 0.0, False: 0.0}  # seconds, by "grows with the rows"
-        self._covered = {True: 0.0, False: 0.0}  # calibrated seconds of work those seconds did
+        self._memory = memory_s
+        self._spent = 0.0  # seconds measured, each weighed by its age
+        self._covered = 0.0  # calibrated seconds of work those seconds did, weighed alike
+        self._heard = 0.0  # when they were last added to
+        self._moving = False  # whether the run has moved yet (a stage's fraction grew, or a stage ended)
         self._stage: str | None = None
-        self._started = 0.0
         self._first = 0.0
         self._fraction = 0.0
         self._moved = 0.0  # when the current stage's fraction last grew (or it began)
@@ -310,33 +319,29 @@ class ThroughputEta:
             return None
         return min(1.0, max(0.0, (overall - lo) / (hi - lo)))
 
-    def _close(self, now: float) -> None:
-        if self._stage is None:
+    def _measure(self, now: float, stage: str, seconds: float, covered: float) -> None:
+        """Add ``seconds`` of ``stage`` that did ``covered`` calibrated seconds of work, ending ``now``."""
+        if stage in UNTIMED_STAGES:
             return
-        rows = self._stage in ROW_STAGES
-        self._spent[rows] += now - self._started
-        self._covered[rows] += self._costs.get(self._stage, 0.0) * (self._fraction - self._first)
+        fade = math.exp(-max(0.0, now - self._heard) / self._memory)
+        self._spent = self._spent * fade + seconds
+        self._covered = self._covered * fade + covered
+        self._heard = now
 
-    def _speed(self, rows: bool, now: float) -> float | None:
-        """Seconds per calibrated second on stages of this kind (``rows``: growing with the rows)."""
-        spent, covered = dict(self._spent), dict(self._covered)
+    def _speed(self, now: float) -> float | None:
+        """Seconds per calibrated second on this run, recent ones weighing more (None: nothing to go on)."""
         bound = None
-        if self._stage is not None and self._stage in self._spans:
-            mine = self._stage in ROW_STAGES
-            spent[mine] += self._moved - self._started
-            covered[mine] += self._costs.get(self._stage, 0.0) * (self._fraction - self._first)
-            rest = self._costs.get(self._stage, 0.0) * (1.0 - self._fraction)
-            if mine == rows and rest > 0:
+        stage = self._stage
+        if stage is not None and stage in self._spans and stage not in UNTIMED_STAGES:
+            rest = self._costs.get(stage, 0.0) * (1.0 - self._fraction)
+            if rest > 0:
                 # The silent seconds since the last report, with the whole rest of the stage: a floor.
-                bound = (spent[mine] + now - self._moved) / (covered[mine] + rest)
+                bound = (self._spent + now - self._moved) / (self._covered + rest)
         speed = None
-        if covered[rows] > 1e-6 and spent[rows] > 0:
-            speed = spent[rows] / covered[rows]
-        elif not rows:
-            # Not the row-bound stages' speed: it carries the dataset's size, which these do not grow with.
-            speed = 1.0
-        elif covered[False] > 1e-6 and spent[False] > 0:
-            speed = spent[False] / covered[False]
+        if self._covered > 1e-6 and self._spent > 0:
+            speed = self._spent / self._covered
+        elif self._moving or stage not in UNTIMED_STAGES:
+            speed = 1.0  # the calibration's, until a stage that says something of the speed is measured
         if speed is None:
             return bound
         return speed if bound is None else max(speed, bound)
@@ -350,11 +355,16 @@ class ThroughputEta:
             when, said = self._last
             return max(0.0, said - (now - when))
         if stage != self._stage:
-            self._close(now)
-            self._stage, self._started, self._first, self._moved = stage, now, fraction, now
+            if self._stage is not None:
+                # The seconds since its last move, with the work it did in them (nothing more, or it
+                # would have said so), close the stage.
+                self._measure(now, self._stage, now - self._moved, 0.0)
+                self._moving = True
+            self._stage, self._first, self._fraction, self._moved = stage, fraction, fraction, now
             self._samples.clear()
         elif fraction > self._fraction:
-            self._moved = now
+            self._measure(now, stage, now - self._moved, self._costs.get(stage, 0.0) * (fraction - self._fraction))
+            self._moved, self._moving = now, True
         self._fraction = fraction
         self._samples.append((now, fraction))
         while len(self._samples) > 2 and now - self._samples[1][0] >= self._window:
@@ -365,33 +375,19 @@ class ThroughputEta:
         return estimate
 
     def _estimate(self, stage: str, fraction: float, now: float) -> float | None:
-        rows = stage in ROW_STAGES
+        speed = self._speed(now)
+        if speed is None:
+            return None
         then, before = self._samples[0]
-        speed = self._speed(rows, now)
-        own = None
+        silent = now - self._moved
+        current = max(speed * self._costs.get(stage, 0.0) * (1.0 - fraction) - silent, self.OVERRUN_SHARE * silent)
         if now - then >= self.MIN_RATE_S and fraction - before > 1e-6:
             own = (1.0 - fraction) * (now - then) / (fraction - before)
-        if speed is None:
-            if own is None:
-                return None
-            current = own
-        else:
-            silent = now - self._moved
-            current = max(speed * self._costs.get(stage, 0.0) * (1.0 - fraction) - silent,
-                          self.OVERRUN_SHARE * silent)
-            if own is not None:
-                # The stage's own rate weighs as much as the share of it done: a stage's first minute
-                # (a warm-up, a burst of load) does not outweigh the speed the whole run has shown.
-                done = (fraction - self._first) / max(1.0 - self._first, 1e-9)
-                current = done * own + (1.0 - done) * current
+            # The stage's own rate weighs as much as the share of it done: a stage's first minute
+            # (a warm-up, a burst of load) does not outweigh the speed the whole run has shown.
+            done = (fraction - self._first) / max(1.0 - self._first, 1e-9)
+            current = done * own + (1.0 - done) * current
         _, end = self._spans[stage]
-        later = 0.0
-        for other, (lo, hi) in self._spans.items():
-            cost = self._costs.get(other, 0.0)
-            if other == stage or lo < end or hi <= lo or cost <= 0:
-                continue
-            speed = self._speed(other in ROW_STAGES, now)
-            if speed is None:
-                return None
-            later += speed * cost
-        return current + later
+        later = sum(cost for other, (lo, hi) in self._spans.items()
+                    if other != stage and lo >= end and hi > lo and (cost := self._costs.get(other, 0.0)) > 0)
+        return current + speed * later

@@ -81,8 +81,8 @@ def test_the_time_left_follows_the_plan_on_the_rows_from_when_it_is_heard() -> N
     first, plan = stage_plan(CONFIG), stage_plan(CONFIG, ROWS)
     eta = ThroughputEta(first.spans, first.costs)
     eta.update(0.0, "load", 0.0)
-    # Loading took what the calibration says: the fixed stages go at 1 s per calibrated second, and so
-    # do the row-bound ones until one of theirs is measured.
+    # Loading over (its time says nothing of the stages after it): until one of them is measured, they
+    # go at the calibration's speed, 1 s per calibrated second.
     before = eta.update(first.costs["load"], "load", first.spans["load"][1])
     assert before == pytest.approx(sum(cost for stage, cost in first.costs.items() if stage != "load"))
     eta.replan(plan)  # heard as loading ends, as the engine tells it

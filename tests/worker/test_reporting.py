@@ -95,7 +95,7 @@ def test_the_time_left_comes_from_the_stages_throughput_within_the_first_minute(
     reporter.measure_stages(config)
     reporter.progress("load", overall("load", 0.0))
     assert job_row(sessions, job_id).eta_s is None  # nothing measured yet
-    clock.now += costs["load"]  # loading took what the calibration says: this machine's speed is 1
+    clock.now += costs["load"]  # loading over: nothing measured yet, so the calibration's speed (1)
     reporter.progress("load", overall("load", 1.0))
     reporter.progress("dense_finetune", overall("dense_finetune", 0.0))
     later = sum(cost for stage, cost in costs.items() if spans[stage][0] >= spans["dense_finetune"][0])
@@ -105,14 +105,11 @@ def test_the_time_left_comes_from_the_stages_throughput_within_the_first_minute(
         clock.now += costs["dense_finetune"] / 100
         fraction += 0.02
         reporter.progress("dense_finetune", overall("dense_finetune", fraction))
-    # Its own rate for what is left of it; the later stages that grow with the rows at its speed (x0.5),
-    # the others at the loading's (x1).
-    from cahp_engine.progress import ROW_STAGES
-
+    # Its own rate for what is left of it; every later stage at its speed (x0.5), the fixed-cost ones
+    # included: the loading's time (as calibrated) says nothing of theirs.
     after = {stage: cost for stage, cost in costs.items() if spans[stage][0] >= spans["dense_finetune"][1]
              and spans[stage][1] > spans[stage][0]}
-    expected = 0.6 * costs["dense_finetune"] / 2 + sum(cost * (0.5 if stage in ROW_STAGES else 1.0)
-                                                       for stage, cost in after.items())
+    expected = 0.6 * costs["dense_finetune"] / 2 + 0.5 * sum(after.values())
     assert job_row(sessions, job_id).eta_s == pytest.approx(expected)
 
 
@@ -129,7 +126,7 @@ def test_the_time_left_follows_the_plan_the_run_moves_to_once_it_knows_its_rows(
     reporter = _reporter(sessions, job_id, clock, progress_interval_s=0.0)
     reporter.measure_stages(config)
     reporter.progress("load", 0.0)
-    clock.now += first.costs["load"]  # this machine's speed is 1
+    clock.now += first.costs["load"]  # nothing measured yet: the calibration's speed (1)
     reporter.progress("load", first.spans["load"][1])
     calibrated = job_row(sessions, job_id).eta_s
     reporter.plan(plan)  # the engine's plan hook, as loading ends

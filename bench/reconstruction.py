@@ -32,7 +32,7 @@ from bench.common import RESULTS, SST5, minilm_path, pin_threads, save, task_opt
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import collate, draw_subset, encode, load_splits
 from cahp_engine.models import load_classifier, prune_heads, save_pruned
-from cahp_engine.recovery import ReconstructionOptions, evaluate, finetune, reconstruct
+from cahp_engine.recovery import ReconstructionOptions, TrainingRecipe, evaluate, finetune, reconstruct
 from cahp_engine.selection import analyze_heads, choose
 
 #: name -> options of the reconstruction variants compared.
@@ -55,8 +55,8 @@ def dense_model(data: Path, cache: Path, dense_dir: Path | None, epochs: float,
         train = encode(loaded.tokenizer, splits.train, max_length=512)
         say(f"dense fine-tuning: {epochs:g} epochs at lr 5e-5 on {len(train)} rows")
         started = time.perf_counter()
-        finetune(loaded.model, train, epochs=epochs, lr=5e-5, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
-                 max_grad_norm=1.0, seed=42, device="cpu")
+        finetune(loaded.model, train, TrainingRecipe(epochs=epochs, lr=5e-5, batch_size=32, warmup_ratio=0.1,
+                                                     weight_decay=0.01, max_grad_norm=1.0, seed=42, device="cpu"))
         say(f"dense model trained in {time.perf_counter() - started:.0f} s")
         save_pruned(loaded.model, loaded.tokenizer, directory)
     loaded = load_classifier(str(directory), device="cpu")
@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> None:
                 if args.epoch > 0 and seed == int(args.seeds.split(",")[0]):
                     model = copy.deepcopy(pruned)
                     started, cpu = time.perf_counter(), time.process_time()
-                    finetune(model, train, epochs=args.epoch, lr=2e-5, batch_size=32, warmup_ratio=0.1,
-                             weight_decay=0.01, max_grad_norm=1.0, seed=seed, device="cpu")
+                    finetune(model, train, TrainingRecipe(
+                        epochs=args.epoch, lr=2e-5, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
+                        max_grad_norm=1.0, seed=seed, device="cpu"))
                     cell["epoch_seconds"] = (time.perf_counter() - started) / args.epoch
                     cell["epoch_cpu_seconds"] = (time.process_time() - cpu) / args.epoch
                     cell["epoch_fraction_timed"] = args.epoch

@@ -30,7 +30,7 @@ from bench import common
 from bench.common import PeakRss, pin_threads, save
 from cahp_engine.data import EncodedDataset, draw_subset, iterate_batches, length_grouped_batches
 from cahp_engine.models import eager_attention, prune_heads
-from cahp_engine.recovery import evaluate, finetune
+from cahp_engine.recovery import TrainingRecipe, evaluate, finetune
 from cahp_engine.selection import (
     embed_heads,
     extract_signatures,
@@ -238,8 +238,8 @@ def memory_flatness(samples: tuple[int, ...], *, head_dim: int, seed: int, threa
 
 
 def _one_epoch(model: torch.nn.Module, data: EncodedDataset, seed: int) -> Any:
-    return finetune(model, data, epochs=1.0, lr=2e-5, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
-                    max_grad_norm=1.0, seed=seed)
+    return finetune(model, data, TrainingRecipe(epochs=1.0, lr=2e-5, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
+                                                max_grad_norm=1.0, seed=seed))
 
 
 def half_of_each_layer(layers: int, heads: int) -> dict[int, list[int]]:

@@ -35,7 +35,7 @@ from cahp_engine.allocation import latency_costs, prune_to_target, unit_importan
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import DatasetOptions, draw_subset, encode, load_splits, take_rows
 from cahp_engine.models import load_classifier, prune_heads
-from cahp_engine.recovery import finetune, teacher_logits
+from cahp_engine.recovery import Distillation, TrainingRecipe, finetune, teacher_logits
 from cahp_engine.run._reconstruct import calibration_batches
 from cahp_engine.run._target_stage import TARGET_REPEATS
 
@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = min(args.epoch_rows, len(train))
     subset = take_rows(train, draw_subset(len(train), rows, seed=0, labels=np.asarray(train.labels)))
     teacher = teacher_logits(model, subset, batch_size=config.batch_size)
-    _, part = cpu(lambda: finetune(
-        knee_like, subset, epochs=1, lr=config.lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, teacher=teacher,
-        alpha=config.distill_alpha, temperature=config.distill_temperature))
+    _, part = cpu(lambda: finetune(knee_like, subset, TrainingRecipe(
+        epochs=1, lr=config.lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
+        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed,
+        distillation=Distillation(teacher, config.distill_alpha, config.distill_temperature))))
     epoch = part * len(train) / rows
     figures.update(epoch_rows_timed=rows, epoch_part_s=part, recovery_epoch_s=epoch, train_rows=len(train))
     for which in ("cached", "first"):

@@ -49,7 +49,7 @@ from torch import nn
 from cahp_engine.config import CONSENSUS_STRATEGIES, PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset, draw_subset, encode, load_splits, take_rows
 from cahp_engine.models import load_classifier, save_pruned
-from cahp_engine.recovery import finetune
+from cahp_engine.recovery import TrainingRecipe, finetune
 from cahp_engine.selection import PLATEAU_GAIN, Selection, analyze_heads, choose
 from studies import common, quality
 
@@ -173,9 +173,9 @@ def model_for(task: Task, protocol: Protocol, *, base: str, cache: Path, device:
         train = load_train(task, loaded.tokenizer, protocol.train_rows)
         say(f"{task.name}: dense fine-tuning, {protocol.dense_epochs:g} epochs at lr {protocol.dense_lr:g} on "
             f"{len(train)} rows (native CPU path)")
-        finetune(loaded.model, train, epochs=protocol.dense_epochs, lr=protocol.dense_lr,
-                 batch_size=protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
-                 seed=protocol.seed, device=device)
+        finetune(loaded.model, train, TrainingRecipe(
+            epochs=protocol.dense_epochs, lr=protocol.dense_lr, batch_size=protocol.batch_size, warmup_ratio=0.1,
+            weight_decay=0.01, max_grad_norm=1.0, seed=protocol.seed, device=device))
         save_pruned(loaded.model, loaded.tokenizer, directory)
     loaded = load_classifier(str(directory), device=device)
     return loaded.model.eval(), loaded.tokenizer, {"kind": "dense", "path": str(directory), "trained_here": True}

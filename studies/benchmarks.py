@@ -51,7 +51,7 @@ from torch import nn
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset
 from cahp_engine.models import heads_per_layer, prune_heads
-from cahp_engine.recovery import evaluate, finetune
+from cahp_engine.recovery import TrainingRecipe, evaluate, finetune
 from cahp_engine.selection import analyze_heads, choose
 from studies import agreement, common, quality
 from studies import benchmarks_report as report
@@ -282,9 +282,9 @@ def run_cell(setup: Setup, loaded: Loaded, seed: int, degree: int, strategy: str
         after = {k: reused[k] for k in ("accuracy", "macro_f1", "recall")}
         recovery = {**reused["recovery"], "reused_from": str(setup.quality_record.name if setup.quality_record else "")}
     else:
-        result = finetune(pruned, train, epochs=setup.recovery_epochs, lr=setup.recovery_lr, batch_size=32,
-                          warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0, seed=seed, device=setup.device,
-                          teacher=None, class_weights=None, validate=None, early_stopping_patience=0)
+        result = finetune(pruned, train, TrainingRecipe(
+            epochs=setup.recovery_epochs, lr=setup.recovery_lr, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
+            max_grad_norm=1.0, seed=seed, device=setup.device))
         after = _scores(pruned, test, setup.device)
         recovery = {"wall_s": result.wall_s, "steps": result.steps, "loss_per_epoch": list(result.loss_per_epoch)}
     per_layer = [0] * len(heads_per_layer(dense))

@@ -58,7 +58,17 @@ from cahp_engine.config import PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset, collate, draw_subset, encode, load_splits
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
-from cahp_engine.recovery import BestWeights, FineTuning, ReconstructionOptions, evaluate, finetune, reconstruct
+from cahp_engine.recovery import (
+    BestWeights,
+    Distillation,
+    FineTuning,
+    ReconstructionOptions,
+    TrainingRecipe,
+    ValidationWatch,
+    evaluate,
+    finetune,
+    reconstruct,
+)
 from cahp_engine.results import ValidationPoint
 from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._holdout import ValidationScorer
@@ -184,9 +194,10 @@ def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDa
                           "summary": refit.describe()}
     scorer = _TimedScorer(ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device),
                                            32, setup.device))
-    tuning = FineTuning(pruned, train, epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1,
-                        weight_decay=0.01, max_grad_norm=1.0, seed=seed, device=setup.device, teacher=teacher,
-                        validate=scorer, early_stopping_patience=0)
+    recipe = TrainingRecipe(epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
+                            max_grad_norm=1.0, seed=seed, device=setup.device,
+                            distillation=None if teacher is None else Distillation(teacher))
+    tuning = FineTuning(pruned, train, recipe, watch=ValidationWatch(scorer, early_stopping_patience=0))
     stops: list[dict[str, Any]] = []
     while not tuning.done:
         trained, validated = tuning.result().wall_s, scorer.seconds
@@ -417,9 +428,9 @@ def rare_class_dense(setup: Setup, data: Path, say: Callable[[str], None]) -> Pa
     loaded = load_classifier(setup.base, num_labels=5, seed=setup.protocol.dense_seed)
     train, test = quality.load_data(data, loaded.tokenizer, setup.protocol)
     say(f"rare-class dense fine-tuning on {len(train)} rows ({int((train.labels == 0).sum())} of class 0)")
-    training = finetune(loaded.model, train, epochs=setup.protocol.dense_epochs, lr=setup.protocol.dense_lr,
-                        batch_size=setup.protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
-                        seed=setup.protocol.dense_seed, device=setup.device)
+    training = finetune(loaded.model, train, TrainingRecipe(
+        epochs=setup.protocol.dense_epochs, lr=setup.protocol.dense_lr, batch_size=setup.protocol.batch_size,
+        warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0, seed=setup.protocol.dense_seed, device=setup.device))
     scored = evaluate(loaded.model, test, batch_size=setup.protocol.batch_size, device=setup.device).to_dict()
     record = _read(recorded)
     if record is not None and record["test"]["confusion"] != scored["confusion"]:

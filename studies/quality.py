@@ -51,7 +51,16 @@ from cahp_engine._torch import resolve_device
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset, LabelledTexts, draw_subset, encode, load_splits
 from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
-from cahp_engine.recovery import AuxiliaryLoss, TeacherLogits, TeacherRecord, evaluate, finetune, teacher_logits
+from cahp_engine.recovery import (
+    AuxiliaryLoss,
+    Distillation,
+    TeacherLogits,
+    TeacherRecord,
+    TrainingRecipe,
+    evaluate,
+    finetune,
+    teacher_logits,
+)
 from cahp_engine.selection import HeadAnalysis, Selection, analyze_heads, choose, selection_stability
 from studies import common
 from studies.common import minilm_path
@@ -268,9 +277,9 @@ def dense_model(base: str, data_dir: Path, cache: Path, protocol: Protocol, devi
         train, test = load_data(data_dir, loaded.tokenizer, protocol, options)
         say(f"dense fine-tuning: {protocol.dense_epochs:g} epochs at lr {protocol.dense_lr:g} on {len(train)} rows"
             + ("" if record is None else " (the model is not in the cache: retrained to resume its cells)"))
-        training = finetune(loaded.model, train, epochs=protocol.dense_epochs, lr=protocol.dense_lr,
-                            batch_size=protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
-                            seed=protocol.dense_seed, device=device)
+        training = finetune(loaded.model, train, TrainingRecipe(
+            epochs=protocol.dense_epochs, lr=protocol.dense_lr, batch_size=protocol.batch_size, warmup_ratio=0.1,
+            weight_decay=0.01, max_grad_norm=1.0, seed=protocol.dense_seed, device=device))
         metrics = evaluate(loaded.model, test, batch_size=protocol.batch_size, device=device)
         if record is not None and record["test"]["confusion"] != metrics.to_dict()["confusion"]:
             # The cached cells were scored against another dense model: mixing them would compare
@@ -377,11 +386,12 @@ def run_cell(dense: nn.Module, train: EncodedDataset, test: EncodedDataset, head
     before = None
     if protocol.score_before_recovery:
         before = evaluate(pruned, test, batch_size=protocol.batch_size, device=device).accuracy
-    recovery = finetune(pruned, train, epochs=protocol.recovery_epochs, lr=protocol.recovery_lr,
-                        batch_size=protocol.batch_size, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
-                        seed=seed, device=device, teacher=teacher if loss == "distill" else None,
-                        alpha=protocol.distill_alpha, temperature=protocol.distill_temperature,
-                        auxiliary_loss=auxiliary_loss)
+    distillation = (Distillation(teacher, protocol.distill_alpha, protocol.distill_temperature)
+                    if loss == "distill" and teacher is not None else None)
+    recovery = finetune(pruned, train, TrainingRecipe(
+        epochs=protocol.recovery_epochs, lr=protocol.recovery_lr, batch_size=protocol.batch_size, warmup_ratio=0.1,
+        weight_decay=0.01, max_grad_norm=1.0, seed=seed, device=device, distillation=distillation,
+        auxiliary_loss=auxiliary_loss))
     after = evaluate(pruned, test, batch_size=protocol.batch_size, device=device)
     return {"loss": loss, "accuracy": after.accuracy, "macro_f1": after.macro_f1, "recall": list(after.recall),
             "accuracy_before_recovery": before,

@@ -1,15 +1,16 @@
 """Training a classifier, dense or pruned, and measuring it: fine-tuning, distillation, evaluation.
 
-Reading order: ``_distillation`` (the teacher's logits and loss) -> ``_recipe`` (checks, parameter groups,
-loss) -> ``_best`` (the best weights and early stopping) -> ``_training`` (``FineTuning``, ``finetune``)
+Reading order: ``_distillation`` (the teacher's logits and loss) -> ``_recipe`` (``TrainingRecipe``, parameter
+groups, loss) -> ``_best`` (``ValidationWatch``, the best weights and early stopping) -> ``_training``
+(``FineTuning``, ``finetune``, ``FineTuningHooks``)
 -> ``_training_records`` -> ``_resume`` (a fine-tuning's state on disk) -> ``_evaluation`` (accuracy, size,
 speed) and ``_evaluation_records``
 -> ``_bootstrap`` (the noise of a drop in score) -> ``_least_squares`` and ``_reconstruction`` (layer-wise
 reconstruction: recovery without gradient training)."""
 
-from ._best import BestWeights, Rank, Validator, default_rank
+from ._best import BestWeights, Rank, ValidationWatch, Validator, default_rank
 from ._bootstrap import BOOTSTRAP_RESAMPLES, drop_interval, metric_of_predictions
-from ._distillation import TeacherLogits, distillation_loss, teacher_logits
+from ._distillation import Distillation, TeacherLogits, distillation_loss, teacher_logits
 from ._evaluation import (
     check_counts,
     classification_metrics,
@@ -30,7 +31,7 @@ from ._evaluation_records import (
     SpeedComparison,
     SpeedRow,
 )
-from ._recipe import AuxiliaryLoss, balanced_class_weights
+from ._recipe import AuxiliaryLoss, TrainingRecipe, balanced_class_weights
 from ._reconstruction import (
     METHODS,
     SUBLAYERS,
@@ -41,11 +42,11 @@ from ._reconstruction import (
 )
 from ._reconstruction_records import LayerFit, Reconstruction
 from ._resume import TRAINING_FILES, load_training_state, save_training_state
-from ._training import FineTuning, finetune
+from ._training import FineTuning, FineTuningHooks, finetune
 from ._training_records import TeacherRecord, TrainingResult
 
 __all__ = [
-    "TeacherRecord", "TrainingResult",
+    "TeacherRecord", "TrainingResult", "TrainingRecipe", "Distillation", "ValidationWatch", "FineTuningHooks",
     "ClassificationMetrics", "Latency", "ParameterCounts", "SpeedComparison", "SpeedRow",
     "AuxiliaryLoss", "balanced_class_weights", "BestWeights", "BOOTSTRAP_RESAMPLES", "check_counts",
     "classification_metrics", "compare_speed", "count_parameters", "default_rank", "distillation_loss",

@@ -16,14 +16,16 @@ evaluations without improvement).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from cahp_engine._validation import Interval, check
 from cahp_engine.results import ValidationPoint
 
-__all__ = ["BestWeights", "Rank", "Validator", "default_rank"]
+__all__ = ["BestWeights", "Rank", "ValidationWatch", "Validator", "default_rank"]
 
 #: ``validate(model, step, epoch) -> ValidationPoint``: scores ``model`` (in place, no training) on
 #: the validation split; the fine-tuning passes how far it got.
@@ -35,6 +37,33 @@ Rank = Callable[[ValidationPoint], tuple[Any, ...]]
 def default_rank(point: ValidationPoint) -> tuple[bool, float]:
     """An evaluation that loses no class first, then the higher score."""
     return (not point.lost_classes, point.score)
+
+
+@dataclass(frozen=True)
+class ValidationWatch:
+    """The validation split a fine-tuning watches: when it evaluates, which evaluation is best, when it stops.
+
+    Attributes
+    ----------
+    validate : callable (model, step, epoch) -> ValidationPoint
+        Scores the model on a validation split: before the first step, every ``eval_steps`` steps
+        (0: at every epoch's end) and after the last. The weights of the best evaluation (``rank``)
+        are kept and handed back, so the result never ranks below the model it started from.
+    early_stopping_patience : int >= 0
+        Stop once this many evaluations in a row brought no better rank (0: train every step).
+    eval_steps : int >= 0
+    rank : callable (ValidationPoint) -> key, optional
+        Orders evaluations (default :func:`default_rank`: no class lost, then the score).
+    """
+
+    validate: Validator
+    early_stopping_patience: int = 0
+    eval_steps: int = 0
+    rank: Rank | None = None
+
+    def __post_init__(self) -> None:
+        check("early_stopping_patience", self.early_stopping_patience, Interval("integer", 0, None, closed="left"))
+        check("eval_steps", self.eval_steps, Interval("integer", 0, None, closed="left"))
 
 
 class BestWeights:

@@ -21,6 +21,7 @@ Hinton, Vinyals and Dean, "Distilling the Knowledge in a Neural Network" (2015),
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,10 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from cahp_engine._torch import as_device, model_inputs
+from cahp_engine._validation import Interval, check
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
 from cahp_engine.recovery._training_records import TeacherRecord
 
-__all__ = ["TeacherLogits", "distillation_loss", "teacher_logits"]
+__all__ = ["Distillation", "TeacherLogits", "distillation_loss", "teacher_logits"]
 
 
 class TeacherLogits:
@@ -51,6 +53,28 @@ class TeacherLogits:
     def rows(self, indices: np.ndarray, device: torch.device) -> torch.Tensor:
         """The logits of the rows ``indices`` as a float32 tensor on ``device``."""
         return torch.from_numpy(self.logits[np.asarray(indices, dtype=np.int64)]).to(device)
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """A fine-tuning's teacher: :func:`distillation_loss` with the teacher's logits replaces cross-entropy.
+
+    Attributes
+    ----------
+    teacher : TeacherLogits
+        The teacher's logits for every row of the training data (:func:`teacher_logits`).
+    alpha : float in [0, 1]
+        Weight of the cross-entropy with the labels; 1 is plain cross-entropy.
+    temperature : float > 0
+    """
+
+    teacher: TeacherLogits
+    alpha: float = 0.5
+    temperature: float = 4.0
+
+    def __post_init__(self) -> None:
+        check("alpha", self.alpha, Interval("real", 0, 1))
+        check("temperature", self.temperature, Interval("real", 0, None, closed="neither"))
 
 
 def teacher_logits(model: nn.Module, data: EncodedDataset, *, batch_size: int,

@@ -175,7 +175,8 @@ def reconstruct(
     rows = int(sum(int(k.sum()) for k in keep))
     head_dim = adapter.head_dim(pruned.config)
     plan = [(i, name) for i in range(len(adapter.layers(pruned))) for name in options.sublayers]
-    _check_rows(adapter, pruned, plan, rows, options, head_dim)
+    refit = _Refit(dense, pruned, adapter, plan, batches, keep, options)
+    _check_rows(refit, rows, head_dim)
     fits: list[LayerFit] = []
     notes: list[str] = []
     dense_training, pruned_training = dense.training, pruned.training
@@ -183,7 +184,7 @@ def reconstruct(
     pruned.eval()
     try:
         with torch.no_grad():
-            targets = _dense_targets(dense, adapter, plan, batches, keep, options)
+            targets = _dense_targets(refit)
             for done, (index, name) in enumerate(plan, start=1):
                 if should_cancel is not None and should_cancel():
                     raise JobCancelledError("cancelled during layer-wise reconstruction")
@@ -191,8 +192,7 @@ def reconstruct(
                 if projection.in_features == 0:
                     notes.append(f"layer {index} keeps no {name} units: nothing to refit")
                     continue
-                system = _accumulate(dense, pruned, adapter, index, name, batches, keep, options,
-                                     None if targets is None else targets[(index, name)])
+                system = _accumulate(refit, index, name, None if targets is None else targets[(index, name)])
                 unit = head_dim if name == "attention" else 1
                 solution = _solve(system, projection, options, unit)
                 _write(projection, solution)
@@ -229,9 +229,23 @@ def _unknowns(projection: nn.Linear, options: ReconstructionOptions, unit: int) 
     return projection.in_features + (1 if projection.bias is not None else 0)
 
 
-def _check_rows(adapter: Any, pruned: nn.Module, plan: list[tuple[int, str]], rows: int,
-                options: ReconstructionOptions, head_dim: int) -> None:
+@dataclass(frozen=True)
+class _Refit:
+    """What every system of one :func:`reconstruct` shares: the two models, the plan of
+    ``(layer, sublayer)`` systems, the calibration batches with their kept tokens, and the options."""
+
+    dense: nn.Module
+    pruned: nn.Module
+    adapter: Any
+    plan: list[tuple[int, str]]
+    batches: list[Mapping[str, torch.Tensor]]
+    keep: list[torch.Tensor]
+    options: ReconstructionOptions
+
+
+def _check_rows(refit: _Refit, rows: int, head_dim: int) -> None:
     """Refuse calibration rows fewer than the largest system's unknowns, naming that system."""
+    adapter, pruned, plan, options = refit.adapter, refit.pruned, refit.plan, refit.options
     needs = []
     for index, name in plan:
         projection = _projection(adapter, adapter.layers(pruned)[index], name)
@@ -309,11 +323,10 @@ def _rows(tensor: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
 TARGET_CACHE_BYTES = 1 << 30
 
 
-def _dense_targets(dense: nn.Module, adapter: Any, plan: list[tuple[int, str]],
-                   batches: list[Mapping[str, torch.Tensor]], keep: list[torch.Tensor],
-                   options: ReconstructionOptions) -> dict[tuple[int, str], list[torch.Tensor | None]] | None:
+def _dense_targets(refit: _Refit) -> dict[tuple[int, str], list[torch.Tensor | None]] | None:
     """Every system's dense side (``A_d(x_d)``, plus ``h_d`` for the residual target) from one pass, or None
     when they would take more than :data:`TARGET_CACHE_BYTES`."""
+    dense, adapter, plan, batches, keep = refit.dense, refit.adapter, refit.plan, refit.batches, refit.keep
     layers = adapter.layers(dense)
     rows = int(sum(int(k.sum()) for k in keep))
     if rows * sum(_projection(adapter, layers[i], n).out_features for i, n in plan) * 4 > TARGET_CACHE_BYTES:
@@ -327,7 +340,7 @@ def _dense_targets(dense: nn.Module, adapter: Any, plan: list[tuple[int, str]],
         residual, output = _capture_all(dense, adapter, plan, batch)
         for key in plan:
             target = _rows(output.get(key), kept)
-            if key[1] == "attention" and options.target == "residual":
+            if key[1] == "attention" and refit.options.target == "residual":
                 target = target + _rows(residual.get(key[0]), kept)
             out[key].append(target.detach().to("cpu", torch.float32))
     return out
@@ -358,13 +371,12 @@ def _capture_all(model: nn.Module, adapter: Any, plan: list[tuple[int, str]], ba
     return residual, output
 
 
-def _accumulate(dense: nn.Module, pruned: nn.Module, adapter: Any, index: int, name: str,
-                batches: list[Mapping[str, torch.Tensor]], keep: list[torch.Tensor],
-                options: ReconstructionOptions, cached: list[torch.Tensor | None] | None) -> NormalEquations:
+def _accumulate(refit: _Refit, index: int, name: str, cached: list[torch.Tensor | None] | None) -> NormalEquations:
+    dense, pruned, adapter = refit.dense, refit.pruned, refit.adapter
     projection = _projection(adapter, adapter.layers(pruned)[index], name)
     system = NormalEquations(projection.in_features, projection.out_features)
-    residual = name == "attention" and options.target == "residual"
-    for b, (batch, rows) in enumerate(zip(batches, keep, strict=True)):
+    residual = name == "attention" and refit.options.target == "residual"
+    for b, (batch, rows) in enumerate(zip(refit.batches, refit.keep, strict=True)):
         if not bool(rows.any()):
             continue
         have = _capture(pruned, adapter, index, name, batch)

@@ -3,8 +3,9 @@
 :meth:`~cahp_engine.recovery.FineTuning.state_dict` (the weights, AdamW's moments, the schedule, the
 fp16 loss scale, the random generators, the losses so far, the best evaluation's weights) is written
 by :func:`save_training_state` and read back by :func:`load_training_state`;
-``finetune(..., resume=state)`` then goes on from it and ends as a fine-tuning never stopped would
-(the batch order of every epoch comes from ``(seed, epoch)`` alone, dropout from the saved generator).
+``finetune(..., hooks=FineTuningHooks(resume=state))`` then goes on from it and ends as a fine-tuning
+never stopped would (the batch order of every epoch comes from ``(seed, epoch)`` alone, dropout from the
+saved generator).
 
 No pickle: tensors go into one safetensors file, everything else into JSON (a tagged tree that keeps
 integer keys and tuples), and only these two are read back.

@@ -18,6 +18,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,15 +27,12 @@ from torch import nn
 from transformers import get_linear_schedule_with_warmup
 
 from cahp_engine._torch import as_device, model_inputs
-from cahp_engine._validation import Interval, check
 from cahp_engine.data import EncodedDataset, iterate_batches, length_grouped_batches
 from cahp_engine.errors import DatasetError, JobCancelledError, PipelineError
-from cahp_engine.recovery._best import BestWeights, Rank, Validator
-from cahp_engine.recovery._distillation import TeacherLogits
+from cahp_engine.recovery._best import BestWeights, ValidationWatch
 from cahp_engine.recovery._recipe import (
-    AuxiliaryLoss,
+    TrainingRecipe,
     balanced_class_weights,
-    check_recipe,
     described,
     epoch_seed,
     loss_fn,
@@ -44,160 +42,102 @@ from cahp_engine.recovery._recipe import (
 from cahp_engine.recovery._training_records import TrainingResult
 from cahp_engine.results import ValidationPoint
 
-__all__ = ["FineTuning", "TrainingResult", "balanced_class_weights", "finetune"]
+__all__ = ["FineTuning", "FineTuningHooks", "TrainingResult", "balanced_class_weights", "finetune"]
 
 
-def finetune(
-    model: nn.Module,
-    data: EncodedDataset,
-    *,
-    epochs: float,
-    lr: float,
-    batch_size: int,
-    warmup_ratio: float,
-    weight_decay: float,
-    max_grad_norm: float,
-    seed: int,
-    device: torch.device | str = "cpu",
-    progress: Callable[[int, int], None] | None = None,
-    should_cancel: Callable[[], bool] | None = None,
-    teacher: TeacherLogits | None = None,
-    alpha: float = 0.5,
-    temperature: float = 4.0,
-    auxiliary_loss: AuxiliaryLoss | None = None,
-    class_weights: np.ndarray | None = None,
-    validate: Validator | None = None,
-    early_stopping_patience: int = 0,
-    eval_steps: int = 0,
-    rank: Rank | None = None,
-    resume: Mapping[str, Any] | None = None,
-    on_stop: Callable[[FineTuning], None] | None = None,
-) -> TrainingResult:
+@dataclass(frozen=True)
+class FineTuningHooks:
+    """What a fine-tuning reports to and asks its caller, and the state it goes on from.
+
+    Attributes
+    ----------
+    progress : callable (step, total_steps), optional
+        Called after every optimiser step; ``step`` counts from 1.
+    should_cancel : callable () -> bool, optional
+        Asked before every step; True raises :class:`~cahp_engine.errors.JobCancelledError`.
+    resume : mapping, optional
+        A :meth:`FineTuning.state_dict` taken by an earlier run of this fine-tuning (same model, data
+        and recipe): it goes on from there and ends as if it had never stopped.
+    on_stop : callable (FineTuning) -> None, optional
+        Called with the fine-tuning once before its first step (after ``resume`` is loaded) and after
+        every stop (each epoch's end, or each evaluation): the moment to save :meth:`FineTuning.state_dict`,
+        or to read its running figures (:meth:`FineTuning.result`) from ``progress``.
+    """
+
+    progress: Callable[[int, int], None] | None = None
+    should_cancel: Callable[[], bool] | None = None
+    resume: Mapping[str, Any] | None = None
+    on_stop: Callable[[FineTuning], None] | None = None
+
+
+def finetune(model: nn.Module, data: EncodedDataset, recipe: TrainingRecipe, *, watch: ValidationWatch | None = None,
+             hooks: FineTuningHooks | None = None) -> TrainingResult:
     """Fine-tune every parameter of ``model`` on ``data`` with AdamW and a linear warm-up/decay.
 
     Parameters
     ----------
     model : a ``*ForSequenceClassification`` model with at least ``data.num_classes`` labels
-        Trained in place on ``device`` (where it stays). It is in train mode during the run and in
-        eval mode after it, also after an error; its ``requires_grad`` flags are restored and its
+        Trained in place on ``recipe.device`` (where it stays). It is in train mode during the run and
+        in eval mode after it, also after an error; its ``requires_grad`` flags are restored and its
         gradients cleared.
     data : EncodedDataset of n samples
-    epochs : float >= 0
-        Passes over the data; a fraction runs that share of one epoch's batches (0.25 is a quarter),
-        and 0 returns at once without touching the model.
-    lr, warmup_ratio, weight_decay, max_grad_norm, batch_size
-        The recipe. Warm-up lasts ``ceil(warmup_ratio * steps)`` steps. Weight decay skips biases
-        and LayerNorm weights.
-    seed : int
-        Seeds the batch order (a different order each epoch) and dropout; the caller's global torch
-        random state is left as it was.
-    device : str or torch.device
-        On CUDA the forward pass runs under bf16 autocast, or fp16 with loss scaling where bf16 is
-        not supported; on CPU in fp32.
-    progress : callable (step, total_steps), optional
-        Called after every optimiser step; ``step`` counts from 1.
-    should_cancel : callable () -> bool, optional
-        Asked before every step.
-    teacher : TeacherLogits, optional
-        A teacher's logits for every row of ``data``: the loss becomes
-        :func:`~cahp_engine.recovery.distillation_loss` with ``alpha`` and ``temperature``
-        (otherwise plain cross-entropy, and those two are ignored).
-    auxiliary_loss : callable (outputs, batch) -> scalar tensor, optional
-        A term added to every batch's loss, given the model's outputs (with ``hidden_states``: the
-        forward pass then returns them) and the batch on ``device``. For experiments such as matching
-        a teacher's hidden states (``python -m studies distill-study``); runs and jobs do not use it.
-    class_weights : ndarray of shape (C,), optional
-        Each class's weight in the loss (:func:`balanced_class_weights` for class-balanced recovery).
-    validate : callable (model, step, epoch) -> ValidationPoint, optional
-        Scores the model on a validation split: before the first step, every ``eval_steps`` steps
-        (0: at every epoch's end) and after the last. The weights of the best evaluation (``rank``)
-        are kept and handed back, so the result never ranks below the model it started from.
-    early_stopping_patience : int >= 0
-        With ``validate``: stop once this many evaluations in a row brought no better rank (0: train
-        every step).
-    eval_steps : int >= 0
-    rank : callable (ValidationPoint) -> key, optional
-        Orders evaluations (default :func:`~cahp_engine.recovery._best.default_rank`: no class lost,
-        then the score).
-    resume : mapping, optional
-        A :meth:`FineTuning.state_dict` taken by an earlier run of this fine-tuning (same model, data
-        and arguments): it goes on from there and ends as if it had never stopped.
-    on_stop : callable (FineTuning) -> None, optional
-        Called with the fine-tuning once before its first step and after every stop (each epoch's
-        end, or each evaluation): the moment to save :meth:`FineTuning.state_dict`, or to read its
-        running figures (:meth:`FineTuning.result`) from ``progress``.
+    recipe : TrainingRecipe
+        Epochs, rate, batch, warm-up, decay, clipping, seed, device and loss.
+    watch : ValidationWatch, optional
+        A validation split to evaluate on: the best evaluation's weights are handed back, and early
+        stopping applies.
+    hooks : FineTuningHooks, optional
+        Progress, cancellation, a saved state to go on from, and a call at every stop.
 
     Returns
     -------
     TrainingResult
-        With ``validate``: the validation curve, the best evaluation's step and epoch and whether
+        With ``watch``: the validation curve, the best evaluation's step and epoch and whether
         training stopped early too.
 
     Raises
     ------
     JobCancelledError
-        When ``should_cancel()`` answers True.
+        When ``hooks.should_cancel()`` answers True.
     PipelineError
         When the loss becomes NaN or infinite.
 
     References
     ----------
-    Paper Section IV-B.5: recovery fine-tuning for 3 epochs at lr 2e-5, linear decay with 10%
-    warm-up, weight decay 0.01, max gradient norm 1.0, batch size 32.
+    Paper Section IV-B.5 (the recipe: :class:`~cahp_engine.recovery.TrainingRecipe`).
     """
-    tuning = FineTuning(
-        model, data, epochs=epochs, lr=lr, batch_size=batch_size, warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay, max_grad_norm=max_grad_norm, seed=seed, device=device, progress=progress,
-        should_cancel=should_cancel, teacher=teacher, alpha=alpha, temperature=temperature,
-        auxiliary_loss=auxiliary_loss, class_weights=class_weights, validate=validate,
-        early_stopping_patience=early_stopping_patience, eval_steps=eval_steps, rank=rank)
-    if resume is not None:
-        tuning.load_state_dict(dict(resume))
-    if on_stop is not None:
-        on_stop(tuning)
+    tuning = FineTuning(model, data, recipe, watch=watch, hooks=hooks)
     while not tuning.done:
         tuning.advance()
-        if on_stop is not None:
-            on_stop(tuning)
     return tuning.finish()
 
 
 class FineTuning:
-    """One fine-tuning in progress: :func:`finetune`'s parameters, advanced stop by stop.
+    """One fine-tuning in progress: :func:`finetune`'s arguments, advanced stop by stop.
 
     ``stops`` are the steps at which :meth:`advance` returns: every evaluation step when there is a
-    ``validate`` (step 0 first), else every epoch's end. ``done`` turns True after the last step, or
+    ``watch`` (step 0 first), else every epoch's end. ``done`` turns True after the last step, or
     once early stopping ends the fine-tuning. Between two :meth:`advance` calls the model is in eval
     mode with its own ``requires_grad`` flags, and the caller's global random state is untouched.
+    ``hooks.resume`` is loaded when the fine-tuning is built, and ``hooks.on_stop`` called then and at
+    the end of every :meth:`advance` that reached a stop.
     """
 
-    def __init__(
-        self, model: nn.Module, data: EncodedDataset, *, epochs: float, lr: float, batch_size: int,
-        warmup_ratio: float, weight_decay: float, max_grad_norm: float, seed: int,
-        device: torch.device | str = "cpu", progress: Callable[[int, int], None] | None = None,
-        should_cancel: Callable[[], bool] | None = None, teacher: TeacherLogits | None = None,
-        alpha: float = 0.5, temperature: float = 4.0, auxiliary_loss: AuxiliaryLoss | None = None,
-        class_weights: np.ndarray | None = None, validate: Validator | None = None,
-        early_stopping_patience: int = 0, eval_steps: int = 0, rank: Rank | None = None,
-    ) -> None:
-        check_recipe(epochs, lr, batch_size, warmup_ratio, weight_decay, max_grad_norm)
-        check("early_stopping_patience", early_stopping_patience, Interval("integer", 0, None, closed="left"))
-        check("eval_steps", eval_steps, Interval("integer", 0, None, closed="left"))
-        if teacher is not None:
-            check("alpha", alpha, Interval("real", 0, 1))
-            check("temperature", temperature, Interval("real", 0, None, closed="neither"))
-            if teacher.logits.shape[0] != len(data):
-                raise PipelineError(f"the teacher's logits cover {teacher.logits.shape[0]} rows but the training "
-                                    f"data has {len(data)}")
+    def __init__(self, model: nn.Module, data: EncodedDataset, recipe: TrainingRecipe, *,
+                 watch: ValidationWatch | None = None, hooks: FineTuningHooks | None = None) -> None:
+        distillation, hooks = recipe.distillation, hooks or FineTuningHooks()
+        if distillation is not None and distillation.teacher.logits.shape[0] != len(data):
+            raise PipelineError(f"the teacher's logits cover {distillation.teacher.logits.shape[0]} rows but the "
+                                f"training data has {len(data)}")
         if len(data) == 0:
             raise DatasetError("the training split has no rows; give at least one labelled sample per class")
-        self.model, self.data, self.seed = model, data, seed
-        self.dev = as_device(device)
+        self.model, self.data, self.recipe, self.seed = model, data, recipe, recipe.seed
+        self.dev = as_device(recipe.device)
         self.precision = precision_for(self.dev)
-        self.batch_size = batch_size
-        self.batches_per_epoch = math.ceil(len(data) / batch_size)
+        self.batch_size = recipe.batch_size
+        self.batches_per_epoch = math.ceil(len(data) / recipe.batch_size)
         # Half-up rounding (not Python's round-half-even), and at least one step for any epochs > 0.
-        self.total = 0 if epochs == 0 else max(1, math.floor(epochs * self.batches_per_epoch + 0.5))
+        self.total = 0 if recipe.epochs == 0 else max(1, math.floor(recipe.epochs * self.batches_per_epoch + 0.5))
         num_labels = int(getattr(model.config, "num_labels", data.num_classes))
         if self.total and int(data.labels.max()) >= num_labels:
             raise DatasetError(
@@ -205,22 +145,21 @@ class FineTuning:
                 "give a model with one output per class"
             )
         weights = None
-        if class_weights is not None:
+        if recipe.class_weights is not None:
             padded = np.ones(num_labels)
-            padded[: len(class_weights)] = np.asarray(class_weights, dtype=np.float64)[:num_labels]
+            padded[: len(recipe.class_weights)] = np.asarray(recipe.class_weights, dtype=np.float64)[:num_labels]
             self.class_weights: tuple[float, ...] | None = tuple(float(w) for w in padded)
             weights = torch.tensor(padded, dtype=torch.float32, device=self.dev)
         else:
             self.class_weights = None
-        self.teacher, self.alpha, self.temperature = teacher, alpha, temperature
-        self.loss_fn = loss_fn(teacher, alpha, temperature, self.dev, weights)
-        self.auxiliary_loss = auxiliary_loss
-        self.progress, self.should_cancel = progress, should_cancel
-        self.max_grad_norm = max_grad_norm
-        self.validate = validate
-        self.best = BestWeights(early_stopping_patience, rank) if validate is not None else None
-        every = eval_steps if validate is not None and eval_steps > 0 else self.batches_per_epoch
-        self.stops = [*(() if validate is None else (0,)), *range(every, self.total, every), self.total]
+        self.loss_fn = loss_fn(distillation, self.dev, weights)
+        self.auxiliary_loss = recipe.auxiliary_loss
+        self.progress, self.should_cancel, self.on_stop = hooks.progress, hooks.should_cancel, hooks.on_stop
+        self.max_grad_norm = recipe.max_grad_norm
+        self.validate = None if watch is None else watch.validate
+        self.best = None if watch is None else BestWeights(watch.early_stopping_patience, watch.rank)
+        every = watch.eval_steps if watch is not None and watch.eval_steps > 0 else self.batches_per_epoch
+        self.stops = [*(() if watch is None else (0,)), *range(every, self.total, every), self.total]
         self.step = 0
         self.stopped_early = False
         self._next_stop = 0
@@ -229,10 +168,14 @@ class FineTuning:
         self._rng: torch.Tensor | None = None
         self._cuda_rng: torch.Tensor | None = None
         model.to(self.dev)
-        self.optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr)
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, math.ceil(warmup_ratio * self.total),
+        self.optimizer = torch.optim.AdamW(param_groups(model, recipe.weight_decay), lr=recipe.lr)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, math.ceil(recipe.warmup_ratio * self.total),
                                                          max(self.total, 1))
         self.scaler = torch.amp.GradScaler("cuda") if self.precision == "fp16" else None
+        if hooks.resume is not None:
+            self.load_state_dict(dict(hooks.resume))
+        if self.on_stop is not None:
+            self.on_stop(self)
 
     @property
     def done(self) -> bool:
@@ -256,12 +199,14 @@ class FineTuning:
         if target > self.step:
             self._train_until(target)  # stopped part-way (cancelled), the stop is still ahead
         self._next_stop += 1
-        if self.validate is None or self.best is None:
-            return None
-        point = self.validate(self.model, self.step, self.epoch)
-        self.best.observe(self.model, point)
-        if self.best.exhausted and self.step < self.total:
-            self.stopped_early = True
+        point = None
+        if self.validate is not None and self.best is not None:
+            point = self.validate(self.model, self.step, self.epoch)
+            self.best.observe(self.model, point)
+            if self.best.exhausted and self.step < self.total:
+                self.stopped_early = True
+        if self.on_stop is not None:
+            self.on_stop(self)
         return point
 
     def finish(self) -> TrainingResult:
@@ -283,7 +228,7 @@ class FineTuning:
             validation=() if self.best is None else tuple(self.best.curve),
             best_step=None if best is None else best.step, best_epoch=None if best is None else best.epoch,
             stopped_early=self.stopped_early, early_stopping_patience=0 if self.best is None else self.best.patience)
-        return described(result, self.teacher, self.alpha, self.temperature)
+        return described(result, self.recipe.distillation)
 
     # --------------------------------------------------------------------------- resume state
 
@@ -293,7 +238,8 @@ class FineTuning:
         Take it between two :meth:`advance` calls, e.g. at every epoch's end, or after an
         :meth:`advance` that a cancellation interrupted between two steps (it then holds the last step
         taken, and the interrupted stop is still ahead), and hand it to :meth:`load_state_dict` of a
-        :class:`FineTuning` built with the same arguments on a fresh copy of the same model.
+        :class:`FineTuning` built with the same arguments on a fresh copy of the same model (or give it
+        as ``hooks.resume``).
         """
         return {"model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),

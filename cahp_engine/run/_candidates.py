@@ -26,6 +26,7 @@ After each evaluation on the validation split a candidate stops early when:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,10 +38,18 @@ from torch import nn
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import EncodedDataset
 from cahp_engine.models import prune_heads
-from cahp_engine.recovery import ClassificationMetrics, FineTuning, TeacherLogits, TrainingResult, drop_interval
+from cahp_engine.recovery import (
+    ClassificationMetrics,
+    FineTuning,
+    FineTuningHooks,
+    TeacherLogits,
+    TrainingResult,
+    drop_interval,
+)
 from cahp_engine.results import DropInterval, JsonRecord, ValidationPoint
 from cahp_engine.run._holdout import ValidationScorer
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned, reconstructs
+from cahp_engine.run._stage_training import distillation, run_recipe, validation_watch
 
 __all__ = ["CandidateResult", "CandidateRun", "CandidateSpec", "SearchInputs", "recover_candidate"]
 
@@ -217,13 +226,10 @@ def start_run(spec: CandidateSpec, inputs: SearchInputs) -> CandidateRun:
                            should_cancel=inputs.should_cancel)
     scorer = ValidationScorer(inputs.validation, config.budget_metric, inputs.dense_validation, config.batch_size,
                               inputs.device)
-    tuning = FineTuning(
-        model, inputs.train, epochs=config.epochs, lr=config.lr, batch_size=config.batch_size,
-        warmup_ratio=config.warmup_ratio, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
-        seed=spec.seed, device=inputs.device, progress=inputs.progress, should_cancel=inputs.should_cancel,
-        teacher=inputs.teacher, alpha=config.distill_alpha, temperature=config.distill_temperature,
-        class_weights=inputs.class_weights, validate=scorer,
-        early_stopping_patience=config.early_stopping_patience, eval_steps=config.eval_steps)
+    recipe = dataclasses.replace(run_recipe(config, inputs.device), seed=spec.seed,
+                                 distillation=distillation(config, inputs.teacher), class_weights=inputs.class_weights)
+    tuning = FineTuning(model, inputs.train, recipe, watch=validation_watch(config, scorer),
+                        hooks=FineTuningHooks(progress=inputs.progress, should_cancel=inputs.should_cancel))
     return CandidateRun(model=model, tuning=tuning, scorer=scorer)
 
 

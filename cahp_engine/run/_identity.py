@@ -132,7 +132,7 @@ def _name_or_path(directory: Path) -> str | None:
 
 
 @dataclass(frozen=True)
-class TrainingRecipe(JsonRecord):
+class TrainingSummary(JsonRecord):
     """One fine-tuning as it was asked for and as it went.
 
     ``epochs`` asked for, ``epochs_trained`` made; ``loss`` is ``ce`` or ``distill`` (with
@@ -165,12 +165,12 @@ class Recipe(JsonRecord):
     classifier_head : {"checkpoint", "new"}
         ``new`` when cahp created the classification head for the dataset's labels (and trained it
         in ``dense_finetune`` unless that was off).
-    dense_finetune : TrainingRecipe or None
+    dense_finetune : TrainingSummary or None
         The dense fine-tuning before selection, when it ran.
     strategy, poly_degree, k_star, heads_kept, heads_total : the selection
     max_accuracy_drop : float or None
         The accuracy budget, in points, when one chose the head count.
-    recovery : TrainingRecipe or None
+    recovery : TrainingSummary or None
         None in the report of a run that missed its accuracy budget: it kept no recovered model (each
         candidate's training is in the report's ``budget``), and the selection is the knee's choice.
     seed, max_length : int
@@ -186,14 +186,14 @@ class Recipe(JsonRecord):
     """
 
     classifier_head: str
-    dense_finetune: TrainingRecipe | None
+    dense_finetune: TrainingSummary | None
     strategy: str
     poly_degree: int
     k_star: int
     heads_kept: int
     heads_total: int
     max_accuracy_drop: float | None
-    recovery: TrainingRecipe | None
+    recovery: TrainingSummary | None
     seed: int
     max_length: int
     train_rows: int
@@ -232,7 +232,7 @@ class Recipe(JsonRecord):
         return tuple(out)
 
 
-def _training_text(t: TrainingRecipe) -> str:
+def _training_text(t: TrainingSummary) -> str:
     loss = ("distillation from the dense model "
             f"(alpha {t.distill_alpha:g}, temperature {t.distill_temperature:g})"
             if t.loss == "distill" and t.distill_alpha is not None and t.distill_temperature is not None
@@ -247,9 +247,9 @@ def _training_text(t: TrainingRecipe) -> str:
     return text
 
 
-def _training_recipe(config: Any, training: Any, *, epochs: float, lr: float) -> TrainingRecipe:
+def _training_summary(config: Any, training: Any, *, epochs: float, lr: float) -> TrainingSummary:
     distill = training.loss == "distill"
-    return TrainingRecipe(
+    return TrainingSummary(
         epochs=float(epochs), epochs_trained=float(training.epochs), lr=float(lr), batch_size=int(config.batch_size),
         warmup_ratio=float(config.warmup_ratio), weight_decay=float(config.weight_decay), loss=str(training.loss),
         distill_alpha=training.alpha if distill else None,
@@ -269,12 +269,12 @@ def recipe_of(report: Any) -> Recipe:
     epochs = 0.0 if getattr(config, "recovery", "finetune") == "reconstruct" else config.epochs
     return Recipe(
         classifier_head="checkpoint" if report.model.classifier_trained else "new",
-        dense_finetune=(_training_recipe(config, dense.training, epochs=config.dense_epochs, lr=config.dense_lr)
+        dense_finetune=(_training_summary(config, dense.training, epochs=config.dense_epochs, lr=config.dense_lr)
                         if dense.ran and dense.training is not None else None),
         strategy=selection.strategy, poly_degree=selection.poly_degree, k_star=selection.k_star,
         heads_kept=selection.heads_kept, heads_total=selection.heads_total,
         max_accuracy_drop=config.max_accuracy_drop,
-        recovery=(_training_recipe(config, recovery, epochs=epochs, lr=config.lr)
+        recovery=(_training_summary(config, recovery, epochs=epochs, lr=config.lr)
                   if recovery is not None else None),
         seed=config.seed, max_length=config.max_length, train_rows=report.dataset.train_rows,
         eval_rows=report.dataset.eval_rows, eval_split=report.dataset.eval_split, export=config.export,

@@ -53,6 +53,7 @@ from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candida
 from cahp_engine.run._holdout import ValidationData
 from cahp_engine.run._reconstruct import reconstructs
 from cahp_engine.run._scoring import Judged, LazyScores, every_step, rebuild
+from cahp_engine.run._stage_training import run_recipe
 
 __all__ = ["judged_search"]
 
@@ -87,9 +88,7 @@ def judged_search(lazy: LazyScores, *, validation: ValidationData,
         winner = max((j for j in lazy.group(found) if j.meets), key=Judged.rank)
         winner.chosen = True
         model, rebuilt = rebuild(winner.selection, inputs)
-        recovery = finetune(model, inputs.train, epochs=0.0, lr=config.lr, batch_size=config.batch_size,
-                            warmup_ratio=config.warmup_ratio, weight_decay=config.weight_decay,
-                            max_grad_norm=config.max_grad_norm, seed=config.seed, device=inputs.device)
+        recovery = finetune(model, inputs.train, dataclasses.replace(run_recipe(config, inputs.device), epochs=0.0))
         search_s = time.perf_counter() - started
         say(f"chosen: {winner.selection.num_kept} heads ({winner.strategy}, k={winner.k}) at {winner.point.score:.4f} "
             f"after reconstruction; no fine-tuning (recovery reconstruct); {len(lazy.path)} of "

@@ -32,6 +32,7 @@ from cahp_engine.models import LoadedClassifier, load_classifier, prune_heads
 from cahp_engine.progress import CancelFn, Monitor
 from cahp_engine.recovery import (
     ClassificationMetrics,
+    FineTuningHooks,
     Reconstruction,
     TeacherLogits,
     TrainingResult,
@@ -60,7 +61,7 @@ from cahp_engine.run._reconstruct import (
 from cahp_engine.run._report import DenseFinetuneRecord, RunParameters
 from cahp_engine.run._request import RunRequest
 from cahp_engine.run._scoring import LazyScores, ScoreBook, ScoreKeeping
-from cahp_engine.run._stage_training import StageTraining
+from cahp_engine.run._stage_training import StageTraining, validation_watch
 from cahp_engine.run._target_check import check_target_reachable
 from cahp_engine.selection import Selection, SelectionResult, select_heads, validate_inputs
 
@@ -339,18 +340,13 @@ def evaluate_recovered(run: RunContext, *, pruned: nn.Module, evaluation: Encode
 
 def train_model(run: RunContext, *, model: nn.Module, train: EncodedDataset, plan: StageTraining) -> TrainingResult:
     """The shared recipe (batch, warm-up, decay, clipping, seed) with a stage's epochs, rate, loss and watch."""
-    config, stage, validate = run.config, plan.stage, plan.validate
-    return finetune(
-        model, train, epochs=plan.epochs, lr=plan.lr, batch_size=config.batch_size, warmup_ratio=config.warmup_ratio,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, seed=config.seed, device=run.device,
-        progress=lambda step, total: run.overall(stage, step / max(total, 1)), should_cancel=run.should_cancel,
-        teacher=plan.teacher, alpha=config.distill_alpha, temperature=config.distill_temperature,
-        class_weights=plan.class_weights, validate=validate,
-        early_stopping_patience=config.early_stopping_patience if validate is not None else 0,
-        eval_steps=config.eval_steps,
-        resume=run.training.resume(stage) if run.training is not None else None,
-        on_stop=run.training.on_stop(stage) if run.training is not None else None,
-    )
+    stage, resumer = plan.stage, run.training
+    hooks = FineTuningHooks(progress=lambda step, total: run.overall(stage, step / max(total, 1)),
+                            should_cancel=run.should_cancel,
+                            resume=resumer.resume(stage) if resumer is not None else None,
+                            on_stop=resumer.on_stop(stage) if resumer is not None else None)
+    return finetune(model, train, plan.recipe(run.config, run.device),
+                    watch=validation_watch(run.config, plan.validate), hooks=hooks)
 
 
 def dense_finetune_runs(config: PruningConfig, classifier_trained: bool) -> bool:

@@ -72,9 +72,9 @@ def test_quality_rerun_skips_finished_cells_and_redoes_a_missing_one(tiny_setup,
     calls = []
     real = quality.finetune
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs["seed"])
-        return real(*args, **kwargs)
+    def counting(model, data, recipe, **kwargs):
+        calls.append(recipe.seed)
+        return real(model, data, recipe, **kwargs)
 
     monkeypatch.setattr(quality, "finetune", counting)
     second = _run(tiny_setup)

@@ -19,6 +19,7 @@ import torch
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode, iterate_batches, length_grouped_batches
 from cahp_engine.models import gate_heads, prune_heads
+from cahp_engine.recovery import TrainingRecipe
 from cahp_engine.recovery import _training as training
 from cahp_engine.selection import extract_signatures, gradient_salience, select_heads
 from tests.support.surgery import KEPT
@@ -102,8 +103,8 @@ def test_recovery_in_mixed_precision(device, data, precision, monkeypatch):
         monkeypatch.setattr(training, "precision_for", lambda _dev: "fp16")
     model = make_classifier("bert", layers=2, heads=4, seed=3).to(device)
     prune_heads(model, {0: [0, 2], 1: []})
-    result = training.finetune(model, data, epochs=3, lr=1e-3, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
-                               max_grad_norm=1.0, seed=0, device=device)
+    result = training.finetune(model, data, TrainingRecipe(epochs=3, lr=1e-3, batch_size=32, warmup_ratio=0.1,
+                                                           weight_decay=0.01, max_grad_norm=1.0, seed=0, device=device))
     expected = {"cpu": "fp32"}.get(device.type, "fp16" if precision == "fp16" else ("bf16" if
                                    torch.cuda.is_bf16_supported() else "fp16"))
     assert result.precision == expected

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from cahp_engine.data import LabelledTexts, encode
-from cahp_engine.recovery import finetune
+from cahp_engine.recovery import TrainingRecipe, finetune
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 
@@ -27,8 +27,8 @@ def write_fragile_model(directory: Path, *, train_rows: int = 150, train_seed: i
     texts, labels = make_texts(train_rows, num_classes=3, seed=train_seed)
     train = encode(make_tokenizer(), LabelledTexts(tuple(texts), labels, ("0", "1", "2")), max_length=32)
     model = make_classifier("bert", layers=layers, heads=heads, num_labels=3, seed=2)
-    finetune(model, train, epochs=6, lr=2e-3, batch_size=16, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
-             seed=0)
+    finetune(model, train, TrainingRecipe(epochs=6, lr=2e-3, batch_size=16, warmup_ratio=0.1, weight_decay=0.01,
+                                          max_grad_norm=1.0, seed=0))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for layer in model.bert.encoder.layer:

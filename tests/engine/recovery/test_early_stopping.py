@@ -4,6 +4,7 @@ a fine-tuning paused and resumed, and class-balanced losses; on real tiny transf
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -13,6 +14,9 @@ import torch.nn.functional as F
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.recovery import (
     FineTuning,
+    FineTuningHooks,
+    TrainingRecipe,
+    ValidationWatch,
     balanced_class_weights,
     classification_metrics,
     distillation_loss,
@@ -23,7 +27,12 @@ from cahp_engine.recovery import (
 from cahp_engine.results import ValidationPoint
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
-RECIPE = {"batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0, "seed": 3}
+RECIPE = TrainingRecipe(epochs=1, lr=2e-3, batch_size=16, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
+                        seed=3)
+
+
+def _recipe(epochs: float, lr: float, **changes) -> TrainingRecipe:
+    return dataclasses.replace(RECIPE, epochs=epochs, lr=lr, **changes)
 
 
 def _encoded(n: int, seed: int, num_classes: int = 3):
@@ -46,7 +55,7 @@ def validation():
 def trained(train):
     """A model that has learnt the task: recovery at a wrecking rate can only lower its score."""
     model = make_classifier("bert", layers=2, heads=4, seed=1)
-    finetune(model, train, epochs=8, lr=2e-3, **RECIPE)
+    finetune(model, train, _recipe(8, 2e-3))
     return model
 
 
@@ -66,7 +75,7 @@ def test_recovery_never_returns_weights_worse_on_validation_than_its_start(train
     assert start > 0.7  # the model has learnt the task
     model = copy.deepcopy(trained)
     # AdamW at lr 0.05 moves every weight by about the rate each step: training wrecks the model.
-    result = finetune(model, train, epochs=2, lr=0.05, validate=_scorer(validation), **RECIPE)
+    result = finetune(model, train, _recipe(2, 0.05), watch=ValidationWatch(_scorer(validation)))
     scores = [p.score for p in result.validation]
     assert [p.step for p in result.validation] == [0, 10, 20] and scores[0] == pytest.approx(start)
     assert max(scores[1:]) < start  # every epoch made it worse ...
@@ -76,13 +85,13 @@ def test_recovery_never_returns_weights_worse_on_validation_than_its_start(train
     assert result.steps == 20 and not result.stopped_early and result.early_stopping_patience == 0
 
     plain = copy.deepcopy(trained)
-    finetune(plain, train, epochs=2, lr=0.05, **RECIPE)  # without a validation split: the last weights
+    finetune(plain, train, _recipe(2, 0.05))  # without a validation split: the last weights
     assert evaluate(plain, validation).accuracy < start
 
 
 def test_the_best_evaluation_is_kept_when_training_helps(train, validation):
     model = make_classifier("bert", layers=2, heads=4, seed=5)
-    result = finetune(model, train, epochs=3, lr=2e-3, validate=_scorer(validation), **RECIPE)
+    result = finetune(model, train, _recipe(3, 2e-3), watch=ValidationWatch(_scorer(validation)))
     best = max(result.validation, key=lambda p: p.score)
     assert result.best_step == next(p.step for p in result.validation if p.score == best.score)  # the first best
     assert best.score > result.validation[0].score
@@ -90,48 +99,54 @@ def test_the_best_evaluation_is_kept_when_training_helps(train, validation):
 
 
 def test_early_stopping_stops_after_patience_evaluations_without_gain(trained, train, validation):
-    stopped = finetune(copy.deepcopy(trained), train, epochs=4, lr=0.05, validate=_scorer(validation),
-                       early_stopping_patience=1, **RECIPE)
+    stopped = finetune(copy.deepcopy(trained), train, _recipe(4, 0.05),
+                       watch=ValidationWatch(_scorer(validation), early_stopping_patience=1))
     assert stopped.stopped_early and stopped.early_stopping_patience == 1
     assert stopped.steps == 10 and len(stopped.validation) == 2  # epoch 1 brought no gain: no epoch 2
     assert len(stopped.loss_per_epoch) == 1
-    two = finetune(copy.deepcopy(trained), train, epochs=4, lr=0.05, validate=_scorer(validation),
-                   early_stopping_patience=2, **RECIPE)
+    two = finetune(copy.deepcopy(trained), train, _recipe(4, 0.05),
+                   watch=ValidationWatch(_scorer(validation), early_stopping_patience=2))
     assert two.stopped_early and two.steps == 20 and len(two.validation) == 3
-    full = finetune(copy.deepcopy(trained), train, epochs=4, lr=0.05, validate=_scorer(validation), **RECIPE)
+    full = finetune(copy.deepcopy(trained), train, _recipe(4, 0.05), watch=ValidationWatch(_scorer(validation)))
     assert not full.stopped_early and full.steps == 40
 
 
 def test_evaluations_every_n_steps_and_after_the_last(train, validation):
     model = make_classifier("bert", layers=2, heads=4, seed=5)
-    result = finetune(model, train, epochs=2.5, lr=2e-3, validate=_scorer(validation), eval_steps=7, **RECIPE)
+    result = finetune(model, train, _recipe(2.5, 2e-3), watch=ValidationWatch(_scorer(validation), eval_steps=7))
     assert [p.step for p in result.validation] == [0, 7, 14, 21, 25]
     assert [p.epoch for p in result.validation] == pytest.approx([0, 0.7, 1.4, 2.1, 2.5])
 
 
 def test_a_paused_and_resumed_fine_tuning_ends_as_an_uninterrupted_one(train, validation):
-    kwargs = {"epochs": 3, "lr": 2e-3, "eval_steps": 4, **RECIPE}
+    recipe, watch = _recipe(3, 2e-3), ValidationWatch(_scorer(validation), eval_steps=4)
     straight = make_classifier("bert", layers=2, heads=4, seed=5)
-    expected = finetune(straight, train, validate=_scorer(validation), **kwargs)
+    expected = finetune(straight, train, recipe, watch=watch)
 
     # Two fine-tunings advanced in turn (the budget's candidates) share one process's random state.
     first, other = make_classifier("bert", layers=2, heads=4, seed=5), make_classifier("bert", layers=2, heads=4)
-    a = FineTuning(first, train, validate=_scorer(validation), **kwargs)
-    b = FineTuning(other, train, validate=_scorer(validation), **{**kwargs, "seed": 9})
+    a = FineTuning(first, train, recipe, watch=watch)
+    b = FineTuning(other, train, dataclasses.replace(recipe, seed=9), watch=watch)
     for _ in range(3):
         a.advance()
         b.advance()
         torch.rand(5)  # the caller's own draws between two pieces of work
     # ... and the rest in another FineTuning built from the saved state of the first.
     resumed_model = make_classifier("bert", layers=2, heads=4, seed=0)
-    resumed = FineTuning(resumed_model, train, validate=_scorer(validation), **kwargs)
-    resumed.load_state_dict(copy.deepcopy(a.state_dict()))
+    resumed = FineTuning(resumed_model, train, recipe, watch=watch)
+    saved = copy.deepcopy(a.state_dict())
+    resumed.load_state_dict(copy.deepcopy(saved))
     while not resumed.done:
         resumed.advance()
     got = resumed.finish()
     assert _same_weights(resumed_model, straight)
     assert got.validation == expected.validation and got.loss_per_epoch == pytest.approx(expected.loss_per_epoch)
     assert (got.steps, got.best_step) == (expected.steps, expected.best_step)
+    # The same through the hooks: the saved state given as `resume`, and a call when built and at every stop.
+    again, stops = make_classifier("bert", layers=2, heads=4, seed=0), []
+    finetune(again, train, recipe, watch=watch,
+             hooks=FineTuningHooks(resume=saved, on_stop=lambda tuning: stops.append(tuning.step)))
+    assert _same_weights(again, straight) and stops == [8, 12, 16, 20, 24, 28, 30]
 
 
 def test_balanced_class_weights_follow_scikit_learns_rule():
@@ -167,9 +182,9 @@ def test_class_balanced_recovery_trains_with_the_weights_and_records_them():
     weights = balanced_class_weights(data.labels, 3)
     weighted, plain = make_classifier("bert", layers=2, heads=4, seed=1), make_classifier("bert", layers=2, heads=4,
                                                                                          seed=1)
-    result = finetune(weighted, data, epochs=2, lr=2e-3, class_weights=weights, **RECIPE)
+    result = finetune(weighted, data, _recipe(2, 2e-3, class_weights=weights))
     assert result.class_weights == pytest.approx(weights.tolist()) and result.class_weights[2] > 5
-    finetune(plain, data, epochs=2, lr=2e-3, **RECIPE)
+    finetune(plain, data, _recipe(2, 2e-3))
     # The rare class pulls harder: the probability the model gives it, over the data, is higher.
     assert _mean_probability(weighted, data, 2) > _mean_probability(plain, data, 2) + 0.05
 
@@ -192,19 +207,19 @@ def test_an_early_stopped_fine_tuning_is_the_never_stopped_ones_prefix(train, va
         s = next(scores)
         return ValidationPoint(step=step, epoch=epoch, score=s, accuracy=s, macro_f1=s)
 
-    kwargs = {"epochs": 4, "lr": 2e-3, **RECIPE}
-    never = FineTuning(make_classifier("bert", layers=2, heads=4, seed=5), train, validate=_scorer(validation),
-                       **kwargs)
+    recipe = _recipe(4, 2e-3)
+    never = FineTuning(make_classifier("bert", layers=2, heads=4, seed=5), train, recipe,
+                       watch=ValidationWatch(_scorer(validation)))
     snapshots = {}
     while not never.done:
         never.advance()
         evaluate(never.model, validation)  # another split scored between two stops, as the study does
         snapshots[never.step] = copy.deepcopy(never.model)
     plain = make_classifier("bert", layers=2, heads=4, seed=5)
-    finetune(plain, train, **kwargs)  # no validation at all: the never-stopped run's last weights
+    finetune(plain, train, recipe)  # no validation at all: the never-stopped run's last weights
     assert _same_weights(plain, snapshots[40])
 
     stopped_model = make_classifier("bert", layers=2, heads=4, seed=5)
-    stopped = finetune(stopped_model, train, validate=scorer, early_stopping_patience=1, **kwargs)
+    stopped = finetune(stopped_model, train, recipe, watch=ValidationWatch(scorer, early_stopping_patience=1))
     assert stopped.stopped_early and stopped.steps == 20 and stopped.best_step == 10
     assert _same_weights(stopped_model, snapshots[10])  # the best weights, taken on the same path

@@ -15,7 +15,15 @@ from cahp_engine._torch import model_inputs
 from cahp_engine.data import LabelledTexts, collate, encode
 from cahp_engine.errors import InvalidInputError
 from cahp_engine.models import get_adapter, prune_heads
-from cahp_engine.recovery import compare_speed, count_parameters, evaluate, finetune, measure_latency, random_inputs
+from cahp_engine.recovery import (
+    TrainingRecipe,
+    compare_speed,
+    count_parameters,
+    evaluate,
+    finetune,
+    measure_latency,
+    random_inputs,
+)
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
 ATTENTION_NAMES = {
@@ -56,8 +64,8 @@ def test_evaluate_agrees_with_sklearn_on_one_padded_batch(split, family):
     model = make_classifier(family, seed=0)
     # An untrained model predicts one class everywhere; a short training run spreads its
     # predictions, so the metrics have something to disagree about.
-    finetune(model, _encoded(300, seed=0), epochs=3, lr=1e-3, batch_size=16, warmup_ratio=0.1,
-             weight_decay=0.01, max_grad_norm=1.0, seed=0)
+    finetune(model, _encoded(300, seed=0), TrainingRecipe(epochs=3, lr=1e-3, batch_size=16, warmup_ratio=0.1,
+                                                          weight_decay=0.01, max_grad_norm=1.0, seed=0))
     model.train()
     metrics = evaluate(model, split, batch_size=7)
     assert model.training  # the caller's mode comes back

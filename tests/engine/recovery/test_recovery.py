@@ -18,6 +18,9 @@ from cahp_engine.data import LabelledTexts
 from cahp_engine.errors import ConfigError
 from cahp_engine.recovery import (
     ClassificationMetrics,
+    Distillation,
+    TrainingRecipe,
+    ValidationWatch,
     classification_metrics,
     distillation_loss,
     finetune,
@@ -28,7 +31,8 @@ from cahp_engine.run import _steps as steps
 from tests.support.recovery import FAST, encoded_texts, write_three_class_dataset
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
 
-RECIPE = {"lr": 5e-4, "batch_size": 16, "warmup_ratio": 0.1, "weight_decay": 0.01, "max_grad_norm": 1.0, "seed": 3}
+RECIPE = TrainingRecipe(epochs=1, lr=5e-4, batch_size=16, warmup_ratio=0.1, weight_decay=0.01, max_grad_norm=1.0,
+                        seed=3)
 # --------------------------------------------------------------------------- the loss
 
 
@@ -71,11 +75,11 @@ def test_teacher_logits_take_one_pass_and_training_never_calls_the_teacher():
     student = make_classifier("bert", layers=2, heads=4, seed=4)
     plain = make_classifier("bert", layers=2, heads=4, seed=4)
     calls.clear()
-    distilled = finetune(student, data, epochs=1, teacher=teacher, alpha=0.5, temperature=4.0, **RECIPE)
+    distilled = finetune(student, data, dataclasses.replace(RECIPE, distillation=Distillation(teacher, 0.5, 4.0)))
     assert calls == []  # the teacher is an array now, not a model
     assert (distilled.loss, distilled.alpha, distilled.temperature) == ("distill", 0.5, 4.0)
     assert distilled.teacher == teacher.record
-    ce = finetune(plain, data, epochs=1, **RECIPE)
+    ce = finetune(plain, data, RECIPE)
     assert (ce.loss, ce.alpha, ce.temperature, ce.teacher) == ("ce", None, None, None)
     # Same seed, same batches: only the loss differs, and so do the weights.
     assert not torch.allclose(student.classifier.weight, plain.classifier.weight)
@@ -85,7 +89,22 @@ def test_a_teacher_for_other_rows_is_refused():
     data = encoded_texts(32)
     teacher = teacher_logits(make_classifier("bert", layers=2, heads=4), encoded_texts(16), batch_size=8)
     with pytest.raises(Exception, match="teacher's logits cover 16 rows"):
-        finetune(make_classifier("bert", layers=2, heads=4), data, epochs=1, teacher=teacher, **RECIPE)
+        finetune(make_classifier("bert", layers=2, heads=4), data,
+                 dataclasses.replace(RECIPE, distillation=Distillation(teacher)))
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda teacher: Distillation(teacher, alpha=1.5), r"`alpha` must be a number in \[0, 1\], got 1.5"),
+    (lambda teacher: Distillation(teacher, temperature=0), "`temperature` must be a number > 0, got 0"),
+    (lambda _: ValidationWatch(lambda *_: None, early_stopping_patience=-1), "`early_stopping_patience`"),
+    (lambda _: ValidationWatch(lambda *_: None, eval_steps=2.5), "`eval_steps` must be an integer"),
+    (lambda _: dataclasses.replace(RECIPE, warmup_ratio=1.5), "`warmup_ratio`"),
+    (lambda _: dataclasses.replace(RECIPE, batch_size=0), "`batch_size`"),
+])
+def test_a_fine_tunings_records_refuse_what_would_make_it_meaningless(make, message):
+    teacher = teacher_logits(make_classifier("bert", layers=2, heads=4), encoded_texts(16), batch_size=8)
+    with pytest.raises(ConfigError, match=message):
+        make(teacher)
 
 
 # --------------------------------------------------------------------------- per-class recall

@@ -96,11 +96,11 @@ def test_macro_f1_of_resampled_predictions_is_scored_as_evaluate_scores_it():
 def inputs():
     """The run's shared inputs over a dense model that has learnt the task (P = 2 points)."""
     train, validation = _encoded(160, 0), _encoded(60, 2)
-    from cahp_engine.recovery import finetune
+    from cahp_engine.recovery import TrainingRecipe, finetune
 
     dense = make_classifier("bert", layers=2, heads=4, seed=1)
-    finetune(dense, train, epochs=6, lr=2e-3, batch_size=16, warmup_ratio=0.1, weight_decay=0.01,
-             max_grad_norm=1.0, seed=0)
+    finetune(dense, train, TrainingRecipe(epochs=6, lr=2e-3, batch_size=16, warmup_ratio=0.1, weight_decay=0.01,
+                                          max_grad_norm=1.0, seed=0))
     config = PruningConfig(epochs=3, lr=5e-4, batch_size=16, seed=4, max_accuracy_drop=2.0, recovery_loss="ce")
     predictions = predict(dense, validation, batch_size=16)
     metrics = classification_metrics(validation.labels, predictions, 3)

@@ -88,6 +88,7 @@ def prune_to_target(
     runtime: Runtime = "pytorch", importance: ImportanceKind | UnitImportance = "fisher",
     choose_heads: HeadChoice | None = None, cache_dir: str | Path | None = None, repeats: int = 5, corrections: int = 2,
     clock: Callable[[], float] = time.perf_counter, reconstruction: ReconstructionOptions | None = None,
+    costs: CostModel | None = None,
 ) -> tuple[nn.Module, TargetResult]:
     """Prune a copy of ``model`` to a speed-up or FLOPs target.
 
@@ -124,6 +125,11 @@ def prune_to_target(
         When given, the kept units' output projections are refit on ``batches`` after the surgery
         (:func:`cahp_engine.recovery.reconstruct`, retraining-free), e.g. with
         ``sublayers=("attention", "ffn")`` for heads and neurons. Shapes, and so speed, do not change.
+    costs : CostModel, optional
+        For a speed target, the latency table to allocate on, already fitted for this model on ``runtime`` at
+        ``batch_size`` x ``seq_len`` (:func:`latency_costs`): nothing is timed for it and ``cache_dir`` is not
+        read. A caller cutting several targets gives each the table it chose them from, so that a table too
+        noisy to cache, timed again, does not put a target it offered out of reach.
 
     Returns
     -------
@@ -134,7 +140,8 @@ def prune_to_target(
     InvalidInputError
         On a target below 1 (speed-up) or outside (0, 1] (FLOPs), or beyond what the model reaches (a
         :class:`~cahp_engine.allocation.TargetUnreachableError` naming the best reachable), before any
-        surgery; or if ``choose_heads`` returns other counts than it was given.
+        surgery; if ``costs`` is given for a FLOPs target or is not a latency table of this runtime and serving
+        shape; or if ``choose_heads`` returns other counts than it was given.
     """
     start = clock()
     check_runtime(runtime)
@@ -144,7 +151,9 @@ def prune_to_target(
     adapter.feed_forward(adapter.layers(model)[0])  # a family whose neurons cannot be cut is refused here
     scores = importance if isinstance(importance, UnitImportance) else unit_importance(model, batches, kind=importance)
     flops = flops_costs(model, batch_size=batch_size, seq_len=seq_len)
-    if target_flops is not None:
+    if costs is not None:
+        _check_table(costs, target_flops=target_flops, batch_size=batch_size, seq_len=seq_len, runtime=runtime)
+    elif target_flops is not None:
         costs = flops
     else:
         costs = latency_costs(model, batch_size=batch_size, seq_len=seq_len, runtime=runtime, repeats=repeats,
@@ -191,6 +200,19 @@ def prune_to_target(
         costs=costs, corrections=steps, reconstruction=refit, seconds=clock() - start,
     )
     return pruned, result
+
+
+def _check_table(costs: CostModel, *, target_flops: float | None, batch_size: int, seq_len: int, runtime: str) -> None:
+    """Refuse a given ``costs`` that is not a latency table of the target's runtime and serving shape."""
+    if target_flops is not None:
+        raise InvalidInputError("`costs` is a latency table for a `target_speedup`; a `target_flops` is counted in "
+                                "FLOPs: leave `costs` out")
+    given = (costs.unit, costs.runtime, costs.batch_size, costs.seq_len)
+    if given != ("seconds", runtime, batch_size, seq_len):
+        raise InvalidInputError(
+            f"`costs` must be a latency table of {runtime} at batch {batch_size} x {seq_len} tokens (as "
+            f"`latency_costs` fits it), got one in {costs.unit} of {costs.runtime} at batch {costs.batch_size} x "
+            f"{costs.seq_len} tokens")
 
 
 @dataclass(frozen=True)

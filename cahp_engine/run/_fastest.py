@@ -6,9 +6,9 @@ but for the highest speed-up whose model stays within P points of the dense one 
 1. **The targets**: a geometric ladder of speed-ups from x1.1 in steps of 5 % up to the most the
    allocation's cost model predicts on ``target_runtime`` (:func:`target_ladder`): the ladder's resolution.
 2. **A candidate per target**: :func:`cahp_engine.allocation.prune_to_target` (the importance scored once,
-   the latency table cached) allocates heads and feed-forward neurons per layer, the run's ``strategy``
-   picks which heads within each layer's count, the cut is measured on the runtime; the copy is
-   reconstructed layer by layer and scored on the validation split, in seconds.
+   every target on the latency table the ladder was drawn from) allocates heads and feed-forward neurons
+   per layer, the run's ``strategy`` picks which heads within each layer's count, the cut is measured on
+   the runtime; the copy is reconstructed layer by layer and scored on the validation split, in seconds.
 3. **A bisection** on that score (:func:`fastest_index`): faster targets remove more, so the score is
    assumed to fall as the target rises; a target that meets the budget moves the lower end up, one that
    misses moves the upper end down, until the fastest target within P is bracketed between two neighbours
@@ -40,7 +40,6 @@ from torch import nn
 
 from cahp_engine.allocation import (
     TargetResult,
-    TargetUnreachableError,
     latency_costs,
     prune_to_target,
     reachable,
@@ -51,7 +50,7 @@ from cahp_engine.data import TrainRows
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import current_kept_heads
 from cahp_engine.recovery import TrainingResult, count_parameters
-from cahp_engine.results import BudgetCandidate, BudgetRecord, SkippedCandidate, ValidationPoint
+from cahp_engine.results import BudgetCandidate, BudgetRecord, ValidationPoint
 from cahp_engine.run._budget import SearchSummary, budget_record, failure_message
 from cahp_engine.run._candidates import SearchInputs
 from cahp_engine.run._holdout import ValidationData, ValidationScorer
@@ -68,9 +67,14 @@ FIRST_TARGET, TARGET_RATIO = 1.1, 1.05
 
 
 def target_ladder(best: float, *, first: float = FIRST_TARGET, ratio: float = TARGET_RATIO) -> list[float]:
-    """Speed-ups ``first``, ``first * ratio``, ... up to ``best`` (the reachable one, included), rounded to 0.01."""
-    out = [round(first * ratio**i, 2) for i in range(int(math.log(best / first) / math.log(ratio)) + 1)
-           if first * ratio**i <= best] if best >= first else []
+    """Speed-ups ``first``, ``first * ratio``, ... up to ``best`` (the reachable one, included), rounded to 0.01.
+
+    None is above ``best``: a step rounded up past it is left out, so every target is reachable on the table
+    that gave ``best``.
+    """
+    steps = [round(first * ratio**i, 2) for i in range(int(math.log(best / first) / math.log(ratio)) + 1)
+             ] if best >= first else []
+    out = [target for target in steps if target <= best]
     if not out or best - out[-1] > 0.01:
         out.append(math.floor(best * 100) / 100)
     return sorted(set(out))
@@ -148,7 +152,8 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
     """The fastest speed target within the budget, searched on reconstructed validation scores.
 
     ``say`` hears a line per target tried, ``scored(done, expected)`` the progress; the latency table is read
-    from ``scope.cache_dir`` or measured once and kept there.
+    from ``scope.cache_dir`` or measured once and kept there, and every target is cut on that one table (one
+    too noisy to cache is not timed again per target, where it could say a target of the ladder is out of reach).
 
     Raises
     ------
@@ -175,7 +180,6 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
         f"on {config.target_runtime} at batch {config.target_batch} x {length} tokens (x{targets[0]:g} to "
         f"x{targets[-1]:g}), judged after reconstruction; {config.budget_metric} must stay >= {inputs.threshold:.4f}")
     tried: dict[int, _TargetTried] = {}
-    unreachable: dict[int, str] = {}
     cuts: dict[int, nn.Module] = {}
 
     def pick(counts: Sequence[int]) -> Sequence[Sequence[int]]:
@@ -183,19 +187,12 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
         return heads_within(analysis, config.strategy, counts, seed=config.seed)
 
     def passes(i: int) -> bool:
-        if i in unreachable:
-            return False
         if i not in tried:
             t0 = time.perf_counter()
-            try:
-                cut, target = prune_to_target(
-                    dense, batches, target_speedup=targets[i], batch_size=config.target_batch, seq_len=length,
-                    runtime=runtime, importance=scores, choose_heads=pick if analysis is not None else None,  # type: ignore[arg-type]
-                    cache_dir=tables, repeats=repeats)
-            except TargetUnreachableError as exc:  # a latency table too noisy to cache was timed again, lower
-                unreachable[i] = f"not scored: target x{targets[i]:g} was out of reach when cut ({exc})"
-                say(f"  target x{targets[i]:g}: out of reach when cut; counted as a miss")
-                return False
+            cut, target = prune_to_target(
+                dense, batches, target_speedup=targets[i], batch_size=config.target_batch, seq_len=length,
+                runtime=runtime, importance=scores, choose_heads=pick if analysis is not None else None,  # type: ignore[arg-type]
+                repeats=repeats, costs=costs)
             cut.eval()
             judged = copy.deepcopy(cut)
             reconstruct_pruned(dense, judged, batches, config, should_cancel=inputs.should_cancel)
@@ -222,14 +219,6 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
     found = _fastest_passing(tried)
     search_s = time.perf_counter() - started
     record = _record(inputs, validation, targets, tried, search_s)
-    record = dataclasses.replace(record, skipped=tuple(
-        SkippedCandidate(strategy=config.strategy, k=0, heads_kept=0, reason=why) for why in unreachable.values()))
-    if found is None and not tried and unreachable:
-        raise AccuracyBudgetError(
-            f"no speed target could be judged: each of the {len(unreachable)} tried was out of reach once cut, its "
-            f"latency timed again lower than the table foretold (the table said x{targets[-1]:g} at most; this "
-            "machine's timings of the model are too noisy). Run it on a quieter machine, or raise `latency_repeats`",
-            budget=record)
     if found is None:
         raise AccuracyBudgetError(failure_message(record), budget=record)
     chosen = tried[found]

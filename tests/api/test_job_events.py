@@ -23,18 +23,36 @@ def settings(tmp_path: Path) -> Settings:
 
 
 def _events_while(work, client: TestClient, auth: dict[str, str], job_id: str) -> list[tuple[str, str, dict]]:
-    """The whole stream, read while ``work`` (the worker's writes) runs in a thread."""
-    writer = threading.Thread(target=work)
+    """The whole stream, read while ``work(seen)`` (the worker's writes) runs in a thread.
+
+    ``seen(kind, **fields)`` waits until the stream has sent an event ``kind`` whose data has those fields, so
+    the writer moves on once the stream has read its last write: however slowly the stream polls on a busy
+    machine, no state is overwritten before it was read (a write it never shows fails the test's assertions).
+    """
+    arrived = threading.Condition()
+    so_far: list[tuple[str, str, dict]] = []
+
+    def heard(found: list[tuple[str, str, dict]]) -> None:
+        with arrived:
+            so_far[:] = found
+            arrived.notify_all()
+
+    def seen(kind: str, **fields: object) -> None:
+        with arrived:
+            arrived.wait_for(lambda: any(k == kind and all(d.get(n) == v for n, v in fields.items())
+                                         for _, k, d in so_far), timeout=120)
+
+    writer = threading.Thread(target=work, args=(seen,))
     writer.start()
     try:
-        return _events(client, auth, job_id)
+        return _events(client, auth, job_id, heard=heard)
     finally:
         writer.join()
 
 
-def _events(client: TestClient, auth: dict[str, str], job_id: str, last_event_id: str | None = None
-            ) -> list[tuple[str, str, dict]]:
-    """Read the whole stream: ``(id, event, data)`` of each event, in order."""
+def _events(client: TestClient, auth: dict[str, str], job_id: str, last_event_id: str | None = None, *,
+            heard=lambda _found: None) -> list[tuple[str, str, dict]]:
+    """Read the whole stream: ``(id, event, data)`` of each event, in order; ``heard`` is told after each."""
     headers = {**auth, **({"Last-Event-ID": last_event_id} if last_event_id is not None else {})}
     found: list[tuple[str, str, dict]] = []
     with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as response:
@@ -45,6 +63,7 @@ def _events(client: TestClient, auth: dict[str, str], job_id: str, last_event_id
             if not line:
                 if "data" in fields:
                     found.append((fields["id"], fields["event"], json.loads(fields["data"])))
+                    heard(found)
                 fields = {}
             elif not line.startswith(":"):
                 name, _, value = line.partition(": ")
@@ -58,12 +77,13 @@ def test_the_stream_of_a_running_job_ends_with_its_terminal_status(
     job_id = submit(client, auth, settings)
     start(engine, job_id)
 
-    def work() -> None:  # the worker's writes, while the client listens
-        for stage, fraction, line in (("load", 0.0, "loading"), ("signatures", 0.5, "signatures"),
-                                      ("signatures", 0.9, "almost")):
-            time.sleep(0.2)
+    def work(seen) -> None:  # the worker's writes, while the client listens, each once the stream showed the last
+        seen("status", status="running")
+        for kind, stage, fraction, line in (("stage", "load", 0.0, "loading"),
+                                            ("stage", "signatures", 0.5, "signatures"),
+                                            ("progress", "signatures", 0.9, "almost")):
             progress(engine, job_id, stage, fraction, messages=(line,))
-        time.sleep(0.2)
+            seen(kind, stage=stage)
         finish(engine, job_id, messages=["done"])
 
     events = _events_while(work, client, auth, job_id)
@@ -109,7 +129,7 @@ def test_a_target_decided_while_the_job_runs_is_an_event_before_its_end_and_agai
                "measured_speedup": None}
     sessions = make_session_factory(engine)
 
-    def work() -> None:  # the worker's writes, while the client listens
+    def work(_seen) -> None:  # the worker's writes, while the client listens
         progress(engine, job_id, "surgery", 0.5, messages=("FLOPs target 0.5: kept 41%",))
         time.sleep(0.2)
         with transaction(sessions) as session:

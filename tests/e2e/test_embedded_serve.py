@@ -122,7 +122,7 @@ def test_the_embedded_worker_dies_with_a_killed_server_and_a_restart_leaves_one(
         server.send_signal(signal.SIGKILL)
         server.wait(10)
         # No clean-up ran in the server; the worker and its pool process go by themselves.
-        wait_for(lambda: not group_alive(server.pid), timeout=15, what="the orphaned worker to exit", log=log)
+        wait_for(lambda: not group_alive(server.pid), timeout=60, what="the orphaned worker to exit", log=log)
 
         restarted = start(["serve", "--port", url.rsplit(":", 1)[1]], served.env, tmp_path / "serve2.log")
         try:

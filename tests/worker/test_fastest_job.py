@@ -2,17 +2,48 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
+import pytest
 from fastapi.testclient import TestClient
 
-from tests.support.helpers import job_body
+from app.core.settings import Settings
+from cahp_engine.allocation import CostModel
+from cahp_engine.allocation._costs import _cache_key, _write_cache
+from cahp_engine.models import load_classifier
+from tests.support.helpers import job_body, write_tiny_model
+from worker.claims import latency_cache_dir
 from worker.runner import Outcome, WorkerContext, execute_job
+
+BATCH, SEQ_LEN = 32, 16
+
+
+def _seed_table(settings: Settings, model_dir: Path) -> CostModel:
+    """This machine's latency table for the tiny model, as a job before would have left it in the worker's cache.
+
+    A tiny model's own timings are overhead and noise (a fit too poor to cache, a different reachable speed-up
+    each time it is timed): the ladder of targets is the table's, whatever the machine's load."""
+    model = load_classifier(str(model_dir), num_labels=3).model
+    config = model.config
+    table = CostModel(unit="seconds", fixed=0.002, attention=0.001, head=0.0005, ffn=0.001, neuron=0.00002,
+                      num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
+                      num_neurons=config.intermediate_size, batch_size=BATCH, seq_len=SEQ_LEN, runtime="pytorch",
+                      points=8, fit_error=0.0321)
+    _write_cache(latency_cache_dir(settings), _cache_key(model, batch_size=BATCH, seq_len=SEQ_LEN, runtime="pytorch"),
+                 table)
+    return table
 
 
 def test_a_fastest_within_budget_job_reports_the_targets_it_tried_and_the_one_it_chose(
-    client: TestClient, auth: dict[str, str], context: WorkerContext, model_uri: str, dataset_uri: str,
+    client: TestClient, auth: dict[str, str], context: WorkerContext, settings: Settings, local_root: Path,
+    dataset_uri: str,
 ) -> None:
-    body = job_body(model_uri, dataset_uri, max_accuracy_drop=100.0, budget_objective="speed", recovery="reconstruct",
-                    target_seq_len=16, stability_shards=0, latency_repeats=1)
+    model_dir = write_tiny_model(local_root / "model")
+    table = _seed_table(settings, model_dir)
+    body = job_body(f"file://{model_dir}", dataset_uri, max_accuracy_drop=100.0, budget_objective="speed",
+                    recovery="reconstruct", target_batch=BATCH, target_seq_len=SEQ_LEN, stability_shards=0,
+                    latency_repeats=1)
     response = client.post("/v1/jobs", json=body, headers=auth)
     assert response.status_code == 202, response.text
     job_id = str(response.json()["id"])
@@ -23,9 +54,13 @@ def test_a_fastest_within_budget_job_reports_the_targets_it_tried_and_the_one_it
     manifest = {a["name"]: a for a in client.get(f"/v1/jobs/{job_id}/artifacts", headers=auth).json()["data"]}
     report = client.get(manifest["report.json"]["url"], headers=auth).json()
     budget, target = report["budget"], report["target"]
+    # The ladder runs up to what the worker's table says is reachable, and the chosen target was cut on it.
+    assert budget["targets"][-1] == math.floor(table.dense / table.floor * 100) / 100
+    assert target["fit_error"] == table.fit_error
+    assert target["reachable_speedup"] == pytest.approx(table.dense / table.floor)
     assert budget["objective"] == "speed" and budget["chosen_target"] == target["target"]
     tried = [c["target_speedup"] for c in budget["candidates"]]
-    assert budget["chosen_target"] == max(tried) and set(tried) <= set(budget["targets"])
+    assert budget["chosen_target"] == max(tried) and set(tried) <= set(budget["targets"]) and not budget["skipped"]
     assert all(c["reconstructed"] is not None and c["measured_speedup"] is not None for c in budget["candidates"])
     assert job["result"]["heads_kept"] == sum(target["heads_per_layer"])
     logs = "\n".join(line["message"] for line in client.get(f"/v1/jobs/{job_id}/logs", headers=auth).json()["data"])

@@ -388,3 +388,15 @@ def test_the_serving_length_can_be_the_calibration_rows_95th_percentile() -> Non
     assert result.costs.seq_len == int(np.ceil(np.percentile(lengths.numpy(), 95)))
     with pytest.raises(InvalidInputError, match="needs calibration batches with an `attention_mask`"):
         serving_length([{"input_ids": masks}])
+
+
+def test_a_given_latency_table_is_the_one_allocated_on_and_one_of_another_shape_is_refused(tmp_path: Path) -> None:
+    model, table = _model(), _costs()
+    _, result = prune_to_target(model, _batches(), target_speedup=1.5, batch_size=8, seq_len=16, costs=table,
+                                cache_dir=tmp_path, repeats=1)
+    assert result.costs == table and result.reachable_speedup == pytest.approx(table.dense / table.floor)
+    assert list(tmp_path.iterdir()) == []  # nothing fitted, nothing cached
+    with pytest.raises(InvalidInputError, match="`costs` must be a latency table of pytorch at batch 4 x 16 tokens"):
+        prune_to_target(model, _batches(), target_speedup=1.5, batch_size=4, seq_len=16, costs=table)
+    with pytest.raises(InvalidInputError, match="leave `costs` out"):
+        prune_to_target(model, _batches(), target_flops=0.5, batch_size=8, seq_len=16, costs=table)

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from cahp_engine.errors import JobCancelledError
+from cahp_engine.errors import ConfigError, JobCancelledError
 
 #: ``progress(stage, fraction)``: ``fraction`` in [0, 1] of that stage.
 ProgressFn = Callable[[str, float], None]
@@ -279,7 +279,7 @@ class ThroughputEta:
         The calibrated seconds of each stage (:func:`stage_costs`).
     window_s : float
         How much of the current stage's recent past its rate is measured over.
-    memory_s : float
+    memory_s : float > 0
         How fast the run's measured seconds fade from its speed (``math.inf``: all weigh the same).
     """
 
@@ -290,6 +290,8 @@ class ThroughputEta:
 
     def __init__(self, spans: dict[str, tuple[float, float]], costs: dict[str, float], *,
                  window_s: float = 60.0, memory_s: float = 240.0) -> None:
+        if not memory_s > 0:  # also NaN
+            raise ConfigError(f"`memory_s` must be a number of seconds > 0 (math.inf: no fading), got {memory_s!r}")
         self._spans = spans
         self._costs = costs
         self._window = window_s

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from cahp_engine.config import PruningConfig
+from cahp_engine.errors import ConfigError
 from cahp_engine.progress import ThroughputEta, skipped_stages, stage_costs, stage_spans
 
 SPANS = {"load": (0.0, 0.1), "dense_finetune": (0.1, 0.5), "selection": (0.5, 0.6), "recovery": (0.6, 1.0)}
@@ -176,3 +177,10 @@ def test_an_export_that_reports_its_steps_is_foretold_from_its_own_rate_as_a_rep
     silent.update(now, "export", 0.6)
     assert silent.update(now + 240, "export", 0.6) == pytest.approx(ThroughputEta.OVERRUN_SHARE * 240
                                                                       + (200.0 + 240.0) / (100.0 + 40.0) * 10)
+
+
+@pytest.mark.parametrize("memory", [0.0, -60.0, math.nan])
+def test_a_memory_that_is_not_a_positive_number_of_seconds_is_refused_saying_so(memory: float) -> None:
+    # 0 would divide by zero at the first measured second, a negative one make old seconds weigh more.
+    with pytest.raises(ConfigError, match=r"`memory_s` must be a number of seconds > 0 \(math.inf: no fading\)"):
+        ThroughputEta(SPANS, COSTS, memory_s=memory)

@@ -268,7 +268,8 @@ class ThroughputEta:
     the run's speed is at least its seconds over its calibrated cost, which the stages after it take, and
     the stage itself is given :attr:`OVERRUN_SHARE` of its silent time again rather than a figure that
     runs out. A stage the spans do not place (a validation pass) counts the last estimate down rather than
-    freezing it. No estimate while a loading that has not ended is all the run has heard.
+    freezing it. No estimate until the run has moved (a loading that has reported no progress yet gives
+    none); from its first move, the calibration's speed until a stage after loading is measured.
 
     Parameters
     ----------

@@ -186,7 +186,8 @@ def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDa
     reconstruction: dict[str, Any] | None = None
     if reconstructed:
         start = time.perf_counter()
-        rows = draw_subset(len(train), PruningConfig().reconstruction_rows, seed=seed, labels=train.labels)
+        count = min(PruningConfig().reconstruction_rows, len(train))
+        rows = draw_subset(len(train), count, seed=seed, labels=train.labels)
         order = rows[np.argsort(train.lengths[rows], kind="stable")]
         batches = [collate(train, order[i:i + 32]) for i in range(0, len(order), 32)]
         refit = reconstruct(dense, pruned, batches, ReconstructionOptions(), seed=seed)

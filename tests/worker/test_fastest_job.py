@@ -9,30 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.settings import Settings
-from cahp_engine.allocation import CostModel
-from cahp_engine.allocation._costs import _cache_key, _write_cache
-from cahp_engine.models import load_classifier
 from tests.support.helpers import job_body, write_tiny_model
-from worker.claims import latency_cache_dir
+from tests.support.latency import seed_latency_table
 from worker.runner import Outcome, WorkerContext, execute_job
 
 BATCH, SEQ_LEN = 32, 16
-
-
-def _seed_table(settings: Settings, model_dir: Path) -> CostModel:
-    """This machine's latency table for the tiny model, as a job before would have left it in the worker's cache.
-
-    A tiny model's own timings are overhead and noise (a fit too poor to cache, a different reachable speed-up
-    each time it is timed): the ladder of targets is the table's, whatever the machine's load."""
-    model = load_classifier(str(model_dir), num_labels=3).model
-    config = model.config
-    table = CostModel(unit="seconds", fixed=0.002, attention=0.001, head=0.0005, ffn=0.001, neuron=0.00002,
-                      num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
-                      num_neurons=config.intermediate_size, batch_size=BATCH, seq_len=SEQ_LEN, runtime="pytorch",
-                      points=8, fit_error=0.0321)
-    _write_cache(latency_cache_dir(settings), _cache_key(model, batch_size=BATCH, seq_len=SEQ_LEN, runtime="pytorch"),
-                 table)
-    return table
 
 
 def test_a_fastest_within_budget_job_reports_the_targets_it_tried_and_the_one_it_chose(
@@ -40,7 +21,7 @@ def test_a_fastest_within_budget_job_reports_the_targets_it_tried_and_the_one_it
     dataset_uri: str,
 ) -> None:
     model_dir = write_tiny_model(local_root / "model")
-    table = _seed_table(settings, model_dir)
+    table = seed_latency_table(settings, model_dir, batch_size=BATCH, seq_len=SEQ_LEN)
     body = job_body(f"file://{model_dir}", dataset_uri, max_accuracy_drop=100.0, budget_objective="speed",
                     recovery="reconstruct", target_batch=BATCH, target_seq_len=SEQ_LEN, stability_shards=0,
                     latency_repeats=1)

@@ -12,10 +12,8 @@ from fastapi.testclient import TestClient
 
 from app.api.background import dispatch_once
 from app.core.settings import Settings
-from cahp_engine.allocation import CostModel
-from cahp_engine.allocation._costs import _cache_key, _write_cache
-from cahp_engine.models import load_classifier
 from tests.support.helpers import job_body, service_settings, write_tiny_model
+from tests.support.latency import seed_latency_table
 from tests.support.receiver import Receiver
 from worker.claims import latency_cache_dir
 from worker.runner import Outcome, WorkerContext, execute_job
@@ -35,26 +33,12 @@ def receiver() -> Iterator[Receiver]:
     found.stop()
 
 
-def _seed_table(settings: Settings, model_dir: Path) -> CostModel:
-    """A latency table of this machine for the tiny model, as a job before would have left it in the worker's
-    cache: figures no timing of the tiny model gives, so the report shows whether the job read it."""
-    model = load_classifier(str(model_dir), num_labels=3).model
-    config = model.config
-    table = CostModel(unit="seconds", fixed=0.002, attention=0.001, head=0.0005, ffn=0.001, neuron=0.00002,
-                      num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
-                      num_neurons=config.intermediate_size, batch_size=BATCH, seq_len=SEQ_LEN, runtime="pytorch",
-                      points=8, fit_error=0.0321)
-    _write_cache(latency_cache_dir(settings), _cache_key(model, batch_size=BATCH, seq_len=SEQ_LEN, runtime="pytorch"),
-                 table)
-    return table
-
-
 def test_a_speed_target_job_reads_the_workers_table_and_its_event_carries_the_target(
     client: TestClient, auth: dict[str, str], context: WorkerContext, settings: Settings, local_root: Path,
     dataset_uri: str, receiver: Receiver,
 ) -> None:
     model_dir = write_tiny_model(local_root / "model")
-    table = _seed_table(settings, model_dir)
+    table = seed_latency_table(settings, model_dir, batch_size=BATCH, seq_len=SEQ_LEN)
     assert latency_cache_dir(settings).is_relative_to(settings.data_dir)  # on the data volume, not the container's home
     assert client.post("/v1/webhooks", json={"url": receiver.url, "events": ["job.succeeded"]},
                        headers=auth).status_code == 201

@@ -55,23 +55,22 @@ import torch
 from torch import nn
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.data import DatasetOptions, EncodedDataset, collate, draw_subset, encode, load_splits
+from cahp_engine.data import DatasetOptions, EncodedDataset, encode, load_splits
 from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, save_pruned
 from cahp_engine.recovery import (
     BestWeights,
     Distillation,
     FineTuning,
-    ReconstructionOptions,
     TrainingRecipe,
     ValidationWatch,
     evaluate,
     finetune,
-    reconstruct,
 )
 from cahp_engine.results import ValidationPoint
 from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._holdout import ValidationScorer
+from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from studies import common, quality
 
 PARTS = ("early-stopping", "reconstructed-start", "budget", "imbalanced")
@@ -177,7 +176,7 @@ def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDa
     never stopped; the test split scored at every evaluation too (outside the timed span, and never
     seen by the recovery). Each stop's training and validation seconds are recorded apart. With
     ``reconstructed``, the pruned model is first reconstructed as a ``reconstruct+finetune`` run does
-    (the engine's default options, the seed's calibration rows), and its seconds recorded."""
+    (the run's own calibration rows and options for the seed), and its seconds recorded."""
     pruned = copy.deepcopy(dense)
     kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
     for layer, head in heads:
@@ -186,13 +185,10 @@ def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDa
     reconstruction: dict[str, Any] | None = None
     if reconstructed:
         start = time.perf_counter()
-        count = min(PruningConfig().reconstruction_rows, len(train))
-        rows = draw_subset(len(train), count, seed=seed, labels=train.labels)
-        order = rows[np.argsort(train.lengths[rows], kind="stable")]
-        batches = [collate(train, order[i:i + 32]) for i in range(0, len(order), 32)]
-        refit = reconstruct(dense, pruned, batches, ReconstructionOptions(), seed=seed)
-        reconstruction = {"seconds": time.perf_counter() - start, "sentences": len(rows), "tokens": refit.rows,
-                          "summary": refit.describe()}
+        config = PruningConfig(seed=seed, device=setup.device.type)
+        refit = reconstruct_pruned(dense, pruned, calibration_batches(train, config, setup.device), config)
+        reconstruction = {"seconds": time.perf_counter() - start, "tokens": refit.rows, "summary": refit.describe(),
+                          "sentences": min(config.reconstruction_rows, len(train))}
     scorer = _TimedScorer(ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device),
                                            32, setup.device))
     recipe = TrainingRecipe(epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,

@@ -110,11 +110,12 @@ def check_target(costs: CostModel, *, target_speedup: float | None = None, targe
     """
     validate_target(target_speedup=target_speedup, target_flops=target_flops)
     best = reachable(costs)
-    where = f"{costs.runtime} at batch {costs.batch_size} x {costs.seq_len} tokens"
+    where = (f"at batch {costs.batch_size} x {costs.seq_len} tokens in FLOPs" if costs.runtime == "analytic"
+             else f"on {costs.runtime} at batch {costs.batch_size} x {costs.seq_len} tokens")
     if target_speedup is not None:
         if target_speedup > best:
             raise TargetUnreachableError(
-                f"`target_speedup` {target_speedup:g} is beyond what this model reaches on {where}: at most "
+                f"`target_speedup` {target_speedup:g} is beyond what this model reaches {where}: at most "
                 f"x{best:.2f}, keeping one head and one neuron per layer; ask for at most "
                 f"{math.floor(best * 100) / 100:g}",
                 best=best,

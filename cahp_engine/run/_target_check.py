@@ -3,6 +3,8 @@ right after the model loads, before any training (the target stage itself is in 
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from cahp_engine.allocation import TargetUnreachableError, check_target, flops_costs
@@ -24,9 +26,16 @@ def check_target_reachable(model: nn.Module, config: PruningConfig) -> None:
     """
     if not has_target(config):
         return
-    seq_len = config.target_seq_len if isinstance(config.target_seq_len, int) else 1
-    costs = flops_costs(model, batch_size=config.target_batch, seq_len=seq_len)
+    p95 = not isinstance(config.target_seq_len, int)
+    costs = flops_costs(model, batch_size=config.target_batch, seq_len=1 if p95 else int(config.target_seq_len))
     try:
         check_target(costs, target_speedup=config.target_speedup, target_flops=config.target_flops)
     except TargetUnreachableError as exc:
-        raise TargetUnreachableError(f"{exc} (counted in FLOPs before any work)", best=exc.best) from None
+        if not p95 or config.target_speedup is None:
+            raise TargetUnreachableError(f"{exc} (counted in FLOPs before any work)", best=exc.best) from None
+        # The serving length is not known yet: name the bound as what it is, not a 1-token shape.
+        raise TargetUnreachableError(
+            f"`target_speedup` {config.target_speedup:g} is beyond what this model reaches at batch "
+            f"{config.target_batch} and any serving length: at most x{exc.best:.2f} in FLOPs, keeping one head "
+            f"and one neuron per layer; ask for at most {math.floor(exc.best * 100) / 100:g} (counted in FLOPs "
+            "before any work; the p95 length is read from the data later)", best=exc.best) from None

@@ -102,6 +102,19 @@ def test_a_target_beyond_what_the_flops_allow_is_refused_before_any_work(tmp_pat
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_an_unreachable_target_at_the_p95_length_names_the_bound_at_any_length(tmp_path: Path) -> None:
+    model_dir, data_dir = _inputs(tmp_path, "bert")
+    with pytest.raises(TargetUnreachableError) as err:
+        run_pruning(RunRequest(str(model_dir), str(data_dir), tmp_path / "out",
+                               PruningConfig(**{**FAST, "target_speedup": 900.0, "target_seq_len": "p95"})),
+                    RunHooks(log=lambda _line: None))
+    message = str(err.value)
+    assert "beyond what this model reaches at batch 32 and any serving length" in message, message
+    assert f"at most x{err.value.best:.2f} in FLOPs" in message and "ask for at most" in message
+    assert "x 1 tokens" not in message and "analytic" not in message
+    assert "the p95 length is read from the data later" in message
+
+
 @pytest.mark.parametrize(("changes", "message"), [
     ({"target_speedup": 0.5}, "`target_speedup` must be a number in [1.0, 1000.0], got 0.5"),
     ({"target_flops": 0.0}, "`target_flops` must be a number in (0.0, 1.0], got 0.0"),

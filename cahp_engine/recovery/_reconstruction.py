@@ -35,6 +35,7 @@ pre-LayerNorm families).
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ def reconstruct(
     head_dim = adapter.head_dim(pruned.config)
     plan = [(i, name) for i in range(len(adapter.layers(pruned))) for name in options.sublayers]
     refit = _Refit(dense, pruned, adapter, plan, batches, keep, options)
-    _check_rows(refit, rows, head_dim)
+    _check_rows(refit, rows, head_dim, texts=int(sum(int(k.any(dim=1).sum()) for k in keep)))
     fits: list[LayerFit] = []
     notes: list[str] = []
     dense_training, pruned_training = dense.training, pruned.training
@@ -243,8 +244,9 @@ class _Refit:
     options: ReconstructionOptions
 
 
-def _check_rows(refit: _Refit, rows: int, head_dim: int) -> None:
-    """Refuse calibration rows fewer than the largest system's unknowns, naming that system."""
+def _check_rows(refit: _Refit, rows: int, head_dim: int, *, texts: int) -> None:
+    """Refuse calibration rows (tokens) fewer than the largest system's unknowns, naming that system and,
+    at the mean length of the ``texts`` given, how many texts would be enough."""
     adapter, pruned, plan, options = refit.adapter, refit.pruned, refit.plan, refit.options
     needs = []
     for index, name in plan:
@@ -257,7 +259,10 @@ def _check_rows(refit: _Refit, rows: int, head_dim: int) -> None:
     if rows < needed:
         raise InvalidInputError(
             f"layer-wise reconstruction needs at least {needed} calibration tokens (layer {index}'s {name} refit "
-            f"has {needed} unknowns per output), got {rows}; give more calibration rows"
+            f"has {needed} unknowns per output), got {rows}"
+            + (f" from {texts} text(s); at their mean length of {rows / texts:.0f} tokens that takes at least "
+               f"{math.ceil(needed * texts / rows)} texts" if rows and texts else "")
+            + "; give more calibration texts (a run's `reconstruction_rows`)"
             + (f" or raise `max_rows` above {options.max_rows}" if options.max_rows is not None else ""))
 
 

@@ -127,8 +127,13 @@ def test_too_few_calibration_rows_names_the_rows_needed() -> None:
     # Layer 2 keeps 3 heads of 8 dimensions: 24 weights and a bias per output.
     batches = [collate(_rows(4, 2), np.arange(2))]
     kept = {k: v.clone() for k, v in pruned.state_dict().items()}
-    with pytest.raises(InvalidInputError, match=r"needs at least 25 calibration tokens \(layer 2's attention refit"):
+    needs = r"needs at least 25 calibration tokens \(layer 2's attention refit"
+    with pytest.raises(InvalidInputError, match=needs) as err:
         reconstruct(dense, pruned, batches)
+    tokens = int(batches[0]["attention_mask"].sum())
+    texts_needed = -(-25 * 2 // tokens)  # two texts gave `tokens`: at that mean length, ceil(25 / (tokens / 2))
+    assert f"got {tokens} from 2 text(s)" in str(err.value), str(err.value)
+    assert f"takes at least {texts_needed} texts" in str(err.value) and "`reconstruction_rows`" in str(err.value)
     assert all(torch.equal(kept[k], v) for k, v in pruned.state_dict().items())  # nothing was changed
 
 

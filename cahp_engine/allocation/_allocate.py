@@ -97,8 +97,13 @@ def _number_at_least(value: object, low: float) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value >= low
 
 
-def check_target(costs: CostModel, *, target_speedup: float | None = None, target_flops: float | None = None) -> float:
+def check_target(costs: CostModel, *, target_speedup: float | None = None, target_flops: float | None = None,
+                 where: str | None = None) -> float:
     """Validate a target against ``costs`` and return the cost budget it sets.
+
+    ``where`` names the shape the costs stand for in a refusal (by default ``costs``' batch and length,
+    and its runtime, or "in FLOPs"): a caller whose shape is a stand-in (a serving length still unknown)
+    says what the bound means.
 
     Raises
     ------
@@ -110,8 +115,9 @@ def check_target(costs: CostModel, *, target_speedup: float | None = None, targe
     """
     validate_target(target_speedup=target_speedup, target_flops=target_flops)
     best = reachable(costs)
-    where = (f"at batch {costs.batch_size} x {costs.seq_len} tokens in FLOPs" if costs.runtime == "analytic"
-             else f"on {costs.runtime} at batch {costs.batch_size} x {costs.seq_len} tokens")
+    if where is None:
+        where = (f"at batch {costs.batch_size} x {costs.seq_len} tokens in FLOPs" if costs.runtime == "analytic"
+                 else f"on {costs.runtime} at batch {costs.batch_size} x {costs.seq_len} tokens")
     if target_speedup is not None:
         if target_speedup > best:
             raise TargetUnreachableError(

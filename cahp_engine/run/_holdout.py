@@ -6,12 +6,14 @@ dataset's own when it has one that is neither the training nor the evaluation sp
 stratified 10 % carved from the training split, which is then left out of selection and of every
 fine-tuning (:func:`validation_data`). :class:`ValidationScorer` scores a model on it in the run's
 metric, marks the classes it lost against the dense model, and keeps each evaluation's predictions
-for the drop's bootstrap (:func:`~cahp_engine.recovery.drop_interval`).
+for the drop's bootstrap (:func:`~cahp_engine.recovery.drop_interval`). :func:`seen_in_training` says
+when carved rows are rows a model fine-tuned before the run has most likely learnt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +27,7 @@ from cahp_engine.results import ValidationPoint
 from cahp_engine.run._request import RunRequest
 
 __all__ = ["CARVE_FRACTION", "VALIDATION_SPLITS", "ValidationData", "ValidationScorer", "carve", "score_of",
-           "validation_data"]
+           "seen_in_training", "validation_data"]
 
 #: Split names taken as a validation split, in this order, when the dataset has one.
 VALIDATION_SPLITS: tuple[str, ...] = ("validation", "dev", "valid", "val", "validation_matched")
@@ -33,6 +35,9 @@ VALIDATION_SPLITS: tuple[str, ...] = ("validation", "dev", "valid", "val", "vali
 CARVE_FRACTION = 0.1
 #: Rows a class needs in the training split to be carved: one to validate on, one to train on.
 MIN_ROWS_TO_CARVE = 2
+#: A dense model scoring at least this many points higher on carved rows than on the evaluation split, and
+#: this many standard errors of the difference, has most likely been fine-tuned on those rows.
+SEEN_GAP_POINTS, SEEN_GAP_ERRORS = 5.0, 3.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,29 @@ def validation_data(splits: DatasetSplits, request: RunRequest, *, seed: int) ->
             return ValidationData(train=splits.train, validation=read.eval, split=name, carved=False)
     rest, held = carve(splits.train, seed)
     return ValidationData(train=rest, validation=held, split=options.train_split, carved=True)
+
+
+def seen_in_training(validation: ClassificationMetrics, evaluation: ClassificationMetrics, metric: str) -> str | None:
+    """A warning when rows carved from the training split are likely rows the dense model was fine-tuned on.
+
+    A model brought already fine-tuned (the run did not fine-tune it) has usually seen every training row,
+    the carved ones too: it then scores far higher on them than on the evaluation split, and early stopping
+    and the accuracy budget measure each pruned model's drop against rows the dense model learnt by heart
+    (a drop serving will not see). Said when the dense model's ``metric`` on ``validation`` is at least
+    :data:`SEEN_GAP_POINTS` points and :data:`SEEN_GAP_ERRORS` standard errors (of a difference of two
+    proportions) above its ``evaluation`` score; None otherwise.
+    """
+    here, there = score_of(validation, metric), score_of(evaluation, metric)
+    gap = here - there
+    error = math.sqrt(here * (1 - here) / max(validation.n, 1) + there * (1 - there) / max(evaluation.n, 1))
+    if 100 * gap < SEEN_GAP_POINTS or gap < SEEN_GAP_ERRORS * error:
+        return None
+    name = "macro-F1" if metric == "macro_f1" else "accuracy"
+    return (f"the validation rows were carved from the training split and the dense model scores {100 * here:.1f} % "
+            f"{name} on them against {100 * there:.1f} % on the evaluation split ({100 * gap:.1f} points higher): it has "
+            "likely been fine-tuned on them, so early stopping and the accuracy budget judge the pruned models against "
+            "rows the dense model learnt by heart, and the drop they measure is not the one serving will see; give "
+            "the dataset a `validation` split the dense model never trained on")
 
 
 def score_of(metrics: ClassificationMetrics, metric: str) -> float:

@@ -38,6 +38,7 @@ from cahp_engine.run._deploy import (
     write_cards,
 )
 from cahp_engine.run._fastest import FastestOutcome, FastestScope, fastest_search, with_recovery
+from cahp_engine.run._holdout import seen_in_training
 from cahp_engine.run._hooks import RunHooks
 from cahp_engine.run._live import LiveLog
 from cahp_engine.run._reconstruct import reconstructs
@@ -163,6 +164,11 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
     warnings.extend(result.warnings)
     teacher = steps.teacher(run, model=model, train=inputs.train)
     held = _dense_on_validation(run, inputs, model)
+    if held is not None and held[0].carved and not dense.ran:
+        seen = seen_in_training(held[0].dense, dense_metrics, config.budget_metric)
+        if seen is not None:
+            warnings.append(seen)
+            run.say(f"warning: {seen}")
     fastest = config.max_accuracy_drop is not None and config.budget_objective == "speed"
     # What every candidate of an accuracy budget's search shares; steps.load carves or finds a validation split
     # whenever a budget is set.

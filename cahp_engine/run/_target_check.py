@@ -3,8 +3,6 @@ right after the model loads, before any training (the target stage itself is in 
 
 from __future__ import annotations
 
-import math
-
 from torch import nn
 
 from cahp_engine.allocation import TargetUnreachableError, check_target, flops_costs
@@ -28,14 +26,10 @@ def check_target_reachable(model: nn.Module, config: PruningConfig) -> None:
         return
     p95 = not isinstance(config.target_seq_len, int)
     costs = flops_costs(model, batch_size=config.target_batch, seq_len=1 if p95 else int(config.target_seq_len))
+    # The serving length is not known yet at ``p95``: the bound is named as what it is, not a 1-token shape.
+    where = f"at batch {config.target_batch} and any serving length in FLOPs" if p95 else None
     try:
-        check_target(costs, target_speedup=config.target_speedup, target_flops=config.target_flops)
+        check_target(costs, target_speedup=config.target_speedup, target_flops=config.target_flops, where=where)
     except TargetUnreachableError as exc:
-        if not p95 or config.target_speedup is None:
-            raise TargetUnreachableError(f"{exc} (counted in FLOPs before any work)", best=exc.best) from None
-        # The serving length is not known yet: name the bound as what it is, not a 1-token shape.
-        raise TargetUnreachableError(
-            f"`target_speedup` {config.target_speedup:g} is beyond what this model reaches at batch "
-            f"{config.target_batch} and any serving length: at most x{exc.best:.2f} in FLOPs, keeping one head "
-            f"and one neuron per layer; ask for at most {math.floor(exc.best * 100) / 100:g} (counted in FLOPs "
-            "before any work; the p95 length is read from the data later)", best=exc.best) from None
+        later = "; the p95 length is read from the data later" if p95 and config.target_speedup is not None else ""
+        raise TargetUnreachableError(f"{exc} (counted in FLOPs before any work{later})", best=exc.best) from None

@@ -16,6 +16,7 @@ writes them (each pairing is tested against that function's output).
 ``no_knee``            Kneedle found no knee; the chord's farthest point was used
 ``no_stability``       too few samples per class to measure the selection's stability
 ``budget_noise``       the validation split cannot tell the accuracy budget from noise
+``validation_seen``    the validation rows carved from the training split are likely rows the dense model learnt
 ``other``              any other warning
 =====================  ===========================================================================
 """
@@ -29,7 +30,7 @@ from cahp_engine.run._quality import QualityFlag
 #: Every code a warning can have, in the order of the table above.
 WARNING_CODES = ("class_lost", "near_chance", "accuracy_drop", "macro_f1_drop", "int8_accuracy_drop",
                  "recall_drop", "untrained_head", "no_knee", "no_stability", "budget_noise",
-                 "other")
+                 "validation_seen", "other")
 
 #: (code, words the message holds), tried in order, for warnings that are not quality flags.
 _WORDED = (
@@ -39,6 +40,7 @@ _WORDED = (
     ("no_knee", "Kneedle found no knee"),
     ("no_stability", "no stability measure"),
     ("budget_noise", "cannot tell a "),
+    ("validation_seen", "likely been fine-tuned on them"),
 )
 
 

@@ -177,3 +177,48 @@ def test_the_rule_takes_the_leader_unless_one_within_noise_agrees_clearly_better
                "agreement": {t: {str(d): {"cahp": 0.5, "salience": 0.5} for d in (6, 2)} for t in ("sst5", "mnli")}}
     v = benchmarks_report.verdict(payload, ["sst5", "mnli"], ("cahp", "salience"), (42, 43, 44), (6, 2))
     assert v["partial"] and not v["change_default"]
+
+
+def test_a_reconstructed_start_is_kept_apart_scored_every_epoch_and_read_beside_the_pruned_start(setup, monkeypatch):
+    one = benchmarks.Setup(**{**setup.__dict__, "tasks": setup.tasks[1:], "seeds": (1,), "degrees": (6,),
+                              "strategies": ("cahp",), "recovery_epochs": 2.0})
+    pruned_start = benchmarks.run(one, compute=True, say=lambda _line: None)
+    theirs = json.loads(benchmarks.cell_path(one, "mnli", 1, 6, "cahp").read_text())
+    assert pruned_start["reconstructed_start"] == []
+
+    other = benchmarks.Setup(**{**one.__dict__, "start": "reconstructed"})
+    assert ("agreement", "mnli") not in benchmarks.plan(other)  # the agreement is the pruned start's business
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the selection was made again")
+
+    monkeypatch.setattr(benchmarks, "analyze_heads", refuse)
+    said: list[str] = []
+    payload = benchmarks.run(other, compute=True, say=said.append)
+    path = benchmarks.cell_path(other, "mnli", 1, 6, "cahp")
+    assert path.name == "seed1-degree6-cahp-reconstructed.json"
+    mine = json.loads(path.read_text())
+    # The pruned start's cell is untouched and the rule's cells are only the pruned start's.
+    assert json.loads(benchmarks.cell_path(one, "mnli", 1, 6, "cahp").read_text()) == theirs
+    assert payload["cells"] == pruned_start["cells"]
+    assert mine["start"] == "reconstructed" and mine["before"] == theirs["before"]  # the same heads cut
+    assert [e["epoch"] for e in mine["by_epoch"]] == [0.0, 1.0, 2.0] and mine["after"] == mine["by_epoch"][-1]["test"]
+    assert mine["reconstruction"]["seconds"] > 0 and mine["reconstruction"]["tokens"] > 0
+    assert mine["recovery"]["steps"] == theirs["recovery"]["steps"]
+
+    # Epoch 0 is the model a `reconstruct+finetune` run would start from: the engine's refit with the seed.
+    dense, train, test, _ = benchmarks.Loaded(other, other.tasks[0], lambda _line: None).get()
+    again = benchmarks._pruned(dense, json.loads((one.record / "mnli" / "selection-seed1.json").read_text())
+                               ["degrees"]["6"]["kept"]["cahp"])
+    config = benchmarks.PruningConfig(seed=1)
+    benchmarks.reconstruct_pruned(dense, again, benchmarks.calibration_batches(train, config), config)
+    assert benchmarks._scores(again, test, other.device) == mine["by_epoch"][0]["test"] == mine["reconstructed"]
+
+    row, = payload["reconstructed_start"]
+    assert row["from_pruned"] == theirs["after"]["accuracy"] and row["by_epoch"][-1][1] == mine["after"]["accuracy"]
+    assert any("reconstructed" in line for line in said)
+    text = benchmarks_report.markdown({**payload, "date": "today", "command": "python -m studies benchmarks"})
+    assert "## Recovery from the reconstructed model" in text and "| mnli | 1 | 6 | cahp |" in text
+    # A rerun computes nothing more.
+    monkeypatch.setattr(benchmarks, "FineTuning", refuse)
+    assert benchmarks.run(other, compute=True, say=lambda _line: None)["reconstructed_start"] == [row]

@@ -18,12 +18,21 @@ import torch
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import LabelledTexts, encode
 from cahp_engine.errors import AccuracyBudgetError, DatasetError
-from cahp_engine.recovery import classification_metrics, drop_interval, evaluate, metric_of_predictions, predict
+from cahp_engine.recovery import (
+    ClassificationMetrics,
+    TrainingRecipe,
+    classification_metrics,
+    drop_interval,
+    evaluate,
+    finetune,
+    metric_of_predictions,
+    predict,
+)
 from cahp_engine.results import BudgetRecord
 from cahp_engine.run import CandidateSpec, RunReport, RunRequest, SearchInputs, carve, recover_candidate, run_pruning
 from cahp_engine.run import _steps as steps
 from cahp_engine.run._budget import budget_warnings
-from cahp_engine.run._holdout import ValidationScorer
+from cahp_engine.run._holdout import ValidationScorer, seen_in_training
 from tests.support.fragile import write_fragile_model
 from tests.support.helpers import write_split
 from tests.support.tiny_models import make_classifier, make_texts, make_tokenizer
@@ -249,6 +258,59 @@ def test_a_knee_run_with_early_stopping_keeps_its_best_on_a_carved_split(tmp_pat
     text = format_summary(report, tmp_path / "out")
     assert "validation accuracy (15 rows carved from 'train'; dense" in text and "by epoch: 0: " in text
     assert "kept the weights of epoch 0 (*); stopped early: 1 evaluation(s) without gain" in text
+
+
+def _scores(accuracy: float, n: int, macro_f1: float | None = None) -> ClassificationMetrics:
+    return ClassificationMetrics(accuracy=accuracy, macro_f1=accuracy if macro_f1 is None else macro_f1, n=n)
+
+
+def test_carved_rows_far_above_the_evaluation_split_are_called_rows_the_dense_model_learnt():
+    said = seen_in_training(_scores(0.90, 200), _scores(0.70, 1000), "accuracy")
+    assert said is not None and "scores 90.0 % accuracy on them against 70.0 % on the evaluation split (20.0 points " \
+                                "higher)" in said and "give the dataset a `validation` split" in said
+    assert seen_in_training(_scores(0.74, 2000), _scores(0.70, 2000), "accuracy") is None  # under 5 points
+    # 10 points on 20 carved rows is inside three standard errors (about 27 points): nothing said.
+    assert seen_in_training(_scores(0.80, 20), _scores(0.70, 1000), "accuracy") is None
+    assert seen_in_training(_scores(0.70, 500), _scores(0.90, 500), "accuracy") is None  # lower is no sign of it
+    said = seen_in_training(_scores(0.5, 500, macro_f1=0.88), _scores(0.5, 500, macro_f1=0.60), "macro_f1")
+    assert said is not None and "88.0 % macro-F1" in said
+
+
+def test_a_model_fine_tuned_on_the_rows_the_run_carves_is_warned_about(tmp_path, model_dir):
+    # The evaluation split moves every label one class on, so a model that learnt the training split scores
+    # far higher on rows carved from it than on the evaluation split, whether it saw them or not.
+    data = tmp_path / "data"
+    write_split(data / "train.csv", 300, seed=0)
+    texts, labels = make_texts(90, seed=1)
+    (data / "test.csv").write_text("text,label\n" + "".join(f"{t},{(y + 1) % 3}\n" for t, y in zip(texts, labels,
+                                                                                                     strict=True)))
+    tuned = tmp_path / "tuned"
+    model = make_classifier("bert", layers=3, heads=4, num_labels=3, seed=2)
+    train_texts, train_labels = make_texts(300, seed=0)  # the training split, carved rows included
+    finetune(model, encode(make_tokenizer(), LabelledTexts(tuple(train_texts), train_labels, ("0", "1", "2")),
+                           max_length=32),
+             TrainingRecipe(epochs=6, lr=2e-3, batch_size=16, warmup_ratio=0.1, weight_decay=0.01,
+                            max_grad_norm=1.0, seed=0))
+    model.save_pretrained(tuned)
+    make_tokenizer().save_pretrained(tuned)
+    # The evaluation split makes it look untrained (near chance there): pruned all the same.
+    config = PruningConfig(**{**FAST, "dense_finetune": "never", "epochs": 1}, early_stopping_patience=1,
+                           untrained_dense="warn")
+    report = run_pruning(RunRequest(model_ref=str(tuned), dataset_ref=str(data), output_dir=tmp_path / "out",
+                                    config=config))
+    v = report.validation
+    assert v is not None and v.carved and v.dense.accuracy - report.metrics.dense.accuracy > 0.3  # it learnt train
+    seen = [w for w, code in zip(report.warnings, report.summary.warning_codes, strict=True)
+            if code == "validation_seen"]
+    assert len(seen) == 1 and f"scores {100 * v.dense.accuracy:.1f} % accuracy on them" in seen[0], "\n".join(report.warnings)
+    on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert "validation_seen" in on_disk["summary"]["warning_codes"]
+    # A run that fine-tunes the dense model itself trains it on what is left after carving: nothing to say,
+    # though the gap is as wide.
+    again = run_pruning(RunRequest(model_ref=str(tuned), dataset_ref=str(data), output_dir=tmp_path / "again",
+                                   config=config.replace(dense_finetune="always")))
+    assert again.validation is not None and again.validation.dense.accuracy - again.metrics.dense.accuracy > 0.3
+    assert "validation_seen" not in again.summary.warning_codes
 
 
 def test_the_paper_protocol_reads_no_validation_split(tmp_path, model_dir):

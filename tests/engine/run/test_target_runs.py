@@ -109,8 +109,8 @@ def test_an_unreachable_target_at_the_p95_length_names_the_bound_at_any_length(t
                                PruningConfig(**{**FAST, "target_speedup": 900.0, "target_seq_len": "p95"})),
                     RunHooks(log=lambda _line: None))
     message = str(err.value)
-    assert "beyond what this model reaches at batch 32 and any serving length" in message, message
-    assert f"at most x{err.value.best:.2f} in FLOPs" in message and "ask for at most" in message
+    assert "beyond what this model reaches at batch 32 and any serving length in FLOPs" in message, message
+    assert f"at most x{err.value.best:.2f}, keeping one head" in message and "ask for at most" in message
     assert "x 1 tokens" not in message and "analytic" not in message
     assert "the p95 length is read from the data later" in message
 

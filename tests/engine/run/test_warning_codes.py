@@ -42,3 +42,12 @@ def test_a_knee_that_was_not_found_is_coded() -> None:
     ks = np.arange(1, 9)
     knee = find_knee(ks, np.linspace(0.0, 1.0, 8), degree=1)  # a straight line has no knee
     assert knee.warning is not None and warning_code(knee.warning) == "no_knee"
+
+
+def test_carved_rows_the_dense_model_learnt_are_coded() -> None:
+    from cahp_engine.run._holdout import seen_in_training
+
+    learnt = _metrics([[95, 5, 0], [3, 97, 0], [0, 2, 98]])
+    serving = _metrics([[60, 30, 10], [25, 65, 10], [15, 15, 70]])
+    said = seen_in_training(learnt, serving, "accuracy")
+    assert said is not None and warning_code(said) == "validation_seen"

@@ -25,8 +25,14 @@ under a lock, so several processes can share the plan; a killed process resumes 
 A strategy registered later (the salience top-k within CAHP's per-layer counts) joins with
 ``--strategies``: its heads are chosen from a redone analysis that must keep every recorded choice.
 
+``--start reconstructed`` measures the other start of the same recovery: each pruned model is first
+reconstructed as a ``recovery: reconstruct+finetune`` run does (the engine's default refit, its
+calibration rows drawn with the seed), then fine-tuned by the same plain recipe, the test split scored
+after the reconstruction and after every epoch. Its cells are kept apart (``...-reconstructed.json``) and
+read against the pruned start's cells of the same heads (:func:`start_rows`); the rule never sees them.
+
 Run: ``python -m studies benchmarks [--tasks sst5,mnli] [--strategies ...] [--seeds 42,43,44]
-[--degrees 6,2] [--threads 1] [--max-cells N] [--report-only]``
+[--degrees 6,2] [--threads 1] [--max-cells N] [--start pruned|reconstructed] [--report-only]``
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from torch import nn
 from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset
 from cahp_engine.models import heads_per_layer, prune_heads
-from cahp_engine.recovery import TrainingRecipe, evaluate, finetune
+from cahp_engine.recovery import FineTuning, TrainingRecipe, evaluate, finetune
+from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.selection import analyze_heads, choose
 from studies import agreement, common, quality
 from studies import benchmarks_report as report
@@ -62,6 +69,9 @@ STRATEGIES: tuple[str, ...] = ("cahp", "stability-selection", "coassociation", "
 #: The strategies whose SST-5 cells the quality study already holds (cross-entropy, the same protocol).
 QUALITY_STRATEGIES = ("cahp", "salience", "random")
 QUALITY_RECORD = common.RESULTS / "quality_sst5_paper.json"
+#: Where a cell's recovery starts: from the pruned weights (the paper's), or from the pruned model after the
+#: engine's layer-wise reconstruction (what ``recovery: reconstruct+finetune`` does).
+STARTS = ("pruned", "reconstructed")
 #: ../shared/data beside the checkout (a worktree sits one level deeper than the main checkout).
 DATA = next((p for p in (Path(__file__).resolve().parents[i] / "shared" / "data" for i in (2, 3)) if p.is_dir()),
             common.SST5.parent)
@@ -111,6 +121,7 @@ class Setup:
     shared_caches: dict[str, Path] = field(default_factory=lambda: {"sst5": common.RESULTS / "cache" / "quality_sst5"})
     agreement_pairs: int = 5
     announce: Path | None = None  # a file told each dense model's path and test accuracy once it is trained
+    start: str = "pruned"  # one of STARTS
 
     def protocol(self) -> dict[str, Any]:
         return {"model": self.dense.model, "dense": self.dense.dense_key(), "seeds": list(self.seeds),
@@ -232,8 +243,9 @@ def selection(setup: Setup, loaded: Loaded, seed: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- cells
 
 
-def cell_path(setup: Setup, task: str, seed: int, degree: int, strategy: str) -> Path:
-    return setup.record / task / "cells" / f"seed{seed}-degree{degree}-{strategy}.json"
+def cell_path(setup: Setup, task: str, seed: int, degree: int, strategy: str, start: str | None = None) -> Path:
+    suffix = "" if (start or setup.start) == "pruned" else f"-{start or setup.start}"
+    return setup.record / task / "cells" / f"seed{seed}-degree{degree}-{strategy}{suffix}.json"
 
 
 def _scores(model: nn.Module, data: EncodedDataset, device: torch.device) -> dict[str, Any]:
@@ -265,15 +277,50 @@ def _quality_cell(setup: Setup, seed: int, degree: int, strategy: str, heads: li
                  == (seed, degree, strategy, "ce")), None)
 
 
+def _recipe(setup: Setup, seed: int) -> TrainingRecipe:
+    return TrainingRecipe(epochs=setup.recovery_epochs, lr=setup.recovery_lr, batch_size=32, warmup_ratio=0.1,
+                          weight_decay=0.01, max_grad_norm=1.0, seed=seed, device=setup.device)
+
+
+def _reconstructed_cell(setup: Setup, dense: nn.Module, pruned: nn.Module, train: EncodedDataset,
+                        test: EncodedDataset, seed: int) -> dict[str, Any]:
+    """``--start reconstructed``: reconstruct ``pruned`` in place as a ``reconstruct+finetune`` run does, then
+    fine-tune it by the plain recipe epoch by epoch, the test split scored after each stop (outside the
+    timed training: the scoring draws nothing from the fine-tuning's random state)."""
+    config = PruningConfig(seed=seed, device=setup.device.type)
+    began = time.perf_counter()
+    refit = reconstruct_pruned(dense, pruned, calibration_batches(train, config, setup.device), config)
+    reconstruction = {"seconds": time.perf_counter() - began, "tokens": refit.rows, "summary": refit.describe(),
+                      "sentences": min(config.reconstruction_rows, len(train))}
+    reconstructed = _scores(pruned, test, setup.device)
+    tuning = FineTuning(pruned, train, _recipe(setup, seed))
+    by_epoch = [{"epoch": 0.0, "train_s": 0.0, "test": reconstructed}]
+    while not tuning.done:
+        trained = tuning.result().wall_s
+        tuning.advance()
+        by_epoch.append({"epoch": tuning.epoch, "train_s": tuning.result().wall_s - trained,
+                         "test": _scores(pruned, test, setup.device)})
+    result = tuning.finish()
+    return {"reconstructed": reconstructed, "after": by_epoch[-1]["test"], "by_epoch": by_epoch,
+            "reconstruction": reconstruction,
+            "recovery": {"wall_s": result.wall_s, "steps": result.steps, "loss_per_epoch": list(result.loss_per_epoch)}}
+
+
 def run_cell(setup: Setup, loaded: Loaded, seed: int, degree: int, strategy: str) -> dict[str, Any]:
-    """Prune to the strategy's heads, score, recover by plain fine-tuning, score again."""
+    """Prune to the strategy's heads, score, recover by plain fine-tuning, score again (``--start
+    reconstructed``: reconstruct before the recovery, and score after it and after every epoch too)."""
     heads = selection(setup, loaded, seed)["degrees"][str(degree)]["kept"][strategy]
     dense, train, test, _ = loaded.get()
     start, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     pruned = _pruned(dense, heads)
     before = _scores(pruned, test, setup.device)
-    reused = _quality_cell(setup, seed, degree, strategy, heads) if loaded.task.name == "sst5" else None
-    if reused is not None:
+    extra: dict[str, Any] = {}
+    reused = (_quality_cell(setup, seed, degree, strategy, heads)
+              if loaded.task.name == "sst5" and setup.start == "pruned" else None)
+    if setup.start == "reconstructed":
+        extra = _reconstructed_cell(setup, dense, pruned, train, test, seed)
+        after, recovery = extra.pop("after"), extra.pop("recovery")
+    elif reused is not None:
         # The same weights scored on another processor's kernels may flip a borderline row or two.
         if abs(reused["accuracy_before_recovery"] - before["accuracy"]) * len(test) > 3.5:
             raise SystemExit(f"sst5 seed {seed} degree {degree} {strategy}: the pruned model scores "
@@ -282,17 +329,15 @@ def run_cell(setup: Setup, loaded: Loaded, seed: int, degree: int, strategy: str
         after = {k: reused[k] for k in ("accuracy", "macro_f1", "recall")}
         recovery = {**reused["recovery"], "reused_from": str(setup.quality_record.name if setup.quality_record else "")}
     else:
-        result = finetune(pruned, train, TrainingRecipe(
-            epochs=setup.recovery_epochs, lr=setup.recovery_lr, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
-            max_grad_norm=1.0, seed=seed, device=setup.device))
+        result = finetune(pruned, train, _recipe(setup, seed))
         after = _scores(pruned, test, setup.device)
         recovery = {"wall_s": result.wall_s, "steps": result.steps, "loss_per_epoch": list(result.loss_per_epoch)}
     per_layer = [0] * len(heads_per_layer(dense))
     for layer, _ in heads:
         per_layer[layer] += 1
-    return {"task": loaded.task.name, "seed": seed, "degree": degree, "strategy": strategy,
+    return {"task": loaded.task.name, "seed": seed, "degree": degree, "strategy": strategy, "start": setup.start,
             "heads_kept": len(heads), "kept_per_layer": per_layer, "heads_per_layer": heads_per_layer(dense),
-            "before": before, "after": after, "recovery": recovery, "wall_s": time.perf_counter() - start,
+            "before": before, "after": after, "recovery": recovery, **extra, "wall_s": time.perf_counter() - start,
             "cpu_s": time.process_time() - cpu,
             "load_average": [load, os.getloadavg()[0]], "date": datetime.now(UTC).isoformat(timespec="seconds")}
 
@@ -305,14 +350,14 @@ def plan(setup: Setup) -> list[tuple[str, ...]]:
     scores before recovery to compute); then per seed, degree 6 then 2, each task, every strategy; MNLI's
     (any pair task's) run-to-run agreement after the first seed."""
     steps: list[tuple[str, ...]] = []
-    if setup.quality_record is not None and any(t.name == "sst5" for t in setup.tasks):
+    if setup.quality_record is not None and setup.start == "pruned" and any(t.name == "sst5" for t in setup.tasks):
         steps += [("cell", "sst5", str(seed), str(degree), s) for seed in setup.seeds for degree in setup.degrees
                   for s in setup.strategies if s in QUALITY_STRATEGIES]
     for i, seed in enumerate(setup.seeds):
         for degree in setup.degrees:
             steps += [step for t in setup.tasks for s in setup.strategies
                       if (step := ("cell", t.name, str(seed), str(degree), s)) not in steps]
-        if i == 0:
+        if i == 0 and setup.start == "pruned":
             steps += [("agreement", t.name) for t in setup.tasks if t.text_pair_column]
     return steps
 
@@ -351,14 +396,41 @@ def run(setup: Setup, *, compute: bool, say: Callable[[str], None], max_cells: i
             cell = run_cell(setup, loaded[task], int(seed), int(degree), strategy)
             quality._write_json(path, cell)
             done += 1
+            middle = f" -> {cell['reconstructed']['accuracy']:.4f} reconstructed" if "reconstructed" in cell else ""
             say(f"{task} seed {seed} degree {degree} {strategy:20s}: {cell['heads_kept']} heads, accuracy "
-                f"{cell['before']['accuracy']:.4f} -> {cell['after']['accuracy']:.4f} in {cell['wall_s']:.0f} s"
-                + (" (recovery reused)" if "reused_from" in cell["recovery"] else ""))
+                f"{cell['before']['accuracy']:.4f}{middle} -> {cell['after']['accuracy']:.4f} in "
+                f"{cell['wall_s']:.0f} s" + (" (recovery reused)" if "reused_from" in cell["recovery"] else ""))
     # The report covers every task of the rule, not only those this process computes: a `--tasks sst5` run
     # must not call half the cells complete.
     names = list(dict.fromkeys([*TASKS, *(t.name for t in setup.tasks)]))
-    return report.collect(setup.record, names, setup.strategies, setup.seeds, setup.degrees,
-                          protocol=setup.protocol(), agreement_outputs={name: agreement_output(name) for name in names})
+    payload = report.collect(setup.record, names, setup.strategies, setup.seeds, setup.degrees,
+                             protocol=setup.protocol(),
+                             agreement_outputs={name: agreement_output(name) for name in names})
+    return {**payload, "reconstructed_start": start_rows(setup, names)}
+
+
+def start_rows(setup: Setup, tasks: list[str]) -> list[dict[str, Any]]:
+    """Every recorded ``--start reconstructed`` cell beside the pruned start's cell of the same task, seed,
+    degree and strategy (None where that one is not recorded): test accuracy before recovery, after the
+    reconstruction, after each epoch, and the pruned start's after its recovery."""
+    rows: list[dict[str, Any]] = []
+    for task in tasks:
+        for seed in setup.seeds:
+            for degree in setup.degrees:
+                for strategy in setup.strategies:
+                    mine = _read(cell_path(setup, task, seed, degree, strategy, "reconstructed"))
+                    if mine is None:
+                        continue
+                    theirs = _read(cell_path(setup, task, seed, degree, strategy, "pruned"))
+                    rows.append({"task": task, "seed": seed, "degree": degree, "strategy": strategy,
+                                 "heads_kept": mine["heads_kept"], "before": mine["before"]["accuracy"],
+                                 "by_epoch": [[e["epoch"], e["test"]["accuracy"]] for e in mine["by_epoch"]],
+                                 "reconstruction_s": mine["reconstruction"]["seconds"],
+                                 "recovery_s": mine["recovery"]["wall_s"],
+                                 "from_pruned": None if theirs is None else theirs["after"]["accuracy"],
+                                 "from_pruned_before": None if theirs is None else theirs["before"]["accuracy"],
+                                 "from_pruned_recovery_s": None if theirs is None else theirs["recovery"]["wall_s"]})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -374,6 +446,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--record-dir", type=Path, default=common.RESULTS / "benchmarks",
                    help="where finished selections and cells are kept (tracked by git)")
     p.add_argument("--announce", type=Path, help="a file to append each dense model's path and accuracy to")
+    p.add_argument("--start", choices=STARTS, default="pruned",
+                   help="where each recovery starts: the pruned weights (the paper's), or the pruned model after "
+                        "the engine's layer-wise reconstruction (cells kept apart; the rule never reads them)")
     p.add_argument("--report-only", action="store_true", help="rebuild the tables and figure from the record")
     args = p.parse_args(argv)
     names = [n for n in args.tasks.split(",") if n]
@@ -388,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     setup = Setup(tasks=tuple(TASKS[n] for n in names), base="" if args.report_only else common.minilm_path(),
                   cache=args.cache_dir, record=args.record_dir, strategies=strategies,
                   seeds=tuple(int(v) for v in args.seeds.split(",") if v),
-                  degrees=tuple(int(v) for v in args.degrees.split(",") if v), announce=args.announce)
+                  degrees=tuple(int(v) for v in args.degrees.split(",") if v), announce=args.announce,
+                  start=args.start)
 
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)

@@ -220,6 +220,7 @@ def markdown(doc: dict[str, Any]) -> str:
         per = "–" if g["cpu_s_per_computed_cell"] is None else f"{g['cpu_s_per_computed_cell']:.0f}"
         left = "–" if g["cpu_s_left"] is None else f"{g['cpu_s_left'] / 3600:.1f}"
         lines.append(f"| {task} | {g['done']} | {g['left']} | {per} | {left} |")
+    lines += _start_lines(doc.get("reconstructed_start") or [])
     v = doc["verdict"]
     lines += ["", "## The rule's verdict" + (" (partial: decides nothing)" if v["partial"] else ""), "",
               v["said"] + ".", ""]
@@ -227,6 +228,24 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["Scores (mean accuracy after recovery over task and degree): " + ", ".join(
             f"{s} {_pct(x)}" for s, x in sorted(v["scores"].items(), key=lambda i: -i[1])) + ".", ""]
     return "\n".join(lines)
+
+
+def _start_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """``--start reconstructed``'s cells against the pruned start's (the same heads and recipe)."""
+    if not rows:
+        return []
+    lines = ["", "## Recovery from the reconstructed model (`--start reconstructed`) against from the pruned weights",
+             "", "Test accuracy; `by epoch` starts after the reconstruction (epoch 0).", "",
+             "| task | seed | degree | strategy | heads | pruned | by epoch from reconstructed | from pruned, "
+             "after | difference after | reconstruction s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        last = r["by_epoch"][-1][1]
+        theirs = "–" if r["from_pruned"] is None else _pct(r["from_pruned"])
+        gap = "–" if r["from_pruned"] is None else f"{100 * (last - r['from_pruned']):+.2f}"
+        lines.append(f"| {r['task']} | {r['seed']} | {r['degree']} | {r['strategy']} | {r['heads_kept']} | "
+                     f"{_pct(r['before'])} | " + ", ".join(_pct(a) for _, a in r["by_epoch"])
+                     + f" | {theirs} | {gap} | {r['reconstruction_s']:.0f} |")
+    return lines
 
 
 def plot_retention(doc: dict[str, Any], path: Path) -> None:

@@ -128,10 +128,10 @@ def seen_in_training(validation: ClassificationMetrics, evaluation: Classificati
         return None
     name = "macro-F1" if metric == "macro_f1" else "accuracy"
     return (f"the validation rows were carved from the training split and the dense model scores {100 * here:.1f} % "
-            f"{name} on them against {100 * there:.1f} % on the evaluation split ({100 * gap:.1f} points higher): it has "
-            "likely been fine-tuned on them, so early stopping and the accuracy budget judge the pruned models against "
-            "rows the dense model learnt by heart, and the drop they measure is not the one serving will see; give "
-            "the dataset a `validation` split the dense model never trained on")
+            f"{name} on them against {100 * there:.1f} % on the evaluation split ({100 * gap:.1f} points higher): it "
+            "has likely been fine-tuned on them, so early stopping and the accuracy budget judge the pruned models "
+            "against rows the dense model learnt by heart, and the drop they measure is not the one serving will see; "
+            "give the dataset a `validation` split the dense model never trained on")
 
 
 def score_of(metrics: ClassificationMetrics, metric: str) -> float:

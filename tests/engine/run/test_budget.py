@@ -302,7 +302,7 @@ def test_a_model_fine_tuned_on_the_rows_the_run_carves_is_warned_about(tmp_path,
     assert v is not None and v.carved and v.dense.accuracy - report.metrics.dense.accuracy > 0.3  # it learnt train
     seen = [w for w, code in zip(report.warnings, report.summary.warning_codes, strict=True)
             if code == "validation_seen"]
-    assert len(seen) == 1 and f"scores {100 * v.dense.accuracy:.1f} % accuracy on them" in seen[0], "\n".join(report.warnings)
+    assert len(seen) == 1 and f"scores {100 * v.dense.accuracy:.1f} % accuracy on them" in seen[0], report.warnings
     on_disk = json.loads((tmp_path / "out" / "report.json").read_text())
     assert "validation_seen" in on_disk["summary"]["warning_codes"]
     # A run that fine-tunes the dense model itself trains it on what is left after carving: nothing to say,

@@ -58,7 +58,6 @@ from cahp_engine.config import REPORTED_DEGREES, PruningConfig
 from cahp_engine.data import DatasetOptions, EncodedDataset
 from cahp_engine.models import heads_per_layer, prune_heads
 from cahp_engine.recovery import FineTuning, TrainingRecipe, evaluate, finetune
-from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.selection import analyze_heads, choose
 from studies import agreement, common, quality
 from studies import benchmarks_report as report
@@ -244,7 +243,8 @@ def selection(setup: Setup, loaded: Loaded, seed: int) -> dict[str, Any]:
 
 
 def cell_path(setup: Setup, task: str, seed: int, degree: int, strategy: str, start: str | None = None) -> Path:
-    suffix = "" if (start or setup.start) == "pruned" else f"-{start or setup.start}"
+    start = start or setup.start
+    suffix = "" if start == "pruned" else f"-{start}"
     return setup.record / task / "cells" / f"seed{seed}-degree{degree}-{strategy}{suffix}.json"
 
 
@@ -287,11 +287,7 @@ def _reconstructed_cell(setup: Setup, dense: nn.Module, pruned: nn.Module, train
     """``--start reconstructed``: reconstruct ``pruned`` in place as a ``reconstruct+finetune`` run does, then
     fine-tune it by the plain recipe epoch by epoch, the test split scored after each stop (outside the
     timed training: the scoring draws nothing from the fine-tuning's random state)."""
-    config = PruningConfig(seed=seed, device=setup.device.type)
-    began = time.perf_counter()
-    refit = reconstruct_pruned(dense, pruned, calibration_batches(train, config, setup.device), config)
-    reconstruction = {"seconds": time.perf_counter() - began, "tokens": refit.rows, "summary": refit.describe(),
-                      "sentences": min(config.reconstruction_rows, len(train))}
+    reconstruction = quality.reconstruct_as_a_run(dense, pruned, train, seed, setup.device)
     reconstructed = _scores(pruned, test, setup.device)
     tuning = FineTuning(pruned, train, _recipe(setup, seed))
     by_epoch = [{"epoch": 0.0, "train_s": 0.0, "test": reconstructed}]

@@ -70,7 +70,6 @@ from cahp_engine.recovery import (
 from cahp_engine.results import ValidationPoint
 from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._holdout import ValidationScorer
-from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from studies import common, quality
 
 PARTS = ("early-stopping", "reconstructed-start", "budget", "imbalanced")
@@ -184,11 +183,7 @@ def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDa
     prune_heads(pruned, kept)
     reconstruction: dict[str, Any] | None = None
     if reconstructed:
-        start = time.perf_counter()
-        config = PruningConfig(seed=seed, device=setup.device.type)
-        refit = reconstruct_pruned(dense, pruned, calibration_batches(train, config, setup.device), config)
-        reconstruction = {"seconds": time.perf_counter() - start, "tokens": refit.rows, "summary": refit.describe(),
-                          "sentences": min(config.reconstruction_rows, len(train))}
+        reconstruction = quality.reconstruct_as_a_run(dense, pruned, train, seed, setup.device)
     scorer = _TimedScorer(ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device),
                                            32, setup.device))
     recipe = TrainingRecipe(epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,

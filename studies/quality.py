@@ -61,6 +61,7 @@ from cahp_engine.recovery import (
     finetune,
     teacher_logits,
 )
+from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from cahp_engine.selection import HeadAnalysis, Selection, analyze_heads, choose, selection_stability
 from studies import common
 from studies.common import minilm_path
@@ -354,6 +355,17 @@ def completed(found: dict[str, Any], dense: nn.Module, train: EncodedDataset, pr
         if again["degrees"][degree]["kept"] != info["kept"]:
             raise SystemExit(f"seed {seed}: the analysis no longer gives the cached selection; rerun with --fresh")
     return {**again, "wall_s": found.get("wall_s")}
+
+
+def reconstruct_as_a_run(dense: nn.Module, pruned: nn.Module, train: EncodedDataset, seed: int,
+                         device: torch.device) -> dict[str, Any]:
+    """Reconstruct ``pruned`` in place against ``dense`` as a ``recovery: reconstruct+finetune`` run does (the
+    run's default options and calibration rows for ``seed``); its seconds, tokens, sentences and summary."""
+    start = time.perf_counter()
+    config = PruningConfig(seed=seed, device=device.type)
+    refit = reconstruct_pruned(dense, pruned, calibration_batches(train, config, device), config)
+    return {"seconds": time.perf_counter() - start, "tokens": refit.rows, "summary": refit.describe(),
+            "sentences": min(config.reconstruction_rows, len(train))}
 
 
 def teacher_for(dense: nn.Module, train: EncodedDataset, cache: Path, protocol: Protocol,

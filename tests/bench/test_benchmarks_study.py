@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cahp_engine.config import PruningConfig
 from cahp_engine.models import save_pruned
+from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
 from studies import benchmarks, benchmarks_report, common, quality
 from tests.support.tiny_models import WORDS, make_classifier, make_tokenizer
 
@@ -210,8 +212,8 @@ def test_a_reconstructed_start_is_kept_apart_scored_every_epoch_and_read_beside_
     dense, train, test, _ = benchmarks.Loaded(other, other.tasks[0], lambda _line: None).get()
     again = benchmarks._pruned(dense, json.loads((one.record / "mnli" / "selection-seed1.json").read_text())
                                ["degrees"]["6"]["kept"]["cahp"])
-    config = benchmarks.PruningConfig(seed=1)
-    benchmarks.reconstruct_pruned(dense, again, benchmarks.calibration_batches(train, config), config)
+    config = PruningConfig(seed=1)
+    reconstruct_pruned(dense, again, calibration_batches(train, config), config)
     assert benchmarks._scores(again, test, other.device) == mine["by_epoch"][0]["test"] == mine["reconstructed"]
 
     row, = payload["reconstructed_start"]

@@ -46,3 +46,24 @@ def assert_key_kept_secret(seen: Watched, live: Console) -> None:
     assert seen.page.context.cookies() == []
     assert live.key not in live.log.text
     assert "GET /v1/jobs" in live.log.text  # the access log is on, so the check above means something
+
+
+#: Resolves after two animation frames: a chart redrawn by its resize observer has drawn by then.
+TWO_FRAMES = "() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
+
+
+def settled(page: Page, measure: str, tries: int = 50) -> object:
+    """What ``measure`` returns once two measurements in a row agree.
+
+    ``measure`` is a JavaScript function of no argument, run in the page in one go: a chart redraws itself when
+    its width changes (a scrollbar appearing as the result loads), so measuring its parts one protocol call at a
+    time could read an element a redraw has just replaced. ``measure`` returns null while there is nothing to
+    measure yet."""
+    last = None
+    for _ in range(tries):
+        page.evaluate(TWO_FRAMES)
+        now = page.evaluate(measure)
+        if now is not None and now == last:
+            return now
+        last = now
+    raise AssertionError(f"the page never stopped redrawing: {last}")

@@ -10,9 +10,15 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.ui.console import Console, console, run_finished_job
-from tests.ui.pages import Watched, sign_in
+from tests.ui.pages import Watched, settled, sign_in
 
-BOX = "(els) => els.map((e) => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; })"
+#: The chart's boxes in page pixels, measured in one go: its svg, the knee labels and the knee lines.
+CHART = """() => {
+  const box = (e) => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+  const svg = document.querySelector("figure.mss svg");
+  return svg && { svg: box(svg), labels: [...svg.querySelectorAll(".knee-label")].map(box),
+                  lines: [...svg.querySelectorAll("line.knee")].map(box) };
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -35,18 +41,18 @@ def test_the_degree_labels_never_overlap_at_390_px(crowded, watched: Watched) ->
     chart = page.locator("figure.mss")
     labels = chart.locator(".knee-label")
     expect(labels).to_have_count(len(knees))
-    boxes = labels.evaluate_all(BOX)
-    lines = sorted(left for left, _, _, _ in chart.locator("line.knee").evaluate_all(BOX))
+    measured = settled(page, CHART)
+    boxes, lines = measured["labels"], sorted(left for left, _, _, _ in measured["lines"])
     # The knees stand closer together than their labels are wide: on one row, the labels would overlap.
     widest = max(right - left for left, _, right, _ in boxes)
     assert min(b - a for a, b in zip(lines, lines[1:], strict=False)) < widest, (lines, boxes)
     for i, (left, top, right, bottom) in enumerate(boxes):
         for other in boxes[i + 1:]:
             assert right <= other[0] or other[2] <= left or bottom <= other[1] or other[3] <= top, boxes
-    svg = chart.locator("svg").first.bounding_box()
-    assert svg is not None and svg["x"] + svg["width"] <= 390
+    svg_left, svg_top, svg_right, _ = measured["svg"]
+    assert svg_right <= 390
     for left, top, right, _ in boxes:
-        assert svg["x"] <= left and right <= svg["x"] + svg["width"] and svg["y"] <= top, (svg, boxes)
+        assert svg_left <= left and right <= svg_right and svg_top <= top, (measured["svg"], boxes)
     watched.shot("phone-mss-labels")
 
 

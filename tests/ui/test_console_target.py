@@ -11,10 +11,18 @@ import pytest
 from playwright.sync_api import Locator, expect
 
 from tests.ui.console import Console, console, run_finished_job, running_job
-from tests.ui.pages import Watched, assert_key_kept_secret, sign_in
+from tests.ui.pages import Watched, assert_key_kept_secret, settled, sign_in
 from worker.runner import Outcome
 
 #: A FLOPs target on the tiny model: counted, not timed, so it is met whatever the machine's speed.
+#: The units map's widths in page pixels, measured in one go: a track's, and each layer's neuron bar's.
+BARS = """() => {
+  const svg = document.querySelector(".side-by-side figure.units svg");
+  const track = svg && svg.querySelector("rect.track");
+  return track && { track: track.getBoundingClientRect().width,
+                    bars: [...svg.querySelectorAll("rect.bar[data-unit=neurons]")]
+                      .sort((a, b) => a.dataset.layer - b.dataset.layer).map((e) => e.getBoundingClientRect().width) };
+}"""
 TARGET = {"target_flops": 0.5, "target_seq_len": 16, "stability_shards": 0}
 
 RUNTIMES = {"torch_dense": "PyTorch, dense", "torch_pruned": "PyTorch, pruned", "onnx_dense": "onnxruntime, dense",
@@ -64,11 +72,9 @@ def test_the_map_of_heads_and_neurons_stands_beside_the_head_map(target_job, wat
         for layer, (heads, neurons) in enumerate(zip(target["heads_per_layer"], target["neurons_per_layer"],
                                                      strict=True))))
     # Each bar is as long as the share it stands for.
-    track = units.locator("rect.track").first.bounding_box()
+    widths = settled(watched.page, BARS)
     for layer, neurons in enumerate(target["neurons_per_layer"]):
-        bar = units.locator(f"rect.bar[data-layer='{layer}'][data-unit=neurons]").bounding_box()
-        assert track is not None and bar is not None
-        assert bar["width"] == pytest.approx(track["width"] * neurons / target["neurons_total"], abs=1.0)
+        assert widths["bars"][layer] == pytest.approx(widths["track"] * neurons / target["neurons_total"], abs=1.0)
     watched.shot("target-units-beside-head-map")
 
 

@@ -11,10 +11,16 @@ from playwright.sync_api import expect
 from tests.support.helpers import job_body
 from tests.support.tiny_models import make_classifier, make_tokenizer
 from tests.ui.console import Console, console, tiny_inputs
-from tests.ui.pages import Watched, sign_in
+from tests.ui.pages import Watched, settled, sign_in
 from worker.runner import Outcome, execute_job
 
-BOX = "(els) => els.map((e) => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; })"
+#: The map's boxes in page pixels, measured in one go: its svg, every text and every bar's track.
+MAP = """() => {
+  const box = (e) => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+  const svg = document.querySelector("figure.units svg");
+  return svg && { svg: box(svg), texts: [...svg.querySelectorAll("text")].map(box),
+                  bars: [...svg.querySelectorAll("rect.track")].map(box) };
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +48,15 @@ def test_the_neuron_counts_stay_inside_the_map_at_390_px(wide_ffn, watched: Watc
     units = page.locator("figure.units")
     texts = units.locator("svg text")
     expect(texts.filter(has_text="neurons")).to_have_count(len(target["neurons_per_layer"]))
-    svg = units.locator("svg").bounding_box()
-    assert svg is not None and svg["x"] + svg["width"] <= 390
-    boxes = texts.evaluate_all(BOX)
-    outside = [b for b in boxes if b[0] < svg["x"] or b[2] > svg["x"] + svg["width"]]
-    assert outside == [], (svg, boxes)
+    measured = settled(page, MAP)
+    svg_left, _, svg_right, _ = measured["svg"]
+    assert svg_right <= 390
+    boxes = measured["texts"]
+    outside = [b for b in boxes if b[0] < svg_left or b[2] > svg_right]
+    assert outside == [], (measured["svg"], boxes)
     # No count over another or over a bar. A layer's two counts stand one 14 px text box apart: their boxes
     # touch, to a rounding of a hundredth of a pixel.
-    bars = units.locator("rect.track").evaluate_all(BOX)
-    things = boxes + bars
+    things = boxes + measured["bars"]
     for i, (left, top, right, bottom) in enumerate(things):
         for other in things[i + 1:]:
             apart = right <= other[0] or other[2] <= left or bottom <= other[1] + 0.1 or other[3] <= top + 0.1

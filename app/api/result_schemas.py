@@ -47,7 +47,7 @@ _RESULT_DESCRIPTIONS: dict[str, str] = {
     "large a drop) first",
     "warning_codes": "A stable code for each of `warnings`, in the same order: class_lost, near_chance, "
     "accuracy_drop, macro_f1_drop, int8_accuracy_drop, recall_drop, untrained_head, no_knee, no_stability, "
-    "budget_noise, validation_seen or other",
+    "budget_noise, validation_seen, target_missed or other",
 }
 
 

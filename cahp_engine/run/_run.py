@@ -196,6 +196,10 @@ def _run(run: steps.RunContext, resumed: Resumer, request: RunRequest, work: Pat
             pruned, parameters = steps.prune(run, model=model, selection=result.selection)
         if target is not None:
             target_decided(target)
+            missed = None if fastest else target.shortfall()  # the fastest search's ladder is not the user's ask
+            if missed is not None:
+                warnings.append(missed)
+                run.say(f"warning: {missed}")
         before = (steps.evaluate_pruned if fastest else resumed.evaluate_pruned)(
             run, model=pruned, evaluation=inputs.evaluation)
         reconstruction = steps.reconstruct_layers(run, dense=model, pruned=pruned, rows=inputs.rows) \

@@ -90,6 +90,19 @@ class TargetRecord(JsonRecord):
             return None
         return self.measured_speedup >= self.target
 
+    def shortfall(self) -> str | None:
+        """The warning of a speed target the pruned model measured below, naming what to change (None when met,
+        and for a FLOPs target)."""
+        if self.met is not False:
+            return None
+        assert self.measured_speedup is not None
+        timing = (f" ({self.dense_ms:.1f} -> {self.pruned_ms:.1f} ms)"
+                  if self.dense_ms is not None and self.pruned_ms is not None else "")
+        return (f"the speed target x{self.target:g} was not met: the pruned model measured x{self.measured_speedup:.2f} "
+                f"on {self.runtime} at batch {self.batch_size} x {self.seq_len} tokens{timing} after "
+                f"{self.corrections} correction(s); run it on a machine less busy than this one, or ask for at most "
+                f"x{self.measured_speedup:.2f}")
+
     def headline(self) -> str:
         """One line: the target, FLOPs kept, predicted and measured speed-up."""
         shape = f"batch {self.batch_size} x {self.seq_len} tokens"

@@ -17,6 +17,7 @@ writes them (each pairing is tested against that function's output).
 ``no_stability``       too few samples per class to measure the selection's stability
 ``budget_noise``       the validation split cannot tell the accuracy budget from noise
 ``validation_seen``    the validation rows carved from the training split are likely rows the dense model learnt
+``target_missed``      the pruned model measured below the speed target asked
 ``other``              any other warning
 =====================  ===========================================================================
 """
@@ -30,7 +31,7 @@ from cahp_engine.run._quality import QualityFlag
 #: Every code a warning can have, in the order of the table above.
 WARNING_CODES = ("class_lost", "near_chance", "accuracy_drop", "macro_f1_drop", "int8_accuracy_drop",
                  "recall_drop", "untrained_head", "no_knee", "no_stability", "budget_noise",
-                 "validation_seen", "other")
+                 "validation_seen", "target_missed", "other")
 
 #: (code, words the message holds), tried in order, for warnings that are not quality flags.
 _WORDED = (
@@ -41,6 +42,7 @@ _WORDED = (
     ("no_stability", "no stability measure"),
     ("budget_noise", "cannot tell a "),
     ("validation_seen", "likely been fine-tuned on them"),
+    ("target_missed", " was not met: the pruned model measured "),
 )
 
 

@@ -8,6 +8,7 @@ from cahp_engine.recovery import ClassificationMetrics
 from cahp_engine.run import WARNING_CODES
 from cahp_engine.run._quality import assess_quality
 from cahp_engine.run._steps import recall_warnings
+from cahp_engine.run._target_record import TargetRecord
 from cahp_engine.run._warning_codes import code_warnings, warning_code
 from cahp_engine.selection._knee import find_knee
 
@@ -51,3 +52,23 @@ def test_carved_rows_the_dense_model_learnt_are_coded() -> None:
     serving = _metrics([[60, 30, 10], [25, 65, 10], [15, 15, 70]])
     said = seen_in_training(learnt, serving, "accuracy")
     assert said is not None and warning_code(said) == "validation_seen"
+
+
+def _target(measured: float | None, kind: str = "speedup") -> TargetRecord:
+    return TargetRecord(
+        kind=kind, target=2.0, runtime="pytorch", batch_size=32, seq_len=64, heads_total=12, neurons_total=1536,
+        heads_per_layer=(6,) * 6, neurons_per_layer=(700,) * 6, head_strategy="cahp", importance="fisher",
+        calibration_rows=512, flops_kept=0.45, predicted_speedup=2.03, reachable_speedup=7.5,
+        measured_speedup=measured, dense_ms=None if measured is None else 600.0,
+        pruned_ms=None if measured is None else 600.0 / measured, corrections=2, cost_unit="seconds", fit_error=0.03,
+        seconds=40.0)
+
+
+def test_a_speed_target_measured_below_what_was_asked_is_coded_and_says_what_to_change() -> None:
+    missed = _target(1.99).shortfall()
+    assert missed is not None and warning_code(missed) == "target_missed"
+    assert "x1.99" in missed and "ask for at most x1.99" in missed and "after 2 correction(s)" in missed
+    assert "BELOW the target" in _target(1.99).headline()
+    # At or above the target it is met: no warning, however little above; a FLOPs target is counted, not timed.
+    assert _target(2.0).shortfall() is None and _target(2.07).shortfall() is None
+    assert _target(None, kind="flops").shortfall() is None

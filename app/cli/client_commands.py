@@ -98,7 +98,8 @@ def register(sub: Any) -> None:
     gate.add_argument("--fail-on", metavar="CODES", type=_warning_codes,
                       help="exit 6 when the job succeeded with a warning of one of these codes, comma-separated "
                            "(class_lost, near_chance, accuracy_drop, macro_f1_drop, int8_accuracy_drop, recall_drop, "
-                           "untrained_head, no_knee, no_stability, budget_noise, validation_seen, target_missed, other)")
+                           "untrained_head, no_knee, no_stability, budget_noise, validation_seen, target_missed, "
+                           "other)")
     wait.set_defaults(func=cmd_wait)
 
     download = sub.add_parser("download", parents=[client, timed],

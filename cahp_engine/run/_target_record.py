@@ -98,9 +98,9 @@ class TargetRecord(JsonRecord):
         assert self.measured_speedup is not None
         timing = (f" ({self.dense_ms:.1f} -> {self.pruned_ms:.1f} ms)"
                   if self.dense_ms is not None and self.pruned_ms is not None else "")
-        return (f"the speed target x{self.target:g} was not met: the pruned model measured x{self.measured_speedup:.2f} "
-                f"on {self.runtime} at batch {self.batch_size} x {self.seq_len} tokens{timing} after "
-                f"{self.corrections} correction(s); run it on a machine less busy than this one, or ask for at most "
+        return (f"the speed target x{self.target:g} was not met: the pruned model measured "
+                f"x{self.measured_speedup:.2f} on {self.runtime} at batch {self.batch_size} x {self.seq_len} "
+                f"tokens{timing} after {self.corrections} correction(s); run it on a machine less busy than this one, or ask for at most "
                 f"x{self.measured_speedup:.2f}")
 
     def headline(self) -> str:

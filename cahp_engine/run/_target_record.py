@@ -100,8 +100,8 @@ class TargetRecord(JsonRecord):
                   if self.dense_ms is not None and self.pruned_ms is not None else "")
         return (f"the speed target x{self.target:g} was not met: the pruned model measured "
                 f"x{self.measured_speedup:.2f} on {self.runtime} at batch {self.batch_size} x {self.seq_len} "
-                f"tokens{timing} after {self.corrections} correction(s); run it on a machine less busy than this one, or ask for at most "
-                f"x{self.measured_speedup:.2f}")
+                f"tokens{timing} after {self.corrections} correction(s); run it on a machine less busy than this "
+                f"one, or ask for at most x{self.measured_speedup:.2f}")
 
     def headline(self) -> str:
         """One line: the target, FLOPs kept, predicted and measured speed-up."""

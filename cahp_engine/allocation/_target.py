@@ -89,7 +89,7 @@ def prune_to_target(
     model: nn.Module, batches: Sequence[dict[str, torch.Tensor]], *, target_speedup: float | None = None,
     target_flops: float | None = None, batch_size: int = 32, seq_len: int | Literal["p95"] = 64,
     runtime: Runtime = "pytorch", importance: ImportanceKind | UnitImportance = "fisher",
-    choose_heads: HeadChoice | None = None, cache_dir: str | Path | None = None, repeats: int = 5, corrections: int = 2,
+    choose_heads: HeadChoice | None = None, cache_dir: str | Path | None = None, repeats: int = 5, corrections: int = 3,
     clock: Callable[[], float] = time.perf_counter, reconstruction: ReconstructionOptions | None = None,
     costs: CostModel | None = None,
 ) -> tuple[nn.Module, TargetResult]:
@@ -120,9 +120,9 @@ def prune_to_target(
     repeats : timed passes per measurement (median)
     corrections : int
         When the measured speed-up falls below ``target_speedup`` or more than 4 % above it, the allocation
-        aims again at 2 % above the target, scaled by the ratio missed, and is measured again (in one round
-        of dense and pruned passes, the first allocation in three), at most this many times; of the tries,
-        the least pruned one measured at or above the target is kept (the fastest one if none is).
+        aims again at 2 % above the target (:func:`next_aim`) and is measured again (in one round of dense
+        and pruned passes, the first allocation in three), at most this many times; of the tries, the least
+        pruned one measured at or above the target is kept (the fastest one if none is).
     clock : callable returning seconds
     reconstruction : ReconstructionOptions, optional
         When given, the kept units' output projections are refit on ``batches`` after the surgery
@@ -170,17 +170,18 @@ def prune_to_target(
         dense_seconds, pruned_seconds = time_pair(model, pruned, batch_size=batch_size, seq_len=seq_len,
                                                   runtime=runtime, repeats=repeats, rounds=FIRST_ROUNDS, clock=clock)
         tried = [_TimedCut(dense_seconds / pruned_seconds, plan, pruned, heads, dense_seconds, pruned_seconds)]
-        asked, best = goal, reachable(costs)
+        asks, best = [goal], reachable(costs)
         # The cost model is linear; the runtime is not quite. A try meets the goal when it measures at or above
         # it; one below it, or more than TOLERANCE above it (it removed more than needed), has the allocation
-        # aim again at the window's middle, scaled by the ratio missed, at most ``corrections`` times, within
+        # aim again at the window's middle (:func:`next_aim`), at most ``corrections`` times, within
         # [1, reachable]; the least pruned try that meets the goal is kept.
         middle = goal * (1 + TOLERANCE / 2)
         while steps < corrections and not goal <= tried[-1].speedup <= goal * (1 + TOLERANCE):
-            following = min(max(asked * middle / tried[-1].speedup, 1.0), best)
-            if following == asked:
+            following = min(max(next_aim(asks, [t.speedup for t in tried], middle), 1.0), best)
+            if following in asks:
                 break
             steps, asked = steps + 1, following
+            asks.append(asked)
             candidate = allocate(scores, costs, target_speedup=asked)
             cut, kept = _cut(model, candidate, choose_heads)
             dense_s, pruned_s = time_pair(model, cut, batch_size=batch_size, seq_len=seq_len, runtime=runtime,
@@ -205,6 +206,22 @@ def prune_to_target(
         costs=costs, corrections=steps, reconstruction=refit, seconds=clock() - start,
     )
     return pruned, result
+
+
+def next_aim(asked: Sequence[float], measured: Sequence[float], middle: float) -> float:
+    """The speed-up to allocate for next, so that the cut measures ``middle``.
+
+    ``asked[i]`` was allocated for and measured ``measured[i]``. When the tries so far measured on both sides
+    of ``middle``, the aim is interpolated linearly between the closest one below and the closest one above
+    (a runtime that is not linear in the cost model shows in how far apart they landed); otherwise the
+    last aim is scaled by the ratio it missed by.
+    """
+    below = [(m, a) for a, m in zip(asked, measured, strict=True) if m < middle]
+    above = [(m, a) for a, m in zip(asked, measured, strict=True) if m >= middle]
+    if below and above:
+        (low, low_ask), (high, high_ask) = max(below), min(above)
+        return low_ask + (middle - low) * (high_ask - low_ask) / (high - low)
+    return asked[-1] * middle / measured[-1]
 
 
 def _check_table(costs: CostModel, *, target_flops: float | None, batch_size: int, seq_len: int, runtime: str) -> None:

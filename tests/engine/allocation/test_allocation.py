@@ -359,6 +359,21 @@ def test_a_try_measured_a_hair_under_the_target_is_aimed_again_and_the_kept_one_
         < sum(once.heads_per_layer) + sum(once.neurons_per_layer)
 
 
+def test_the_next_aim_interpolates_between_tries_on_either_side_and_otherwise_scales_the_last() -> None:
+    from cahp_engine.allocation._target import next_aim
+
+    # One try so far, 5 % short of 2.04: the aim rises by 5 %.
+    assert next_aim([2.0], [2.04 / 1.05], 2.04) == pytest.approx(2.0 * 1.05)
+    # A runtime steeper than the cost model: x2.0 measured x1.93 and x2.11 measured x2.20. Scaling the last
+    # try would aim at x1.96, below the first try that fell short; between the two the line crosses 2.04 at
+    # x2.045.
+    aim = next_aim([2.0, 2.11], [1.93, 2.20], 2.04)
+    assert aim == pytest.approx(2.0 + 0.11 * (2.04 - 1.93) / (2.20 - 1.93))
+    assert 2.0 < aim < 2.11
+    # Of several tries on each side, the closest ones to the aim are interpolated between.
+    assert next_aim([1.8, 2.0, 2.3, 2.11], [1.70, 1.93, 2.50, 2.20], 2.04) == pytest.approx(aim)
+
+
 class _FlatteringClock(_ModelClock):
     """A runtime whose timings flatter every copy of the model: the dense model itself takes 3 s a pass, any copy
     1 s plus 0.4 s times the share of units it keeps, so a copy that removes nothing "measures" x2.14."""

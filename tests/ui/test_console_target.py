@@ -14,7 +14,6 @@ from tests.ui.console import Console, console, run_finished_job, running_job
 from tests.ui.pages import Watched, assert_key_kept_secret, settled, sign_in
 from worker.runner import Outcome
 
-#: A FLOPs target on the tiny model: counted, not timed, so it is met whatever the machine's speed.
 #: The units map's widths in page pixels, measured in one go: a track's, and each layer's neuron bar's.
 BARS = """() => {
   const svg = document.querySelector(".side-by-side figure.units svg");
@@ -23,6 +22,7 @@ BARS = """() => {
                     bars: [...svg.querySelectorAll("rect.bar[data-unit=neurons]")]
                       .sort((a, b) => a.dataset.layer - b.dataset.layer).map((e) => e.getBoundingClientRect().width) };
 }"""
+#: A FLOPs target on the tiny model: counted, not timed, so it is met whatever the machine's speed.
 TARGET = {"target_flops": 0.5, "target_seq_len": 16, "stability_shards": 0}
 
 RUNTIMES = {"torch_dense": "PyTorch, dense", "torch_pruned": "PyTorch, pruned", "onnx_dense": "onnxruntime, dense",

@@ -184,7 +184,9 @@ class PruningConfig:
     budget_screen_epochs : float, default 1.0
         Successive halving's first rung: every candidate of a round trains this many epochs (of its
         full ``epochs`` schedule) before the more promising half trains on. In a judged search, the
-        epochs a probe trains before it is judged (the winner's recovery then goes on to ``epochs``).
+        epochs a probe trains before it is judged (the winner's recovery then goes on to ``epochs``);
+        in the fastest-target search with ``reconstruct+finetune``, the epochs a faster target's probe
+        trains to measure what fine-tuning adds to its reconstructed score.
     budget_strategies : tuple of str, default ("cahp", "salience")
         The strategies whose choices are the budget's candidates at each head count.
     budget_confidence : float in (0.5, 1) or None

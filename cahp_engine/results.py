@@ -263,10 +263,12 @@ class BudgetRecord(JsonRecord):
         Every candidate's pruning, recovery and evaluations until the search decided.
     final_recovery_seconds : float
         The chosen candidate's remaining epochs after the search decided (its recovery goes on; it is
-        not started again).
+        not started again). The fastest-target search (``objective`` ``speed``): the chosen target's
+        whole recovery, which starts again from its reconstructed weights.
     cost_vs_single_run : float or None
         ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is ``epochs`` at the
-        candidates' median seconds per epoch: what the budget cost against one recovery at a knee.
+        candidates' median seconds per epoch: what the budget cost against one recovery at a knee. The
+        fastest-target search: ``single`` is the chosen target's recovery (None with no fine-tuning).
     skipped : tuple of SkippedCandidate
         Judged after reconstruction: the ladder's candidates the search's bisection never scored, with
         why (``candidates`` holds the scored ones, in the order scored: the search's path).

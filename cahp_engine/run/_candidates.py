@@ -51,7 +51,7 @@ from cahp_engine.run._holdout import ValidationScorer
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned, reconstructs
 from cahp_engine.run._stage_training import distillation, run_recipe, validation_watch
 
-__all__ = ["CandidateResult", "CandidateRun", "CandidateSpec", "SearchInputs", "recover_candidate"]
+__all__ = ["CandidateResult", "CandidateRun", "CandidateSpec", "SearchInputs", "begin_run", "recover_candidate"]
 
 
 @dataclass(frozen=True)
@@ -224,9 +224,15 @@ def start_run(spec: CandidateSpec, inputs: SearchInputs) -> CandidateRun:
     if reconstructs(config):  # recovery reconstruct+finetune: the fine-tuning starts from the refit weights
         reconstruct_pruned(inputs.dense, model, calibration_batches(inputs.train, config, inputs.device), config,
                            should_cancel=inputs.should_cancel)
+    return begin_run(model, inputs, seed=spec.seed)
+
+
+def begin_run(model: nn.Module, inputs: SearchInputs, *, seed: int) -> CandidateRun:
+    """``model``'s recovery as the run's final protocol, not yet begun, judged on the validation split."""
+    config = inputs.config
     scorer = ValidationScorer(inputs.validation, config.budget_metric, inputs.dense_validation, config.batch_size,
                               inputs.device)
-    recipe = dataclasses.replace(run_recipe(config, inputs.device), seed=spec.seed,
+    recipe = dataclasses.replace(run_recipe(config, inputs.device), seed=seed,
                                  distillation=distillation(config, inputs.teacher), class_weights=inputs.class_weights)
     tuning = FineTuning(model, inputs.train, recipe, watch=validation_watch(config, scorer),
                         hooks=FineTuningHooks(progress=inputs.progress, should_cancel=inputs.should_cancel))

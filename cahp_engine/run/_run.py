@@ -286,8 +286,7 @@ def _fastest_within_budget(run: steps.RunContext, *, inputs: steps.Inputs, resul
     assert inputs.held_out is not None
     scope = FastestScope(result=result, rows=inputs.rows, validation=inputs.held_out, cache_dir=cache_dir)
     with run.monitor.stage("budget"):
-        return fastest_search(shared, scope, say=run.say,
-                              scored=lambda done, expected: run.overall("budget", min(0.99, done / expected)))
+        return fastest_search(shared, scope, say=run.say, progress=lambda share: run.overall("budget", share))
 
 
 def _within_budget(run: steps.RunContext, *, inputs: steps.Inputs, result: SelectionResult, shared: SearchInputs,

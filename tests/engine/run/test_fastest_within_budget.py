@@ -7,6 +7,7 @@ of the chosen one, and the settings it refuses.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -16,9 +17,10 @@ from transformers import AutoConfig
 
 from cahp_engine.allocation import CostModel, _target
 from cahp_engine.config import PruningConfig
+from cahp_engine.errors import AccuracyBudgetError
 from cahp_engine.models import load_pruned, neurons_per_layer
-from cahp_engine.run import RunHooks, RunReport, RunRequest, TargetRecord, _fastest, run_pruning
-from cahp_engine.run._fastest import fastest_index, target_ladder
+from cahp_engine.run import RunHooks, RunReport, RunRequest, TargetRecord, _fastest, _steps, run_pruning
+from cahp_engine.run._fastest import fastest_index, lifted_index, target_ladder
 from tests.support.recovery import FAST, write_three_class_dataset
 from tests.support.tiny_models import make_classifier, make_tokenizer
 
@@ -57,6 +59,78 @@ def test_a_pass_just_above_the_closing_miss_is_found() -> None:
     last = next(m for m in range(n - 2) if m + 2 not in plain(m))
     probe, seen = _calls(lambda i: i <= last or i == last + 2)
     assert fastest_index(n, probe) == last + 2 and last + 1 in seen and last + 2 in seen
+
+
+class _Lift:
+    """Targets whose reconstructed score falls by ``step`` a target from ``top``; fine-tuning adds ``gain``."""
+
+    def __init__(self, n: int, *, top: float, step: float, gain: float, threshold: float) -> None:
+        self.reconstructed = [top - step * i for i in range(n)]
+        self.gain, self.threshold = gain, threshold
+        self.probed: list[int] = []
+        self.scored: set[int] = set()
+
+    def found(self) -> int | None:
+        return max((i for i, r in enumerate(self.reconstructed) if r >= self.threshold), default=None)
+
+    def predicted(self, i: int, margin: float) -> bool:
+        self.scored.add(i)
+        return self.reconstructed[i] + margin >= self.threshold
+
+    def probe(self, i: int) -> tuple[bool, float | None]:
+        assert i not in self.probed  # never probed twice
+        self.probed.append(i)
+        if self.reconstructed[i] >= self.threshold:
+            return True, None  # met before training: no gain measured
+        return self.reconstructed[i] + self.gain >= self.threshold, self.gain
+
+
+@pytest.mark.parametrize("gain", [0.0, 0.004, 0.012, 0.03, 0.2])
+def test_fine_tuning_probes_find_the_fastest_target_that_passes_once_fine_tuned(gain: float) -> None:
+    n = 20
+    case = _Lift(n, top=0.80, step=0.004, gain=gain, threshold=0.77)
+    found = case.found()
+    assert found == 7  # 0.80 - 7 * 0.004 = 0.772
+    answer = lifted_index(n, found, case.predicted, case.probe)
+    truth = max(i for i in range(n) if case.reconstructed[i] + gain >= case.threshold)
+    assert answer == truth
+    assert case.probed[0] == found + 1  # the first probe measures the gain just above the last pass
+    if gain == 0.0:
+        assert case.probed == [found + 1]  # fine-tuning adds nothing: one probe, and the answer stands
+    assert len(case.probed) <= 3  # a constant gain is learnt by the first probe
+
+
+def test_with_no_target_passing_after_reconstruction_the_slowest_is_probed_first() -> None:
+    case = _Lift(10, top=0.70, step=0.01, gain=0.05, threshold=0.72)
+    assert case.found() is None
+    assert lifted_index(10, None, case.predicted, case.probe) == 3  # 0.70 - 0.03 + 0.05 = 0.72
+    assert case.probed[0] == 0
+    short = _Lift(10, top=0.70, step=0.01, gain=0.01, threshold=0.72)
+    assert lifted_index(10, None, short.predicted, short.probe) is None and short.probed == [0]
+
+
+def test_the_probes_stop_where_the_fastest_target_already_passed() -> None:
+    case = _Lift(6, top=0.9, step=0.01, gain=0.05, threshold=0.5)
+    assert lifted_index(6, case.found(), case.predicted, case.probe) == 5 and case.probed == []
+
+
+def test_a_noisy_gain_is_read_as_the_median_of_the_probes() -> None:
+    """Gains 0.05, then 0.0 at the target it predicted: the median (0.025) predicts the next probe."""
+    gains = iter([0.05, 0.0, 0.0, 0.0, 0.0])
+    reconstructed = [0.80 - 0.01 * i for i in range(12)]
+
+    def probe(i: int) -> tuple[bool, float | None]:
+        gain = next(gains)
+        return reconstructed[i] + gain >= 0.78, gain
+
+    seen: list[tuple[int, float]] = []
+
+    def predicted(i: int, margin: float) -> bool:
+        seen.append((i, margin))
+        return reconstructed[i] + margin >= 0.78
+
+    assert lifted_index(12, 2, predicted, probe) == 3  # the first probe (3) passed with 0.05; 7 missed
+    assert {m for _, m in seen} == {0.05, 0.025}
 
 
 def test_the_ladder_of_targets_rises_by_five_percent_up_to_the_reachable_one() -> None:
@@ -138,6 +212,31 @@ def test_the_chosen_target_is_fine_tuned_when_the_recovery_says_so_and_keeps_bot
     assert chosen.epochs == report.recovery.epochs > 0 and len(chosen.curve) > 1
     assert chosen.reconstructed is not None and chosen.curve[0].score == pytest.approx(chosen.reconstructed.score)
     assert all(c.epochs == 0 for c in budget.candidates if not c.chosen)  # the others were never trained
+
+
+def test_a_target_short_after_reconstruction_is_fine_tuned_before_the_search_gives_up(inputs, tmp_path,
+                                                                                    monkeypatch) -> None:
+    """A threshold above every score (the inputs' own, raised past 100 %): no target passes after
+    reconstruction, so the search fine-tunes the slowest one to learn what fine-tuning adds; it misses too,
+    and the run fails with that probe in its record: really reconstructed and trained, both scores kept."""
+    search_inputs = _steps.search_inputs
+
+    def unreachable(*args, **kwargs):
+        return dataclasses.replace(search_inputs(*args, **kwargs), threshold=1.01)
+
+    monkeypatch.setattr(_steps, "search_inputs", unreachable)
+    with pytest.raises(AccuracyBudgetError) as failed:
+        _run(inputs, tmp_path / "out", recovery="reconstruct+finetune", epochs=2, budget_screen_epochs=1)
+    budget = failed.value.budget
+    assert budget is not None and budget.chosen_target is None
+    probed = [c for c in budget.candidates if c.epochs > 0]
+    assert len(probed) == 1 and probed[0].target_speedup == budget.targets[0]  # the slowest, and no other
+    probe = probed[0]
+    assert probe.epochs == 1.0 and len(probe.curve) >= 2 and not probe.within_budget
+    assert probe.reconstructed is not None and probe.curve[0].score == pytest.approx(probe.reconstructed.score)
+    assert probe.stopped in ("paused", "cannot_reach") and "to measure what fine-tuning adds" in probe.reason
+    assert budget.epochs_trained == 1.0 and budget.cost_vs_single_run is not None
+    assert all(c.epochs == 0 for c in budget.candidates if c is not probe)
 
 
 def test_every_target_is_cut_on_the_latency_table_the_ladder_was_drawn_from(inputs, tmp_path, monkeypatch) -> None:

@@ -237,6 +237,7 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
     tried: dict[int, _TargetTried] = {}
     cuts: dict[int, nn.Module] = {}
     lifts = finetunes(config) and float(config.epochs) > 0  # what fine-tuning adds is probed (the module's step 4)
+    probing = False
     scoring, shown = (0.3 if lifts else 1.0), [0.0]  # the scoring's share of the progress bar; the last share shown
 
     def moved(share: float) -> None:
@@ -269,7 +270,7 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
             moved(scoring * len(tried) / max(len(tried) + 1, math.ceil(math.log2(len(targets) + 1)) + 1))
             if entry.meets or lifts:  # a miss may still be probed when fine-tuning follows
                 cuts[i] = cut
-            if entry.meets:
+            if entry.meets and not probing:  # while probes run, only a probe's answer lets a cut go
                 for slower in [j for j in cuts if j < i]:
                     del cuts[slower]  # a faster target passed: a slower one is neither chosen nor probed
             measured = "" if target.measured_speedup is None else f", measured x{target.measured_speedup:.2f}"
@@ -280,6 +281,7 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
 
     fastest_index(len(targets), passes)
     if lifts:
+        probing = True
         screen = min(float(config.epochs), float(config.budget_screen_epochs))
 
         def predicted(i: int, margin: float) -> bool:

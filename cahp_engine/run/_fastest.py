@@ -16,15 +16,15 @@ but for the highest speed-up whose model stays within P points of the dense one 
    the score was not monotone there and the bisection goes on above it (as the head-count search does
    below, :mod:`cahp_engine.run._scoring`).
 4. **What fine-tuning adds** (``recovery`` ``reconstruct+finetune`` only; :func:`lifted_index`): where
-   fine-tuning lifts the validation score, the reconstructed score understates a model that will be
-   fine-tuned (on MNLI a pruned candidate gained 2.1 points in one epoch; on SST-5's validation split an
-   epoch gained nothing measurable), so the search probes faster targets with ``budget_screen_epochs`` of fine-tuning from their reconstructed
-   weights, each pausing once it meets the budget. The first probe is the target just above the fastest
-   one that passed; its gain over its reconstructed score (the **margin**, the median of the probes' gains)
-   then predicts which faster targets would pass, and the fastest target predicted to pass is probed next
-   (a bisection on reconstructed scores within the bracket, scoring those it needs). A pass moves the lower
-   end up, a miss the upper end down, until no target between them is predicted to pass; a probe that did
-   not pass costs its epoch and nothing more, and none is run when the fastest target already passed.
+   fine-tuning lifts the validation score, the reconstructed score understates a model that will be fine-tuned
+   (on MNLI a pruned candidate gained 2.1 points in one epoch; on SST-5's validation split an epoch gained
+   nothing measurable), so the search probes faster targets with ``budget_screen_epochs`` of fine-tuning from
+   their reconstructed weights, each pausing once it meets the budget. The first probe is the target just
+   above the fastest one that passed; its gain over its reconstructed score (the **margin**, the median of the
+   probes' gains) then predicts which faster targets would pass, and the fastest target predicted to pass is
+   probed next (a bisection on reconstructed scores within the bracket, scoring those it needs). A pass moves
+   the lower end up, a miss the upper end down, until no target between them is predicted to pass; a probe
+   that did not pass costs its epoch and nothing more, and none is run when the fastest target already passed.
 5. **The chosen target's model** is the run's: the run reconstructs it (the reconstruction stage, the same
    refit that was scored) and recovers it as ``recovery`` says (``reconstruct``: no training;
    ``reconstruct+finetune``: the run's fine-tuning from the reconstructed weights, the whole protocol

@@ -116,27 +116,29 @@ def fastest_index(n: int, passes: Callable[[int], bool]) -> int | None:
 
 
 def lifted_index(n: int, found: int | None, predicted: Callable[[int, float], bool],
-                 probe: Callable[[int], tuple[bool, float | None]]) -> int | None:
+                 probe: Callable[[int, float | None], tuple[bool, float | None]]) -> int | None:
     """The fastest index in [0, n) whose fine-tuning probe (or reconstructed score) meets the budget.
 
     ``found``: the fastest index that passed after reconstruction (None: none did). ``predicted(i, margin)``:
     whether index ``i``'s reconstructed score plus ``margin`` meets the budget (scoring ``i`` if it must).
-    ``probe(i)``: fine-tunes ``i`` briefly; whether it met the budget, and what fine-tuning added to its
-    reconstructed score (None when it did not train: it met the budget before). The first probe is the index
+    ``probe(i, margin)``: fine-tunes ``i`` briefly (``margin``: the one that predicted it, None for the first
+    probe); whether it met the budget, and what fine-tuning added to its reconstructed score (None when it did
+    not train: it met the budget before). The first probe is the index
     just above ``found``; later ones the fastest index predicted to pass with the median of the gains so far,
     until no index between the last pass and the slowest miss is predicted to pass.
     """
     lo, hi = (-1 if found is None else found), n
     gains: list[float] = []
     while hi - lo > 1:
-        if gains:
-            k = fastest_index(hi - lo - 1, _offset(predicted, lo + 1, statistics.median(gains)))
+        margin = statistics.median(gains) if gains else None
+        if margin is not None:
+            k = fastest_index(hi - lo - 1, _offset(predicted, lo + 1, margin))
             if k is None:
                 break
             i = lo + 1 + k
         else:
             i = lo + 1  # no probe trained yet: the next target up measures what fine-tuning adds
-        met, gain = probe(i)
+        met, gain = probe(i, margin)
         if gain is not None:
             gains.append(gain)
         lo, hi = (i, hi) if met else (lo, i)
@@ -271,8 +273,7 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
             if entry.meets or lifts:  # a miss may still be probed when fine-tuning follows
                 cuts[i] = cut
             if entry.meets and not probing:  # while probes run, only a probe's answer lets a cut go
-                for slower in [j for j in cuts if j < i]:
-                    del cuts[slower]  # a faster target passed: a slower one is neither chosen nor probed
+                _let_go_below(cuts, i)
             measured = "" if target.measured_speedup is None else f", measured x{target.measured_speedup:.2f}"
             say(f"  [{len(tried)}] target x{targets[i]:g}{measured}: {entry.heads} heads, {entry.neurons} neurons; "
                 f"{config.budget_metric} {point.score:.4f} after reconstruction ({entry.seconds:.1f} s)"
@@ -288,12 +289,9 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
             passes(i)
             return tried[i].meets or tried[i].point.score + margin >= inputs.threshold
 
-        def probe(i: int) -> tuple[bool, float | None]:
+        def probe(i: int, margin: float | None) -> tuple[bool, float | None]:
             passes(i)
             entry = tried[i]
-            gains = [t.probe.best.score - t.point.score for t in tried.values() if t.probe is not None
-                     and t.probe.epochs > 0]
-            margin = statistics.median(gains) if gains else None
             say(f"fine-tuning target x{entry.target:g} ({entry.heads} heads, {entry.neurons} neurons) for up to "
                 f"{screen:g} epoch(s) from its reconstructed weights, to measure what fine-tuning adds"
                 if margin is None else
@@ -313,8 +311,7 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
             if result.status != "within_budget":
                 del cuts[i]
             else:
-                for slower in [j for j in cuts if j < i]:
-                    del cuts[slower]
+                _let_go_below(cuts, i)
             return result.status == "within_budget", (result.best.score - entry.point.score
                                                       if result.epochs > 0 else None)
 
@@ -343,6 +340,12 @@ def fastest_search(inputs: SearchInputs, scope: FastestScope, *, say: Callable[[
 def _fastest_passing(tried: dict[int, _TargetTried]) -> int | None:
     """The index of the fastest target tried that met the budget (None: none did)."""
     return max((i for i, t in tried.items() if t.passes), default=None)
+
+
+def _let_go_below(cuts: dict[int, nn.Module], i: int) -> None:
+    """Let go of every cut slower than target ``i``, which passed: none of them is chosen or probed now."""
+    for slower in [j for j in cuts if j < i]:
+        del cuts[slower]
 
 
 def _probe(cut: nn.Module, inputs: SearchInputs, batches: list, until: float, *,

@@ -77,7 +77,7 @@ class _Lift:
         self.scored.add(i)
         return self.reconstructed[i] + margin >= self.threshold
 
-    def probe(self, i: int) -> tuple[bool, float | None]:
+    def probe(self, i: int, _margin: float | None) -> tuple[bool, float | None]:
         assert i not in self.probed  # never probed twice
         self.probed.append(i)
         if self.reconstructed[i] >= self.threshold:
@@ -119,7 +119,7 @@ def test_a_noisy_gain_is_read_as_the_median_of_the_probes() -> None:
     gains = iter([0.05, 0.0, 0.0, 0.0, 0.0])
     reconstructed = [0.80 - 0.01 * i for i in range(12)]
 
-    def probe(i: int) -> tuple[bool, float | None]:
+    def probe(i: int, _margin: float | None) -> tuple[bool, float | None]:
         gain = next(gains)
         return reconstructed[i] + gain >= 0.78, gain
 

@@ -20,6 +20,7 @@ __all__ = ["CPU_PATH_PINS", "RESULTS", "SST5", "PeakRss", "machine", "minilm_pat
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def save(name: str, payload: dict[str, Any], *, command: str, protocol: str) -> Path:
-    """Write ``studies/results/<name>`` with the machine, command, date and protocol."""
-    return _bench.save(name, payload, command=command, protocol=protocol, results=RESULTS)
+def save(name: str, payload: dict[str, Any], *, command: str, protocol: str, results: Path | None = None) -> Path:
+    """Write ``<results>/<name>`` (default studies/results/) with the machine, command, date and protocol."""
+    return _bench.save(name, payload, command=command, protocol=protocol,
+                       results=RESULTS if results is None else results)

@@ -224,3 +224,13 @@ def test_a_reconstructed_start_is_kept_apart_scored_every_epoch_and_read_beside_
     # A rerun computes nothing more.
     monkeypatch.setattr(benchmarks, "FineTuning", refuse)
     assert benchmarks.run(other, compute=True, say=lambda _line: None)["reconstructed_start"] == [row]
+
+
+def test_the_report_lies_beside_a_record_kept_elsewhere(setup, tmp_path):
+    """A record kept outside the default place gets its report beside it, and the tracked report (under
+    ``studies/results``, here the test's own) is not overwritten."""
+    record = tmp_path / "elsewhere" / "benchmarks"
+    benchmarks.main(["--report-only", "--tasks", "mnli", "--strategies", "cahp", "--record-dir", str(record)])
+    assert {p.name for p in record.parent.iterdir()} >= {"benchmarks.json", "benchmarks.md", "benchmarks.png"}
+    assert json.loads((record.parent / "benchmarks.json").read_text())["cells_done"] == 0
+    assert not (common.RESULTS / "benchmarks.json").exists()

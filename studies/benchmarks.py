@@ -20,9 +20,9 @@ this study's analysis keeps the same heads, and only their before-recovery score
 Cells run in the order that makes a partial record say the most (:func:`plan`): seed 42 before 43 and
 44, degree 6 before 2, SST-5 before MNLI, MNLI's run-to-run agreement after seed 42. Every finished
 selection and cell is written at once to the record directory (default ``studies/results/benchmarks/``,
-tracked by git: the study spans sessions), and the report beside it (``studies/results/benchmarks.{json,md,png}``);
-models go to the cache (not tracked). A cell is claimed
-under a lock, so several processes can share the plan; a killed process resumes at its unfinished cell.
+tracked by git: the study spans sessions), the report beside it (``studies/results/benchmarks.{json,md,png}``
+for the default record); models go to the cache (not tracked). A cell is claimed under a lock, so several
+processes can share the plan; a killed process resumes at its unfinished cell.
 A strategy registered later (the salience top-k within CAHP's per-layer counts) joins with
 ``--strategies``: its heads are chosen from a redone analysis that must keep every recorded choice.
 
@@ -469,9 +469,7 @@ def main(argv: list[str] | None = None) -> None:
 
     payload = run(setup, compute=not args.report_only, say=say, max_cells=args.max_cells)
     command = f"python -m studies benchmarks {' '.join(argv or [])}".strip()
-    # The report lies beside its record (studies/results/benchmarks.{json,md,png} for the default record), so
-    # a record kept elsewhere never overwrites the tracked report.
-    out = args.record_dir.parent
+    out = args.record_dir.parent  # beside the record: one kept elsewhere never overwrites the tracked report
     path = common.save("benchmarks.json", payload, command=command, results=out,
                        protocol="all-MiniLM-L6-v2 fine-tuned per task; see studies/benchmarks.py")
     doc = json.loads(path.read_text())

@@ -40,6 +40,9 @@ VARIANTS: dict[str, ReconstructionOptions] = {
     "ridge-residual": ReconstructionOptions(),
     "ridge-block": ReconstructionOptions(target="block"),
     "scales-residual": ReconstructionOptions(method="scales"),
+    # The heads' refit, then each layer's feed-forward output projection too (its neurons are all kept).
+    "ridge-residual+ffn-block": ReconstructionOptions(sublayers=("attention", "ffn")),
+    "ridge-residual+ffn-residual": ReconstructionOptions(sublayers=("attention", "ffn"), ffn_target="residual"),
 }
 
 

@@ -42,8 +42,8 @@ from bench.common import RESULTS, SST5, dense_task, pin_threads, recorded, save
 from cahp_engine.allocation import flops_costs, latency_costs, prune_to_target, time_pair, unit_importance
 from cahp_engine.config import PruningConfig
 from cahp_engine.models import prune_heads, prune_neurons
-from cahp_engine.recovery import evaluate
-from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
+from cahp_engine.recovery import evaluate, reconstruct
+from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned, reconstruction_options
 from cahp_engine.run._target_record import ENGINE_RUNTIMES
 from cahp_engine.run._target_stage import heads_within
 from cahp_engine.selection import select_heads
@@ -85,6 +85,14 @@ def _cell(dense: torch.nn.Module, pruned: torch.nn.Module, *, context: dict[str,
     rebuilt = reconstruct_pruned(dense, refit, context["batches"], context["config"])
     fields["reconstructed"] = _scores(refit, context["test"])
     fields["reconstruction"] = rebuilt.describe()
+    if context["args"].ffn_block and rebuilt.ffn_target is not None:
+        # The same cut refit with the feed-forward block's own output as the target instead of its sum with
+        # the residual: what the run did before it matched the sum.
+        block = copy.deepcopy(pruned)
+        options = dataclasses.replace(reconstruction_options(block), ffn_target="block")
+        rebuilt = reconstruct(dense, block, context["batches"], options, seed=context["config"].seed)
+        fields["reconstructed_ffn_block"] = _scores(block, context["test"])
+        fields["reconstruction_ffn_block"] = rebuilt.describe()
     return fields
 
 
@@ -165,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed passes per measurement (median)")
     p.add_argument("--corrections", type=int, default=2, help="the run's: allocations aimed again after a miss")
     p.add_argument("--seeds", default="42")
+    p.add_argument("--ffn-block", action="store_true",
+                   help="also refit each cut with the feed-forward block target (reconstructed_ffn_block)")
     p.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a PruningConfig setting for the analysis and calibration (e.g. resolution=6)")
     p.add_argument("--out", default=str(RESULTS / "target_sides.json"))
@@ -176,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     identity = {"dense": str(Path(args.dense).resolve()), "data": str(Path(args.data).resolve()),
                 "target_speedup": args.target, "runtime": args.runtime, "batch": args.batch,
                 "seq_len": args.seq_len, "threads": args.threads, "corrections": args.corrections,
-                "settings": settings}
+                "settings": settings, "ffn_block": args.ffn_block}
     cells: dict[str, Any] = recorded(out, identity).get("cells", {})
     if cells:
         print(f"resuming: {len(cells)} cell(s) already in {out}", flush=True)

@@ -24,12 +24,15 @@ including the full one, is refit the same way.
 
 Targets
 -------
-With ``target="residual"`` (attention only) the refit projection ``A`` of the pruned layer must make
+With ``target="residual"`` the refit attention projection ``A`` of the pruned layer must make
 ``h_p + A(x_p)`` equal the dense ``h_d + A_d(x_d)``: ``h`` is the layer's input, which every supported
 family adds back after its attention (before or after a LayerNorm), so the refit also absorbs the
 drift of the layers below. With ``target="block"`` it matches the dense block's output ``A_d(x_d)``
-alone. The FFN sub-layer always uses ``"block"`` (its residual input differs between post- and
-pre-LayerNorm families).
+alone. ``ffn_target`` does the same for the feed-forward projection ``F``: ``"residual"`` makes
+``r_p + F(a_p)`` equal ``r_d + F_d(a_d)``, where ``r`` is what the family adds the feed-forward block's
+output to (the attention sub-layer's output; :data:`_FFN_RESIDUAL` says where each family passes it),
+so the refit also absorbs what the attention refit of the same layer left; ``"block"`` matches
+``F_d(a_d)`` alone.
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ TARGETS: tuple[str, ...] = get_args(Target)
 #: The feed-forward output projection of each family whose name differs from BERT's ``output.dense``.
 _FFN_OUTPUT: Mapping[str, str] = {"distilbert": "ffn.lin2", "modernbert": "mlp.Wo"}
 
+#: Where each family passes the tensor its feed-forward block's output is added to, as (module of the layer,
+#: position of the argument, its keyword name), for families other than BERT's: BERT-like layers call
+#: ``output(intermediate, attention_output)``, DistilBERT adds ``ffn``'s own input back, ModernBERT the
+#: input of ``mlp_norm`` (pre-LayerNorm).
+_FFN_RESIDUAL: Mapping[str, tuple[str, int, str]] = {"distilbert": ("ffn", 0, "input"),
+                                                     "modernbert": ("mlp_norm", 0, "input")}
+_BERT_FFN_RESIDUAL = ("output", 1, "input_tensor")
+
 
 @dataclass(frozen=True)
 class ReconstructionOptions:
@@ -74,6 +85,8 @@ class ReconstructionOptions:
         tuning), a much smaller system.
     target : {"residual", "block"}
         What the attention refit matches (see the module's notes).
+    ffn_target : {"residual", "block"}
+        What the feed-forward refit matches (see the module's notes).
     alpha : float
         The ridge term relative to the system's mean diagonal (> 0).
     max_rows : int or None
@@ -83,13 +96,14 @@ class ReconstructionOptions:
     sublayers: tuple[str, ...] = ("attention",)
     method: str = "ridge"
     target: str = "residual"
+    ffn_target: str = "block"
     alpha: float = 1e-2
     max_rows: int | None = None
 
     def __post_init__(self) -> None:
         if not self.sublayers or any(s not in SUBLAYERS for s in self.sublayers):
             raise InvalidInputError(f"`sublayers` must be a non-empty tuple of {SUBLAYERS}, got {self.sublayers!r}")
-        for name, allowed in (("method", METHODS), ("target", TARGETS)):
+        for name, allowed in (("method", METHODS), ("target", TARGETS), ("ffn_target", TARGETS)):
             if getattr(self, name) not in allowed:
                 raise InvalidInputError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}")
         if not self.alpha > 0:
@@ -176,24 +190,27 @@ def reconstruct(
     rows = int(sum(int(k.sum()) for k in keep))
     head_dim = adapter.head_dim(pruned.config)
     plan = [(i, name) for i in range(len(adapter.layers(pruned))) for name in options.sublayers]
+    plan, notes = _without_whole_blocks_short_of_rows(dense, pruned, adapter, plan, options, rows)
     refit = _Refit(dense, pruned, adapter, plan, batches, keep, options)
     _check_rows(refit, rows, head_dim, texts=int(sum(int(k.any(dim=1).sum()) for k in keep)))
     fits: list[LayerFit] = []
-    notes: list[str] = []
     dense_training, pruned_training = dense.training, pruned.training
     dense.eval()
     pruned.eval()
     try:
         with torch.no_grad():
             targets = _dense_targets(refit)
+            calls = _first_layer_calls(refit)
             for done, (index, name) in enumerate(plan, start=1):
                 if should_cancel is not None and should_cancel():
                     raise JobCancelledError("cancelled during layer-wise reconstruction")
+                if calls is not None:
+                    calls = _advance(refit, calls, index)
                 projection = _projection(adapter, adapter.layers(pruned)[index], name)
                 if projection.in_features == 0:
                     notes.append(f"layer {index} keeps no {name} units: nothing to refit")
                     continue
-                system = _accumulate(refit, index, name, None if targets is None else targets[(index, name)])
+                system = _accumulate(refit, index, name, None if targets is None else targets[(index, name)], calls)
                 unit = head_dim if name == "attention" else 1
                 solution = _solve(system, projection, options, unit)
                 _write(projection, solution)
@@ -212,7 +229,8 @@ def reconstruct(
             notes.append(f"layer {fit.layer} {fit.sublayer}: ill-conditioned system (condition {fit.condition:.2g}); "
                          f"the ridge term {fit.ridge:.3g} kept the unseen directions at their trained weights")
     return Reconstruction(fits=tuple(fits), method=options.method, target=options.target, alpha=options.alpha,
-                          rows=rows, seconds=time.perf_counter() - started, notes=tuple(notes))
+                          rows=rows, seconds=time.perf_counter() - started, notes=tuple(notes),
+                          ffn_target=options.ffn_target if "ffn" in options.sublayers else None)
 
 
 def _projection(adapter: Any, layer: nn.Module, name: str) -> nn.Linear:
@@ -222,6 +240,55 @@ def _projection(adapter: Any, layer: nn.Module, name: str) -> nn.Linear:
     for part in _FFN_OUTPUT.get(adapter.family, "output.dense").split("."):
         module = getattr(module, part)
     return module
+
+
+def _without_whole_blocks_short_of_rows(dense: nn.Module, pruned: nn.Module, adapter: Any,
+                                        plan: list[tuple[int, str]], options: ReconstructionOptions,
+                                        rows: int) -> tuple[list[tuple[int, str]], list[str]]:
+    """``plan`` without the feed-forward refits of blocks that kept every neuron and have fewer calibration
+    tokens than unknowns, with a note for each: such a block needs no refit (it lost nothing), so too few
+    rows leave it as trained instead of refusing the reconstruction, as they would for a block with
+    neurons cut."""
+    kept, short, needs = [], [], 0
+    for index, name in plan:
+        projection = _projection(adapter, adapter.layers(pruned)[index], name)
+        whole = name == "ffn" and projection.in_features == _projection(
+            adapter, adapter.layers(dense)[index], name).in_features
+        needed = _unknowns(projection, options, 1)
+        if whole and rows < needed:
+            short.append(index)
+            needs = max(needs, needed)
+            continue
+        kept.append((index, name))
+    if not short:
+        return kept, []
+    return kept, [f"the feed-forward blocks of layer(s) {', '.join(map(str, short))} keep all their neurons and "
+                  f"their refit needs {needs} calibration tokens, got {rows}: left as trained"]
+
+
+def _residual_source(adapter: Any, layer: nn.Module, name: str) -> tuple[nn.Module, int, str]:
+    """The module whose argument (position, keyword) is what sub-layer ``name``'s output is added to."""
+    if name == "attention":
+        return layer, 0, "hidden_states"
+    path, position, keyword = _FFN_RESIDUAL.get(adapter.family, _BERT_FFN_RESIDUAL)
+    module: Any = layer
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module, position, keyword
+
+
+def _hook_residual(adapter: Any, layer: nn.Module, name: str, keep: Callable[[torch.Tensor], None]) -> Any:
+    """Register a hook handing ``keep`` sub-layer ``name``'s residual input at each forward pass."""
+    module, position, keyword = _residual_source(adapter, layer, name)
+
+    def on_call(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        keep(args[position] if len(args) > position else kwargs[keyword])
+
+    return module.register_forward_pre_hook(on_call, with_kwargs=True)
+
+
+def _wants_residual(options: ReconstructionOptions, name: str) -> bool:
+    return (options.target if name == "attention" else options.ffn_target) == "residual"
 
 
 def _unknowns(projection: nn.Linear, options: ReconstructionOptions, unit: int) -> int:
@@ -286,14 +353,16 @@ class _Seen:
     residual: torch.Tensor | None = None
 
 
-def _capture(model: nn.Module, adapter: Any, index: int, name: str, batch: Mapping[str, torch.Tensor]) -> _Seen:
-    """One forward pass of ``model``, stopped after layer ``index``'s ``name`` projection."""
+def _capture(model: nn.Module, adapter: Any, index: int, name: str, batch: Mapping[str, torch.Tensor],
+             call: _Call | None = None) -> _Seen:
+    """One forward pass of ``model``, stopped after layer ``index``'s ``name`` projection; with ``call``, a pass
+    of that layer alone, called as the model would call it."""
     layer = adapter.layers(model)[index]
     projection = _projection(adapter, layer, name)
     seen = _Seen()
 
-    def on_layer(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        seen.residual = args[0] if args else kwargs["hidden_states"]
+    def on_residual(tensor: torch.Tensor) -> None:
+        seen.residual = tensor
 
     def on_input(_m: nn.Module, args: tuple[Any, ...]) -> None:
         seen.input = args[0]
@@ -302,16 +371,116 @@ def _capture(model: nn.Module, adapter: Any, index: int, name: str, batch: Mappi
         seen.output = output
         raise _Stop
 
-    handles = [layer.register_forward_pre_hook(on_layer, with_kwargs=True),
+    handles = [_hook_residual(adapter, layer, name, on_residual),
                projection.register_forward_pre_hook(on_input), projection.register_forward_hook(on_output)]
     try:
-        model(**model_inputs(model, batch))
+        if call is None:
+            model(**model_inputs(model, batch))
+        else:
+            layer(*call.args, **call.kwargs)
     except _Stop:
         pass
     finally:
         for handle in handles:
             handle.remove()
     return seen
+
+
+@dataclass(frozen=True)
+class _Call:
+    """How the encoder called one layer for one batch: its arguments, the hidden states first or by name."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self.args[0] if self.args else self.kwargs["hidden_states"]
+
+    def with_hidden(self, hidden: torch.Tensor | None) -> _Call:
+        if self.args:
+            return _Call((hidden, *self.args[1:]), self.kwargs)
+        return _Call(self.args, {**self.kwargs, "hidden_states": hidden})
+
+
+@dataclass(frozen=True)
+class _Calls:
+    """The pruned model's layers called one after another: for every batch (None without calibration rows),
+    how the encoder calls each layer (``templates``, hidden states left out) and the input of layer ``layer``
+    on the weights refit so far (``hidden``)."""
+
+    layer: int
+    templates: list[list[_Call] | None]
+    hidden: list[torch.Tensor | None]
+
+    def call(self, batch: int) -> _Call | None:
+        template, hidden = self.templates[batch], self.hidden[batch]
+        return None if template is None or hidden is None else template[self.layer].with_hidden(hidden)
+
+
+def _calls_of(model: nn.Module, layers: Sequence[nn.Module], batch: Mapping[str, torch.Tensor]) -> list[_Call]:
+    """How ``model``'s encoder calls each of ``layers`` on ``batch``, from one pass."""
+    seen: list[_Call] = []
+
+    def on_layer(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen.append(_Call(tuple(args), dict(kwargs)))
+
+    handles = [layer.register_forward_pre_hook(on_layer, with_kwargs=True) for layer in layers]
+    try:
+        model(**model_inputs(model, batch))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _layer_output(layer: nn.Module, call: _Call) -> torch.Tensor:
+    out = layer(*call.args, **call.kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _first_layer_calls(refit: _Refit) -> _Calls | None:
+    """The pruned model's layers ready to be called one at a time, so that each system runs its own layer
+    alone, from the previous layer's output kept in memory (``L`` layer passes in all for ``L`` layers)
+    instead of the whole model up to it (about ``L^2 / 2``). What the encoder passes a layer besides its
+    hidden states (masks, position embeddings, a layer's own attention window) comes from one pass of the
+    model per batch. None when calling the layers one after another does not give the hidden states of the
+    model's own pass (checked on the first batch): every system then runs the model from its embeddings."""
+    pruned, adapter = refit.pruned, refit.adapter
+    layers = adapter.layers(pruned)
+    templates: list[list[_Call] | None] = []
+    hidden: list[torch.Tensor | None] = []
+    checked = False
+    for batch, rows in zip(refit.batches, refit.keep, strict=True):
+        if not bool(rows.any()):
+            templates.append(None)
+            hidden.append(None)
+            continue
+        seen = _calls_of(pruned, layers, batch)
+        if len(seen) != len(layers):
+            return None
+        if not checked:
+            call = seen[0]
+            for index, layer in enumerate(layers[:-1]):
+                want = seen[index + 1].hidden
+                call = seen[index + 1].with_hidden(_layer_output(layer, call))
+                if call.hidden.shape != want.shape or not torch.allclose(call.hidden, want, rtol=1e-4, atol=1e-5):
+                    return None
+            checked = True
+        hidden.append(seen[0].hidden)
+        templates.append([c.with_hidden(None) for c in seen])
+    return _Calls(0, templates, hidden)
+
+
+def _advance(refit: _Refit, calls: _Calls, index: int) -> _Calls:
+    """``calls`` moved up to layer ``index``: the layers below it run, one after another, on their refit weights."""
+    layers = refit.adapter.layers(refit.pruned)
+    while calls.layer < index:
+        layer = layers[calls.layer]
+        outputs = [None if c is None else _layer_output(layer, c)
+                   for c in (calls.call(b) for b in range(len(calls.hidden)))]
+        calls = _Calls(calls.layer + 1, calls.templates, outputs)
+    return calls
 
 
 def _rows(tensor: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
@@ -329,7 +498,7 @@ TARGET_CACHE_BYTES = 1 << 30
 
 
 def _dense_targets(refit: _Refit) -> dict[tuple[int, str], list[torch.Tensor | None]] | None:
-    """Every system's dense side (``A_d(x_d)``, plus ``h_d`` for the residual target) from one pass, or None
+    """Every system's dense side (``A_d(x_d)``, plus ``h_d`` or ``r_d`` for a residual target) from one pass, or None
     when they would take more than :data:`TARGET_CACHE_BYTES`."""
     dense, adapter, plan, batches, keep = refit.dense, refit.adapter, refit.plan, refit.batches, refit.keep
     layers = adapter.layers(dense)
@@ -345,27 +514,24 @@ def _dense_targets(refit: _Refit) -> dict[tuple[int, str], list[torch.Tensor | N
         residual, output = _capture_all(dense, adapter, plan, batch)
         for key in plan:
             target = _rows(output.get(key), kept)
-            if key[1] == "attention" and refit.options.target == "residual":
-                target = target + _rows(residual.get(key[0]), kept)
+            if _wants_residual(refit.options, key[1]):
+                target = target + _rows(residual.get(key), kept)
             out[key].append(target.detach().to("cpu", torch.float32))
     return out
 
 
 def _capture_all(model: nn.Module, adapter: Any, plan: list[tuple[int, str]], batch: Mapping[str, torch.Tensor]
-                 ) -> tuple[dict[int, torch.Tensor], dict[tuple[int, str], torch.Tensor]]:
-    """One whole forward pass of ``model``: every planned layer's input and projection output."""
+                 ) -> tuple[dict[tuple[int, str], torch.Tensor], dict[tuple[int, str], torch.Tensor]]:
+    """One whole forward pass of ``model``: every planned sub-layer's residual input and projection output."""
     layers = adapter.layers(model)
-    residual: dict[int, torch.Tensor] = {}
+    residual: dict[tuple[int, str], torch.Tensor] = {}
     output: dict[tuple[int, str], torch.Tensor] = {}
-
-    def on_layer(index: int, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        residual[index] = args[0] if args else kwargs["hidden_states"]
 
     def on_output(key: tuple[int, str], _m: nn.Module, _a: tuple[Any, ...], result: torch.Tensor) -> None:
         output[key] = result
 
-    handles = [layers[i].register_forward_pre_hook(functools.partial(on_layer, i), with_kwargs=True)
-               for i in sorted({i for i, _ in plan})]
+    handles = [_hook_residual(adapter, layers[key[0]], key[1], functools.partial(residual.__setitem__, key))
+               for key in plan]
     handles += [_projection(adapter, layers[key[0]], key[1]).register_forward_hook(functools.partial(on_output, key))
                 for key in plan]
     try:
@@ -376,15 +542,16 @@ def _capture_all(model: nn.Module, adapter: Any, plan: list[tuple[int, str]], ba
     return residual, output
 
 
-def _accumulate(refit: _Refit, index: int, name: str, cached: list[torch.Tensor | None] | None) -> NormalEquations:
+def _accumulate(refit: _Refit, index: int, name: str, cached: list[torch.Tensor | None] | None,
+                calls: _Calls | None) -> NormalEquations:
     dense, pruned, adapter = refit.dense, refit.pruned, refit.adapter
     projection = _projection(adapter, adapter.layers(pruned)[index], name)
     system = NormalEquations(projection.in_features, projection.out_features)
-    residual = name == "attention" and refit.options.target == "residual"
+    residual = _wants_residual(refit.options, name)
     for b, (batch, rows) in enumerate(zip(refit.batches, refit.keep, strict=True)):
         if not bool(rows.any()):
             continue
-        have = _capture(pruned, adapter, index, name, batch)
+        have = _capture(pruned, adapter, index, name, batch, None if calls is None else calls.call(b))
         known = None if cached is None else cached[b]
         if known is not None:
             target = known.to(torch.float64)

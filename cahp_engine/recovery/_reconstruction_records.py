@@ -34,7 +34,11 @@ class LayerFit(JsonRecord):
 
 @dataclass(frozen=True)
 class Reconstruction(JsonRecord):
-    """What :func:`reconstruct` did: one :class:`LayerFit` per refit projection, in order."""
+    """What :func:`reconstruct` did: one :class:`LayerFit` per refit projection, in order.
+
+    ``target`` is the attention refit's target and ``ffn_target`` the feed-forward refit's (None when no
+    feed-forward projection was refit).
+    """
 
     fits: tuple[LayerFit, ...]
     method: str
@@ -43,6 +47,7 @@ class Reconstruction(JsonRecord):
     rows: int
     seconds: float
     notes: tuple[str, ...] = ()
+    ffn_target: str | None = None
 
     @property
     def ill_conditioned(self) -> tuple[LayerFit, ...]:
@@ -54,7 +59,8 @@ class Reconstruction(JsonRecord):
             return "layer-wise reconstruction: nothing to refit"
         before = sum(f.error_before for f in self.fits) / len(self.fits)
         after = sum(f.error_after for f in self.fits) / len(self.fits)
-        return (f"layer-wise reconstruction ({self.method}, {self.target} target) of {len(self.fits)} projections "
+        targets = f"{self.target} target" + ("" if self.ffn_target is None else f", feed-forward {self.ffn_target}")
+        return (f"layer-wise reconstruction ({self.method}, {targets}) of {len(self.fits)} projections "
                 f"on {self.rows} tokens in {self.seconds:.1f} s: relative error {before:.3f} -> {after:.3f}"
                 + (f"; {len(self.ill_conditioned)} ill-conditioned, held by the ridge term" if self.ill_conditioned
                    else ""))

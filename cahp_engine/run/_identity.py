@@ -281,11 +281,19 @@ def recipe_of(report: Any) -> Recipe:
         quantize=config.quantize,
         reconstruction=None if rebuilt is None else (
             f"the {_refit_parts(rebuilt)} of each layer refit by {rebuilt.method} least squares "
-            f"({rebuilt.target} target) on {rebuilt.rows} calibration tokens, in {rebuilt.seconds:.1f} s"),
+            f"({_refit_targets(rebuilt)}) on {rebuilt.rows} calibration tokens, in {rebuilt.seconds:.1f} s"),
         target=None if target is None else (
             f"{target.headline()}; heads per layer {list(target.heads_per_layer)} of {target.heads_total}, "
             f"feed-forward neurons per layer {list(target.neurons_per_layer)} of {target.neurons_total}"),
     )
+
+
+def _refit_targets(rebuilt: Any) -> str:
+    """What the refit projections matched, in words."""
+    ffn = getattr(rebuilt, "ffn_target", None)
+    if ffn is None or "ffn" not in {fit.sublayer for fit in rebuilt.fits}:
+        return f"{rebuilt.target} target"
+    return f"{rebuilt.target} targets" if ffn == rebuilt.target else f"{rebuilt.target} and {ffn} targets"
 
 
 def _refit_parts(rebuilt: Any) -> str:

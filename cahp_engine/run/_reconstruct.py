@@ -17,7 +17,6 @@ from torch import nn
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import TrainRows, draw_subset, iterate_batches, length_grouped_batches, take_rows
 from cahp_engine.errors import UnsupportedModelError
-from cahp_engine.models import neurons_per_layer
 from cahp_engine.progress import CancelFn
 from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct, unsupported_reason
 
@@ -65,11 +64,18 @@ def calibration_batches(rows: TrainRows, config: PruningConfig,
     return list(iterate_batches(data, batches, device))
 
 
-def reconstruction_options(dense: nn.Module, pruned: nn.Module) -> ReconstructionOptions:
-    """The run's options for reconstructing ``pruned`` against ``dense``: the engine's defaults, with the
-    feed-forward blocks refit too when ``pruned`` lost neurons (a speed or FLOPs target)."""
-    cut = neurons_per_layer(pruned) != neurons_per_layer(dense)
-    return ReconstructionOptions(sublayers=("attention", "ffn")) if cut else ReconstructionOptions()
+#: What a run refits, layer by layer: the attention output projection, then the feed-forward output
+#: projection, each matching the dense model's sum with the residual it is added to (docs/method.md). With
+#: heads removed and every neuron kept, the feed-forward refit still absorbs what the attention refit left
+#: (docs/performance.md, "The feed-forward refit after the heads'").
+RUN_RECONSTRUCTION = ReconstructionOptions(sublayers=("attention", "ffn"), ffn_target="residual")
+
+
+def reconstruction_options(pruned: nn.Module) -> ReconstructionOptions:
+    """The run's options for reconstructing ``pruned``: :data:`RUN_RECONSTRUCTION`, or the
+    attention refit alone when the family's feed-forward output projection cannot be refit (cahp cuts
+    neurons only where it can, so that refit would only have refined blocks that lost nothing)."""
+    return RUN_RECONSTRUCTION if unsupported_reason(pruned, RUN_RECONSTRUCTION) is None else ReconstructionOptions()
 
 
 def reconstruct_pruned(dense: nn.Module, pruned: nn.Module, batches: Sequence[dict[str, torch.Tensor]],
@@ -77,5 +83,5 @@ def reconstruct_pruned(dense: nn.Module, pruned: nn.Module, batches: Sequence[di
     """The run's reconstruction of ``pruned`` (in place) against ``dense``, with :func:`reconstruction_options`
     and the run's seed; the run's own stage, which reports its progress, calls
     :func:`cahp_engine.recovery.reconstruct` with the same."""
-    return reconstruct(dense, pruned, batches, reconstruction_options(dense, pruned), seed=config.seed,
+    return reconstruct(dense, pruned, batches, reconstruction_options(pruned), seed=config.seed,
                        should_cancel=should_cancel)

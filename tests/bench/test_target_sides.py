@@ -47,6 +47,7 @@ def test_the_three_arms_are_measured_side_by_side_and_a_rerun_resumes(
 ) -> None:
     # Heads cost little next to neurons: heads alone cannot reach x1.5, heads and neurons can (x5 at most).
     argv, table, neurons = _inputs(tmp_path, head=0.00004, neuron=0.002)
+    argv.append("--ffn-block")
     out = Path(argv[argv.index("--out") + 1])
     target_sides.main(argv)
 
@@ -69,8 +70,12 @@ def test_the_three_arms_are_measured_side_by_side_and_a_rerun_resumes(
         assert salience["flops_kept"] == cahp["flops_kept"] < 1
         for cell in (fastest, cahp, salience):
             assert cell["measured_speedup"] > 0
-            for stage in ("as_cut", "reconstructed"):
+            for stage in ("as_cut", "reconstructed", "reconstructed_ffn_block"):
                 assert 0 <= cell[stage]["accuracy"] <= 1 and 0 <= cell[stage]["macro_f1"] <= 1
+            # The run's refit matches each feed-forward block's sum with its residual; the arm asked for
+            # refits the same cut with the block's own output as the target.
+            assert "feed-forward residual" in cell["reconstruction"]
+            assert "feed-forward block" in cell["reconstruction_ffn_block"]
 
     capsys.readouterr()
     target_sides.main(argv)  # every cell is there: nothing is measured again

@@ -38,7 +38,7 @@ def test_a_reconstruct_job_shows_the_stage_logs_it_and_records_it(
     assert seen and set(seen) == {"reconstruction"}  # the job's stage while the engine reconstructed
     logs = "\n".join(line["message"] for line in
                      client.get(f"/v1/jobs/{job_id}/logs", headers=auth).json()["data"])
-    assert "layer-wise reconstruction (ridge, residual target)" in logs
+    assert "layer-wise reconstruction (ridge, residual target, feed-forward residual)" in logs
     assert "recovery fine-tuning: none" in logs
     manifest = {a["name"]: a for a in client.get(f"/v1/jobs/{job_id}/artifacts", headers=auth).json()["data"]}
     report = client.get(manifest["report.json"]["url"], headers=auth).json()

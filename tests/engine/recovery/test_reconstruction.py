@@ -82,6 +82,28 @@ def test_every_layer_comes_closer_to_dense_on_rows_it_was_not_fitted_on(family: 
     assert result.method == "ridge" and result.target == "residual" and result.seconds > 0
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_refitting_the_feed_forward_projections_too_brings_every_layer_closer_the_residual_target_closest(
+        family: str) -> None:
+    # With heads removed and every neuron kept, the feed-forward blocks still see the pruned attention's
+    # output: refitting their projections too absorbs part of what the attention refit left, and matching
+    # the sum the family adds the block to (its residual) absorbs more than matching the block alone.
+    dense = _dense(family)
+    held_out = _batches(64, seed=7)
+    errors = {}
+    for name, options in (("attention", ReconstructionOptions()),
+                          ("block", ReconstructionOptions(sublayers=("attention", "ffn"))),
+                          ("residual", ReconstructionOptions(sublayers=("attention", "ffn"), ffn_target="residual"))):
+        pruned = _pruned(dense)
+        result = reconstruct(dense, pruned, _batches(), options)
+        errors[name] = _layer_errors(dense, pruned, held_out)
+    assert [(f.layer, f.sublayer) for f in result.fits] == [(i, s) for i in range(3) for s in ("attention", "ffn")]
+    assert result.target == "residual" and result.ffn_target == "residual"
+    assert "feed-forward residual" in result.describe()
+    assert (errors["block"] < errors["attention"]).all(), errors
+    assert (errors["residual"] < errors["block"]).all(), errors
+
+
 def test_per_head_scales_fit_their_systems_but_the_full_refit_comes_closer() -> None:
     dense = _dense("bert")
     scaled, refit = _pruned(dense), _pruned(dense)
@@ -179,6 +201,8 @@ def test_bad_options_and_mismatched_models_are_refused_before_any_work() -> None
         ReconstructionOptions(alpha=0)
     with pytest.raises(InvalidInputError, match="`method` must be one of"):
         ReconstructionOptions(method="lasso")
+    with pytest.raises(InvalidInputError, match="`ffn_target` must be one of"):
+        ReconstructionOptions(ffn_target="sum")
     with pytest.raises(InvalidInputError, match="same family"):
         reconstruct(_dense("bert"), _pruned(_dense("distilbert")), _batches())
 
@@ -205,7 +229,7 @@ def test_a_model_whose_projection_is_not_linear_is_refused_with_the_reason_befor
     from cahp_engine.config import PruningConfig
     from cahp_engine.errors import UnsupportedModelError
     from cahp_engine.recovery import unsupported_reason
-    from cahp_engine.run._reconstruct import check_reconstruction
+    from cahp_engine.run._reconstruct import RUN_RECONSTRUCTION, check_reconstruction, reconstruction_options
 
     dense = _dense("bert")
     pruned = _pruned(dense)
@@ -219,6 +243,9 @@ def test_a_model_whose_projection_is_not_linear_is_refused_with_the_reason_befor
     assert all(torch.equal(kept[k], v) for k, v in pruned.state_dict().items())
     assert unsupported_reason(pruned, ReconstructionOptions()) is None  # the attention refit still can
     check_reconstruction(pruned, PruningConfig(recovery="reconstruct"))
+    # A run that removed heads only refits the attention alone there (the feed-forward refit only refines).
+    assert reconstruction_options(pruned) == ReconstructionOptions()
+    assert reconstruction_options(_pruned(dense)) == RUN_RECONSTRUCTION
 
 
 def test_the_dense_targets_kept_from_one_pass_give_the_same_refit_as_a_pass_per_layer(monkeypatch) -> None:
@@ -226,8 +253,28 @@ def test_the_dense_targets_kept_from_one_pass_give_the_same_refit_as_a_pass_per_
 
     dense = _dense("bert")
     cached, per_layer = _pruned(dense), _pruned(dense)
-    reconstruct(dense, cached, _batches())
+    both = ReconstructionOptions(sublayers=("attention", "ffn"), ffn_target="residual")
+    reconstruct(dense, cached, _batches(), both)
     monkeypatch.setattr(_reconstruction, "TARGET_CACHE_BYTES", 0)  # too small: the dense model runs per layer
-    reconstruct(dense, per_layer, _batches())
+    reconstruct(dense, per_layer, _batches(), both)
     for a, b in zip(cached.state_dict().values(), per_layer.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_whole_feed_forward_blocks_short_of_rows_are_left_as_trained_and_said() -> None:
+    # Three texts give more tokens than an attention refit's unknowns (at most 25) and fewer than a whole
+    # feed-forward block's (64 neurons and a bias): the heads are refit, the blocks that lost nothing are
+    # left as they were, and the note says why.
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    batches = [collate(_rows(3, 2), np.arange(3))]
+    tokens = int(batches[0]["attention_mask"].sum())
+    assert 25 <= tokens < 65
+    kept = {k: v.clone() for k, v in pruned.state_dict().items() if ".output.dense." in k and "attention" not in k}
+    result = reconstruct(dense, pruned, batches, ReconstructionOptions(sublayers=("attention", "ffn"),
+                                                                       ffn_target="residual"))
+    assert [f.sublayer for f in result.fits] == ["attention"] * 3
+    assert result.notes == (f"the feed-forward blocks of layer(s) 0, 1, 2 keep all their neurons and their refit "
+                            f"needs 65 calibration tokens, got {tokens}: left as trained",)
+    state = pruned.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in kept.items())

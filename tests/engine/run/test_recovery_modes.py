@@ -47,13 +47,15 @@ def test_reconstruct_alone_trains_nothing_and_reports_the_stage(inputs, tmp_path
     assert report.recovery.steps == 0
     assert "reconstruction" in report.timings_s and "teacher" not in report.timings_s
     assert "reconstruction" in stages
-    assert any(line.startswith("layer-wise reconstruction (ridge, residual target)") for line in lines)
+    assert any(line.startswith("layer-wise reconstruction (ridge, residual target, feed-forward residual)")
+               for line in lines)
     assert any("recovery fine-tuning: none" in line for line in lines)
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert written["reconstruction"]["fits"][0]["sublayer"] == "attention"
     assert written["config"]["recovery"] == "reconstruct"
     card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
-    assert "layer-wise reconstruction: the attention output projection of each layer refit" in card
+    assert ("layer-wise reconstruction: the attention and feed-forward output projections of each layer refit "
+            "by ridge least squares (residual targets)") in card
     assert "recovery fine-tuning: none (the reconstructed weights are the model)" in card
     # What the run saved is the reconstructed model: it scores what the report says.
     saved = load_pruned(tmp_path / "out" / report.checkpoint.path)
@@ -161,7 +163,8 @@ def test_a_budget_judged_after_reconstruction_reports_its_scoring_and_the_chosen
     written = json.loads((tmp_path / "out" / "report.json").read_text())
     assert written["reconstruction"]["fits"] == [f.to_dict() for f in rebuilt.fits]
     card = (tmp_path / "out" / report.checkpoint.path / "README.md").read_text()
-    assert "layer-wise reconstruction: the attention output projection of each layer refit" in card
+    assert ("layer-wise reconstruction: the attention and feed-forward output projections of each layer refit "
+            "by ridge least squares (residual targets)") in card
 
 
 def test_a_budget_fine_tuned_after_reconstruction_reports_the_chosen_reconstruction(inputs, tmp_path: Path) -> None:

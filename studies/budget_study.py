@@ -104,12 +104,16 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
                              "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p1.0-reconstruct": {"max_accuracy_drop": 1.0, "recovery": "reconstruct",
                          "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
-    # p1.0-reconstruct's and p1.0-judged's settings again, once a run's reconstruction refit each layer's
-    # feed-forward output projection after its attention's (their records are the attention refit alone).
+    # p1.0-reconstruct's, p1.0-judged's and p1.0-fastest-reconstruct's settings again, once a run's
+    # reconstruction refit each layer's feed-forward output projection after its attention's against the sum with
+    # its residual (their records: the attention refit alone, and the block target where neurons were cut).
     "p1.0-reconstruct-ffn": {"max_accuracy_drop": 1.0, "recovery": "reconstruct",
                              "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     "p1.0-judged-ffn": {"max_accuracy_drop": 1.0, "recovery": "reconstruct+finetune",
                         "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p1.0-fastest-reconstruct-ffn": {"max_accuracy_drop": 1.0, "budget_objective": "speed",
+                                     "recovery": "reconstruct", "target_runtime": "pytorch", "target_batch": 32,
+                                     "target_seq_len": 64},
     # The fastest model within the budget: a bisection over speed targets (PyTorch fp32, batch 32, 64 tokens),
     # heads and feed-forward neurons cut, judged after reconstruction; the chosen one fine-tuned, or not.
     "p1.0-fastest": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",

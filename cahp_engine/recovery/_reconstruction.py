@@ -3,8 +3,10 @@
 After pruning, :func:`reconstruct` goes through the layers in order and refits the projection that reads
 each pruned sub-layer's kept units, so that the layer's output, computed from the *pruned* model's own
 previous layer, matches the dense model's. Each refit is a linear least-squares problem over the
-calibration tokens (:mod:`cahp_engine.recovery._least_squares`), so the whole pass costs about
-``L + 1`` forward passes over the calibration batches and a few small solves: seconds on a CPU.
+calibration tokens (:mod:`cahp_engine.recovery._least_squares`); each system runs its own layer alone,
+from the previous layer's output kept in memory where the family allows it (:mod:`cahp_engine.recovery._passes`),
+so the whole pass costs a few forward passes over the calibration batches and one solve per system:
+seconds on a CPU.
 
 Sub-layers
 ----------
@@ -30,14 +32,14 @@ family adds back after its attention (before or after a LayerNorm), so the refit
 drift of the layers below. With ``target="block"`` it matches the dense block's output ``A_d(x_d)``
 alone. ``ffn_target`` does the same for the feed-forward projection ``F``: ``"residual"`` makes
 ``r_p + F(a_p)`` equal ``r_d + F_d(a_d)``, where ``r`` is what the family adds the feed-forward block's
-output to (the attention sub-layer's output; :data:`_FFN_RESIDUAL` says where each family passes it),
-so the refit also absorbs what the attention refit of the same layer left; ``"block"`` matches
-``F_d(a_d)`` alone.
+output to (the attention sub-layer's output; :data:`~cahp_engine.recovery._passes.FFN_RESIDUAL` says
+where each family passes it), so the refit also absorbs what the attention refit of the same layer left;
+``"block"`` matches ``F_d(a_d)`` alone.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,10 +49,18 @@ from typing import Any, Literal, get_args
 import torch
 from torch import nn
 
-from cahp_engine._torch import model_inputs
 from cahp_engine.errors import InvalidInputError, UnsupportedModelError
 from cahp_engine.models import get_adapter
 from cahp_engine.recovery._least_squares import NormalEquations, Solution, solve_ridge, solve_scales
+from cahp_engine.recovery._passes import (
+    Calls,
+    advance,
+    capture,
+    capture_all,
+    layer_calls,
+    output_projection,
+    rows_at,
+)
 from cahp_engine.recovery._reconstruction_records import LayerFit, Reconstruction
 
 Sublayer = Literal["attention", "ffn"]
@@ -59,17 +69,6 @@ Target = Literal["residual", "block"]
 SUBLAYERS: tuple[str, ...] = get_args(Sublayer)
 METHODS: tuple[str, ...] = get_args(Method)
 TARGETS: tuple[str, ...] = get_args(Target)
-
-#: The feed-forward output projection of each family whose name differs from BERT's ``output.dense``.
-_FFN_OUTPUT: Mapping[str, str] = {"distilbert": "ffn.lin2", "modernbert": "mlp.Wo"}
-
-#: Where each family passes the tensor its feed-forward block's output is added to, as (module of the layer,
-#: position of the argument, its keyword name), for families other than BERT's: BERT-like layers call
-#: ``output(intermediate, attention_output)``, DistilBERT adds ``ffn``'s own input back, ModernBERT the
-#: input of ``mlp_norm`` (pre-LayerNorm).
-_FFN_RESIDUAL: Mapping[str, tuple[str, int, str]] = {"distilbert": ("ffn", 0, "input"),
-                                                     "modernbert": ("mlp_norm", 0, "input")}
-_BERT_FFN_RESIDUAL = ("output", 1, "input_tensor")
 
 
 @dataclass(frozen=True)
@@ -112,17 +111,13 @@ class ReconstructionOptions:
             raise InvalidInputError(f"`max_rows` must be an integer >= 1 or None, got {self.max_rows!r}")
 
 
-class _Stop(Exception):
-    """Raised by a hook once the pass has computed what it was run for."""
-
-
 def unsupported_reason(model: nn.Module, options: ReconstructionOptions) -> str | None:
     """Why ``model``'s family cannot be reconstructed with ``options``, or None when it can."""
     adapter = get_adapter(model)
     layers = adapter.layers(model)
     for name in options.sublayers:
         try:
-            projection = _projection(adapter, layers[0], name)
+            projection = output_projection(adapter, layers[0], name)
         except AttributeError:
             return f"the {adapter.family} family has no {name} output projection where cahp looks for it"
         if not isinstance(projection, nn.Linear):
@@ -190,8 +185,8 @@ def reconstruct(
     rows = int(sum(int(k.sum()) for k in keep))
     head_dim = adapter.head_dim(pruned.config)
     plan = [(i, name) for i in range(len(adapter.layers(pruned))) for name in options.sublayers]
-    plan, notes = _without_whole_blocks_short_of_rows(dense, pruned, adapter, plan, options, rows)
-    refit = _Refit(dense, pruned, adapter, plan, batches, keep, options)
+    refit, notes = _without_whole_blocks_short_of_rows(_Refit(dense, pruned, adapter, plan, batches, keep, options),
+                                                       rows)
     _check_rows(refit, rows, head_dim, texts=int(sum(int(k.any(dim=1).sum()) for k in keep)))
     fits: list[LayerFit] = []
     dense_training, pruned_training = dense.training, pruned.training
@@ -200,13 +195,13 @@ def reconstruct(
     try:
         with torch.no_grad():
             targets = _dense_targets(refit)
-            calls = _first_layer_calls(refit)
-            for done, (index, name) in enumerate(plan, start=1):
+            calls = layer_calls(pruned, adapter, batches, keep)
+            for done, (index, name) in enumerate(refit.plan, start=1):
                 if should_cancel is not None and should_cancel():
                     raise JobCancelledError("cancelled during layer-wise reconstruction")
                 if calls is not None:
-                    calls = _advance(refit, calls, index)
-                projection = _projection(adapter, adapter.layers(pruned)[index], name)
+                    calls = advance(adapter.layers(pruned), calls, index)
+                projection = output_projection(adapter, adapter.layers(pruned)[index], name)
                 if projection.in_features == 0:
                     notes.append(f"layer {index} keeps no {name} units: nothing to refit")
                     continue
@@ -220,7 +215,7 @@ def reconstruct(
                     error_after=solution.error_after, ridge=solution.ridge, condition=solution.condition,
                     ill_conditioned=solution.ill_conditioned))
                 if progress is not None:
-                    progress(done, len(plan))
+                    progress(done, len(refit.plan))
     finally:
         dense.train(dense_training)
         pruned.train(pruned_training)
@@ -233,58 +228,28 @@ def reconstruct(
                           ffn_target=options.ffn_target if "ffn" in options.sublayers else None)
 
 
-def _projection(adapter: Any, layer: nn.Module, name: str) -> nn.Linear:
-    if name == "attention":
-        return adapter.attention(layer).output
-    module: Any = layer
-    for part in _FFN_OUTPUT.get(adapter.family, "output.dense").split("."):
-        module = getattr(module, part)
-    return module
-
-
-def _without_whole_blocks_short_of_rows(dense: nn.Module, pruned: nn.Module, adapter: Any,
-                                        plan: list[tuple[int, str]], options: ReconstructionOptions,
-                                        rows: int) -> tuple[list[tuple[int, str]], list[str]]:
-    """``plan`` without the feed-forward refits of blocks that kept every neuron and have fewer calibration
-    tokens than unknowns, with a note for each: such a block needs no refit (it lost nothing), so too few
+def _without_whole_blocks_short_of_rows(refit: _Refit, rows: int) -> tuple[_Refit, list[str]]:
+    """``refit`` without the feed-forward systems of blocks that kept every neuron and have fewer calibration
+    tokens than unknowns, with a note naming them: such a block needs no refit (it lost nothing), so too few
     rows leave it as trained instead of refusing the reconstruction, as they would for a block with
     neurons cut."""
+    adapter = refit.adapter
     kept, short, needs = [], [], 0
-    for index, name in plan:
-        projection = _projection(adapter, adapter.layers(pruned)[index], name)
-        whole = name == "ffn" and projection.in_features == _projection(
-            adapter, adapter.layers(dense)[index], name).in_features
-        needed = _unknowns(projection, options, 1)
+    for index, name in refit.plan:
+        projection = output_projection(adapter, adapter.layers(refit.pruned)[index], name)
+        whole = name == "ffn" and projection.in_features == output_projection(
+            adapter, adapter.layers(refit.dense)[index], name).in_features
+        needed = _unknowns(projection, refit.options, 1)
         if whole and rows < needed:
             short.append(index)
             needs = max(needs, needed)
             continue
         kept.append((index, name))
     if not short:
-        return kept, []
-    return kept, [f"the feed-forward blocks of layer(s) {', '.join(map(str, short))} keep all their neurons and "
-                  f"their refit needs {needs} calibration tokens, got {rows}: left as trained"]
-
-
-def _residual_source(adapter: Any, layer: nn.Module, name: str) -> tuple[nn.Module, int, str]:
-    """The module whose argument (position, keyword) is what sub-layer ``name``'s output is added to."""
-    if name == "attention":
-        return layer, 0, "hidden_states"
-    path, position, keyword = _FFN_RESIDUAL.get(adapter.family, _BERT_FFN_RESIDUAL)
-    module: Any = layer
-    for part in path.split("."):
-        module = getattr(module, part)
-    return module, position, keyword
-
-
-def _hook_residual(adapter: Any, layer: nn.Module, name: str, keep: Callable[[torch.Tensor], None]) -> Any:
-    """Register a hook handing ``keep`` sub-layer ``name``'s residual input at each forward pass."""
-    module, position, keyword = _residual_source(adapter, layer, name)
-
-    def on_call(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        keep(args[position] if len(args) > position else kwargs[keyword])
-
-    return module.register_forward_pre_hook(on_call, with_kwargs=True)
+        return refit, []
+    note = (f"the feed-forward blocks of layer(s) {', '.join(map(str, short))} keep all their neurons and their "
+            f"refit needs {needs} calibration tokens, got {rows}: left as trained")
+    return dataclasses.replace(refit, plan=kept), [note]
 
 
 def _wants_residual(options: ReconstructionOptions, name: str) -> bool:
@@ -317,7 +282,7 @@ def _check_rows(refit: _Refit, rows: int, head_dim: int, *, texts: int) -> None:
     adapter, pruned, plan, options = refit.adapter, refit.pruned, refit.plan, refit.options
     needs = []
     for index, name in plan:
-        projection = _projection(adapter, adapter.layers(pruned)[index], name)
+        projection = output_projection(adapter, adapter.layers(pruned)[index], name)
         if projection.in_features:
             needs.append((_unknowns(projection, options, head_dim if name == "attention" else 1), index, name))
     if not needs:
@@ -346,152 +311,6 @@ def _row_masks(batches: list[Mapping[str, torch.Tensor]], max_rows: int | None, 
     return [m & (s <= cut) for s, m in zip(scores, masks, strict=True)]
 
 
-@dataclass
-class _Seen:
-    input: torch.Tensor | None = None
-    output: torch.Tensor | None = None
-    residual: torch.Tensor | None = None
-
-
-def _capture(model: nn.Module, adapter: Any, index: int, name: str, batch: Mapping[str, torch.Tensor],
-             call: _Call | None = None) -> _Seen:
-    """One forward pass of ``model``, stopped after layer ``index``'s ``name`` projection; with ``call``, a pass
-    of that layer alone, called as the model would call it."""
-    layer = adapter.layers(model)[index]
-    projection = _projection(adapter, layer, name)
-    seen = _Seen()
-
-    def on_residual(tensor: torch.Tensor) -> None:
-        seen.residual = tensor
-
-    def on_input(_m: nn.Module, args: tuple[Any, ...]) -> None:
-        seen.input = args[0]
-
-    def on_output(_m: nn.Module, _args: tuple[Any, ...], output: torch.Tensor) -> None:
-        seen.output = output
-        raise _Stop
-
-    handles = [_hook_residual(adapter, layer, name, on_residual),
-               projection.register_forward_pre_hook(on_input), projection.register_forward_hook(on_output)]
-    try:
-        if call is None:
-            model(**model_inputs(model, batch))
-        else:
-            layer(*call.args, **call.kwargs)
-    except _Stop:
-        pass
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen
-
-
-@dataclass(frozen=True)
-class _Call:
-    """How the encoder called one layer for one batch: its arguments, the hidden states first or by name."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-    @property
-    def hidden(self) -> torch.Tensor:
-        return self.args[0] if self.args else self.kwargs["hidden_states"]
-
-    def with_hidden(self, hidden: torch.Tensor | None) -> _Call:
-        if self.args:
-            return _Call((hidden, *self.args[1:]), self.kwargs)
-        return _Call(self.args, {**self.kwargs, "hidden_states": hidden})
-
-
-@dataclass(frozen=True)
-class _Calls:
-    """The pruned model's layers called one after another: for every batch (None without calibration rows),
-    how the encoder calls each layer (``templates``, hidden states left out) and the input of layer ``layer``
-    on the weights refit so far (``hidden``)."""
-
-    layer: int
-    templates: list[list[_Call] | None]
-    hidden: list[torch.Tensor | None]
-
-    def call(self, batch: int) -> _Call | None:
-        template, hidden = self.templates[batch], self.hidden[batch]
-        return None if template is None or hidden is None else template[self.layer].with_hidden(hidden)
-
-
-def _calls_of(model: nn.Module, layers: Sequence[nn.Module], batch: Mapping[str, torch.Tensor]) -> list[_Call]:
-    """How ``model``'s encoder calls each of ``layers`` on ``batch``, from one pass."""
-    seen: list[_Call] = []
-
-    def on_layer(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        seen.append(_Call(tuple(args), dict(kwargs)))
-
-    handles = [layer.register_forward_pre_hook(on_layer, with_kwargs=True) for layer in layers]
-    try:
-        model(**model_inputs(model, batch))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen
-
-
-def _layer_output(layer: nn.Module, call: _Call) -> torch.Tensor:
-    out = layer(*call.args, **call.kwargs)
-    return out[0] if isinstance(out, tuple) else out
-
-
-def _first_layer_calls(refit: _Refit) -> _Calls | None:
-    """The pruned model's layers ready to be called one at a time, so that each system runs its own layer
-    alone, from the previous layer's output kept in memory (``L`` layer passes in all for ``L`` layers)
-    instead of the whole model up to it (about ``L^2 / 2``). What the encoder passes a layer besides its
-    hidden states (masks, position embeddings, a layer's own attention window) comes from one pass of the
-    model per batch. None when calling the layers one after another does not give the hidden states of the
-    model's own pass (checked on the first batch): every system then runs the model from its embeddings."""
-    pruned, adapter = refit.pruned, refit.adapter
-    layers = adapter.layers(pruned)
-    templates: list[list[_Call] | None] = []
-    hidden: list[torch.Tensor | None] = []
-    checked = False
-    for batch, rows in zip(refit.batches, refit.keep, strict=True):
-        if not bool(rows.any()):
-            templates.append(None)
-            hidden.append(None)
-            continue
-        seen = _calls_of(pruned, layers, batch)
-        if len(seen) != len(layers):
-            return None
-        if not checked:
-            call = seen[0]
-            for index, layer in enumerate(layers[:-1]):
-                want = seen[index + 1].hidden
-                call = seen[index + 1].with_hidden(_layer_output(layer, call))
-                if call.hidden.shape != want.shape or not torch.allclose(call.hidden, want, rtol=1e-4, atol=1e-5):
-                    return None
-            checked = True
-        hidden.append(seen[0].hidden)
-        templates.append([c.with_hidden(None) for c in seen])
-    return _Calls(0, templates, hidden)
-
-
-def _advance(refit: _Refit, calls: _Calls, index: int) -> _Calls:
-    """``calls`` moved up to layer ``index``: the layers below it run, one after another, on their refit weights."""
-    layers = refit.adapter.layers(refit.pruned)
-    while calls.layer < index:
-        layer = layers[calls.layer]
-        outputs = [None if c is None else _layer_output(layer, c)
-                   for c in (calls.call(b) for b in range(len(calls.hidden)))]
-        calls = _Calls(calls.layer + 1, calls.templates, outputs)
-    return calls
-
-
-def _rows(tensor: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
-    """The rows of ``tensor`` (B, T, D) at ``keep`` (B, T), as (n, D)."""
-    assert tensor is not None, "the forward pass did not reach the hooked projection"
-    if tensor.shape[:-1] == keep.shape:
-        return tensor[keep.to(tensor.device)]
-    raise InvalidInputError(f"cannot align a sub-layer's rows of shape {tuple(tensor.shape)} with the batch's "
-                            f"tokens {tuple(keep.shape)}")
-
-
 #: The dense model's targets are kept in memory, from one dense pass, up to this many bytes (float32); above
 #: it each layer's system runs the dense model again up to that layer (about (L + 1) / 2 passes in all).
 TARGET_CACHE_BYTES = 1 << 30
@@ -503,7 +322,7 @@ def _dense_targets(refit: _Refit) -> dict[tuple[int, str], list[torch.Tensor | N
     dense, adapter, plan, batches, keep = refit.dense, refit.adapter, refit.plan, refit.batches, refit.keep
     layers = adapter.layers(dense)
     rows = int(sum(int(k.sum()) for k in keep))
-    if rows * sum(_projection(adapter, layers[i], n).out_features for i, n in plan) * 4 > TARGET_CACHE_BYTES:
+    if rows * sum(output_projection(adapter, layers[i], n).out_features for i, n in plan) * 4 > TARGET_CACHE_BYTES:
         return None
     out: dict[tuple[int, str], list[torch.Tensor | None]] = {key: [] for key in plan}
     for batch, kept in zip(batches, keep, strict=True):
@@ -511,58 +330,36 @@ def _dense_targets(refit: _Refit) -> dict[tuple[int, str], list[torch.Tensor | N
             for key in plan:
                 out[key].append(None)
             continue
-        residual, output = _capture_all(dense, adapter, plan, batch)
+        residual, output = capture_all(dense, adapter, plan, batch)
         for key in plan:
-            target = _rows(output.get(key), kept)
+            target = rows_at(output.get(key), kept)
             if _wants_residual(refit.options, key[1]):
-                target = target + _rows(residual.get(key), kept)
+                target = target + rows_at(residual.get(key), kept)
             out[key].append(target.detach().to("cpu", torch.float32))
     return out
 
 
-def _capture_all(model: nn.Module, adapter: Any, plan: list[tuple[int, str]], batch: Mapping[str, torch.Tensor]
-                 ) -> tuple[dict[tuple[int, str], torch.Tensor], dict[tuple[int, str], torch.Tensor]]:
-    """One whole forward pass of ``model``: every planned sub-layer's residual input and projection output."""
-    layers = adapter.layers(model)
-    residual: dict[tuple[int, str], torch.Tensor] = {}
-    output: dict[tuple[int, str], torch.Tensor] = {}
-
-    def on_output(key: tuple[int, str], _m: nn.Module, _a: tuple[Any, ...], result: torch.Tensor) -> None:
-        output[key] = result
-
-    handles = [_hook_residual(adapter, layers[key[0]], key[1], functools.partial(residual.__setitem__, key))
-               for key in plan]
-    handles += [_projection(adapter, layers[key[0]], key[1]).register_forward_hook(functools.partial(on_output, key))
-                for key in plan]
-    try:
-        model(**model_inputs(model, batch))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return residual, output
-
-
 def _accumulate(refit: _Refit, index: int, name: str, cached: list[torch.Tensor | None] | None,
-                calls: _Calls | None) -> NormalEquations:
+                calls: Calls | None) -> NormalEquations:
     dense, pruned, adapter = refit.dense, refit.pruned, refit.adapter
-    projection = _projection(adapter, adapter.layers(pruned)[index], name)
+    projection = output_projection(adapter, adapter.layers(pruned)[index], name)
     system = NormalEquations(projection.in_features, projection.out_features)
     residual = _wants_residual(refit.options, name)
     for b, (batch, rows) in enumerate(zip(refit.batches, refit.keep, strict=True)):
         if not bool(rows.any()):
             continue
-        have = _capture(pruned, adapter, index, name, batch, None if calls is None else calls.call(b))
+        have = capture(pruned, adapter, (index, name), batch, None if calls is None else calls.call(b))
         known = None if cached is None else cached[b]
         if known is not None:
             target = known.to(torch.float64)
         else:
-            want = _capture(dense, adapter, index, name, batch)
-            target = _rows(want.output, rows).to("cpu", torch.float64)
+            want = capture(dense, adapter, (index, name), batch)
+            target = rows_at(want.output, rows).to("cpu", torch.float64)
             if residual:
-                target = target + _rows(want.residual, rows).to("cpu", torch.float64)
+                target = target + rows_at(want.residual, rows).to("cpu", torch.float64)
         if residual:
-            target = target - _rows(have.residual, rows).to("cpu", torch.float64)
-        system.add(_rows(have.input, rows), target)
+            target = target - rows_at(have.residual, rows).to("cpu", torch.float64)
+        system.add(rows_at(have.input, rows), target)
     return system
 
 

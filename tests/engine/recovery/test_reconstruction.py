@@ -278,3 +278,47 @@ def test_whole_feed_forward_blocks_short_of_rows_are_left_as_trained_and_said() 
                             f"needs 65 calibration tokens, got {tokens}: left as trained",)
     state = pruned.state_dict()
     assert all(torch.equal(state[k], v) for k, v in kept.items())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_layers_run_one_at_a_time_give_the_same_refit_as_passes_from_the_embeddings(family, monkeypatch) -> None:
+    from cahp_engine.recovery import _passes, _reconstruction
+
+    dense = _dense(family)
+    both = ReconstructionOptions(sublayers=("attention", "ffn"), ffn_target="residual")
+    seen: list[object] = []
+
+    def spied(*args):
+        seen.append(_passes.layer_calls(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(_reconstruction, "layer_calls", spied)
+    one_at_a_time = _pruned(dense)
+    reconstruct(dense, one_at_a_time, _batches(), both)
+    assert seen and seen[0] is not None  # this family's layers can be called one after another
+    monkeypatch.setattr(_reconstruction, "layer_calls", lambda *_args: None)
+    whole_passes = _pruned(dense)
+    reconstruct(dense, whole_passes, _batches(), both)
+    for a, b in zip(one_at_a_time.state_dict().values(), whole_passes.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_family_whose_layers_cannot_run_one_at_a_time_runs_the_model_each_time(monkeypatch) -> None:
+    # An encoder that does something between its layers: calling them one after another would not give its
+    # hidden states, the check on the first batch sees it, and every system runs the model from its embeddings.
+    from cahp_engine.recovery import _passes, _reconstruction
+
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    second = pruned.bert.encoder.layer[1]
+    second.register_forward_pre_hook(lambda _m, args, kwargs: ((args[0] * 1.5, *args[1:]), kwargs) if args else
+                                     (args, {**kwargs, "hidden_states": kwargs["hidden_states"] * 1.5}),
+                                     with_kwargs=True)
+    seen: list[object] = []
+    monkeypatch.setattr(_reconstruction, "layer_calls",
+                        lambda *args: seen.append(_passes.layer_calls(*args)) or seen[-1])
+    held_out = _batches(64, seed=7)
+    before = _layer_errors(dense, pruned, held_out)
+    reconstruct(dense, pruned, _batches())
+    assert seen == [None]
+    assert (_layer_errors(dense, pruned, held_out) < before).all()

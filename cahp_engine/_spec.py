@@ -226,9 +226,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("stability_shards", 5, OffOr(Interval("integer", 2, 20)),
             "leave-one-shard-out reruns for the stability measure; 0 turns it off", group="selection"),
     Setting("recovery", "finetune", Options(RECOVERY_MODES),
-            "finetune: recovery epochs of gradient training; reconstruct: refit each layer's attention output "
-            "projection by least squares to match the dense layer (seconds, no training); reconstruct+finetune: "
-            "reconstruct, then fine-tune from the refit weights", group="fine-tuning"),
+            "finetune: recovery epochs of gradient training; reconstruct: refit each layer's attention and "
+            "feed-forward output projections by least squares to match the dense layer (seconds, no training); "
+            "reconstruct+finetune: reconstruct, then fine-tune from the refit weights", group="fine-tuning"),
     Setting("reconstruction_rows", 512, Interval("integer", 1, 1_000_000),
             "training sentences whose tokens calibrate the layer-wise reconstruction", group="fine-tuning",
             metavar="N"),

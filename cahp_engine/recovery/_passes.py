@@ -37,16 +37,18 @@ class _Stop(Exception):
     """Raised by a hook once the pass has computed what it was run for."""
 
 
-
 def output_projection(adapter: Any, layer: nn.Module, name: str) -> nn.Linear:
     """Layer ``layer``'s output projection of sub-layer ``name`` (``"attention"`` or ``"ffn"``)."""
     if name == "attention":
         return adapter.attention(layer).output
+    return _module_at(layer, FFN_OUTPUT.get(adapter.family, "output.dense"))
+
+
+def _module_at(layer: nn.Module, path: str) -> Any:
     module: Any = layer
-    for part in FFN_OUTPUT.get(adapter.family, "output.dense").split("."):
+    for part in path.split("."):
         module = getattr(module, part)
     return module
-
 
 
 def _residual_source(adapter: Any, layer: nn.Module, name: str) -> tuple[nn.Module, int, str]:
@@ -54,10 +56,7 @@ def _residual_source(adapter: Any, layer: nn.Module, name: str) -> tuple[nn.Modu
     if name == "attention":
         return layer, 0, "hidden_states"
     path, position, keyword = FFN_RESIDUAL.get(adapter.family, BERT_FFN_RESIDUAL)
-    module: Any = layer
-    for part in path.split("."):
-        module = getattr(module, part)
-    return module, position, keyword
+    return _module_at(layer, path), position, keyword
 
 
 def _hook_residual(adapter: Any, layer: nn.Module, name: str, keep: Callable[[torch.Tensor], None]) -> Any:
@@ -68,7 +67,6 @@ def _hook_residual(adapter: Any, layer: nn.Module, name: str, keep: Callable[[to
         keep(args[position] if len(args) > position else kwargs[keyword])
 
     return module.register_forward_pre_hook(on_call, with_kwargs=True)
-
 
 
 @dataclass
@@ -217,7 +215,6 @@ def rows_at(tensor: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
         return tensor[keep.to(tensor.device)]
     raise InvalidInputError(f"cannot align a sub-layer's rows of shape {tuple(tensor.shape)} with the batch's "
                             f"tokens {tuple(keep.shape)}")
-
 
 
 def capture_all(model: nn.Module, adapter: Any, plan: list[tuple[int, str]], batch: Mapping[str, torch.Tensor]

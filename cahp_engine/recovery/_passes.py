@@ -11,6 +11,7 @@ another reproduces the model's own pass, and :func:`advance` moves the calls up 
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +21,6 @@ from torch import nn
 
 from cahp_engine._torch import model_inputs
 from cahp_engine.errors import InvalidInputError
-
-#: The feed-forward output projection of each family whose name differs from BERT's ``output.dense``.
-FFN_OUTPUT: Mapping[str, str] = {"distilbert": "ffn.lin2", "modernbert": "mlp.Wo"}
 
 #: Where each family passes the tensor its feed-forward block's output is added to, as (module of the layer,
 #: position of the argument, its keyword name), for families other than BERT's: BERT-like layers call
@@ -41,14 +39,9 @@ def output_projection(adapter: Any, layer: nn.Module, name: str) -> nn.Linear:
     """Layer ``layer``'s output projection of sub-layer ``name`` (``"attention"`` or ``"ffn"``)."""
     if name == "attention":
         return adapter.attention(layer).output
-    return _module_at(layer, FFN_OUTPUT.get(adapter.family, "output.dense"))
-
-
-def _module_at(layer: nn.Module, path: str) -> Any:
-    module: Any = layer
-    for part in path.split("."):
-        module = getattr(module, part)
-    return module
+    if adapter.ffn_output_path is None:
+        raise AttributeError(f"the {adapter.family} adapter names no feed-forward output projection")
+    return operator.attrgetter(adapter.ffn_output_path)(layer)
 
 
 def _residual_source(adapter: Any, layer: nn.Module, name: str) -> tuple[nn.Module, int, str]:
@@ -56,7 +49,7 @@ def _residual_source(adapter: Any, layer: nn.Module, name: str) -> tuple[nn.Modu
     if name == "attention":
         return layer, 0, "hidden_states"
     path, position, keyword = FFN_RESIDUAL.get(adapter.family, BERT_FFN_RESIDUAL)
-    return _module_at(layer, path), position, keyword
+    return operator.attrgetter(path)(layer), position, keyword
 
 
 def _hook_residual(adapter: Any, layer: nn.Module, name: str, keep: Callable[[torch.Tensor], None]) -> Any:

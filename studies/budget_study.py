@@ -11,10 +11,11 @@ weights are missing) and its cached CAHP selections. Three parts (``--parts``):
   ``patience2``), since an early-stopped fine-tuning is the never-stopped one's prefix (checked by
   tests/engine/recovery/test_early_stopping.py). Test accuracy, macro-F1 and recovery seconds. What decides the
   default of ``early_stopping_patience``.
-* ``reconstructed-start``: the same protocol, each recovery starting from the pruned model after the
-  engine's layer-wise reconstruction (``recovery: reconstruct+finetune``) instead of from the pruned
-  weights; test accuracy after every epoch, read against ``early-stopping``'s: what decides the default
-  of ``recovery``.
+* ``reconstructed-start``: the same protocol, each recovery starting from the pruned model after a
+  layer-wise reconstruction instead of from the pruned weights; test accuracy after every epoch, read
+  against ``early-stopping``'s: what decides the default of ``recovery``. This part refits the attention
+  alone (the run's reconstruction when it was recorded); ``reconstructed-start-ffn`` does the same from
+  the run's reconstruction today (the feed-forward blocks refit too, ``RUN_RECONSTRUCTION``).
 * ``budget``: whole runs (``run_pruning``, what ``cahp prune`` runs) on the dense model: one at the knee
   with the same recovery, then accuracy budgets of 1.0, 2.0 and 0.5 points of accuracy and 1.0 point
   of macro-F1, both strategies searched; heads kept, test accuracy against dense, and the wall time
@@ -62,6 +63,7 @@ from cahp_engine.recovery import (
     BestWeights,
     Distillation,
     FineTuning,
+    ReconstructionOptions,
     TrainingRecipe,
     ValidationWatch,
     evaluate,
@@ -72,7 +74,11 @@ from cahp_engine.run import RunHooks, RunRequest, run_pruning
 from cahp_engine.run._holdout import ValidationScorer
 from studies import common, quality
 
-PARTS = ("early-stopping", "reconstructed-start", "budget", "imbalanced")
+PARTS = ("early-stopping", "reconstructed-start", "reconstructed-start-ffn", "budget", "imbalanced")
+#: The reconstructed-start parts: their record and the refit each starts from (None: the run's own).
+STARTS: dict[str, tuple[str, ReconstructionOptions | None]] = {
+    "reconstructed-start": ("reconstructed-start.json", ReconstructionOptions()),
+    "reconstructed-start-ffn": ("reconstructed-start-ffn.json", None)}
 #: Early stopping's settings compared (patience 0 is the paper's fixed epochs).
 PATIENCES = (0, 1, 2)
 #: The budget runs: name -> the settings that differ from the knee run's.
@@ -184,20 +190,21 @@ class _TimedScorer:
 
 def recover_curve(dense: nn.Module, train: EncodedDataset, validation: EncodedDataset, test: EncodedDataset,
                   heads: list[list[int]], *, seed: int, setup: Setup, teacher: Any,
-                  reconstructed: bool = False) -> dict[str, Any]:
+                  start: str | None = None) -> dict[str, Any]:
     """CAHP's heads recovered once over the whole schedule, judged on validation after every epoch and
     never stopped; the test split scored at every evaluation too (outside the timed span, and never
     seen by the recovery). Each stop's training and validation seconds are recorded apart. With
-    ``reconstructed``, the pruned model is first reconstructed as a ``reconstruct+finetune`` run does
-    (the run's own calibration rows and options for the seed), and its seconds recorded."""
+    ``start`` (a part of :data:`STARTS`), the pruned model is first reconstructed as a
+    ``reconstruct+finetune`` run does (the run's own calibration rows for the seed, that part's options),
+    and its seconds recorded."""
     pruned = copy.deepcopy(dense)
     kept: dict[int, list[int]] = {layer: [] for layer in range(len(heads_per_layer(dense)))}
     for layer, head in heads:
         kept[layer].append(head)
     prune_heads(pruned, kept)
     reconstruction: dict[str, Any] | None = None
-    if reconstructed:
-        reconstruction = quality.reconstruct_as_a_run(dense, pruned, train, seed, setup.device)
+    if start:
+        reconstruction = quality.reconstruct_as_a_run(dense, pruned, train, seed, setup.device, STARTS[start][1])
     scorer = _TimedScorer(ValidationScorer(validation, "accuracy", evaluate(dense, validation, device=setup.device),
                                            32, setup.device))
     recipe = TrainingRecipe(epochs=setup.epochs, lr=setup.lr, batch_size=32, warmup_ratio=0.1, weight_decay=0.01,
@@ -245,11 +252,10 @@ def derive(stops: list[dict[str, Any]], total_steps: int, patience: int, keep_be
 
 
 def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None], *,
-                   reconstructed: bool = False) -> dict[str, Any]:
-    """The ``early-stopping`` part (or, ``reconstructed``, the ``reconstructed-start`` part): one
-    never-stopped recovery per (seed, degree), resumable; every recovery of :data:`RECOVERIES` derived
-    from it."""
-    path = setup.record / ("reconstructed-start.json" if reconstructed else "early-stopping.json")
+                   start: str | None = None) -> dict[str, Any]:
+    """The ``early-stopping`` part (or, with ``start``, that part of :data:`STARTS`): one never-stopped
+    recovery per (seed, degree), resumable; every recovery of :data:`RECOVERIES` derived from it."""
+    path = setup.record / (STARTS[start][0] if start else "early-stopping.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     cells: dict[str, Any] = _read(path) or {}
     todo = [(s, d) for s in setup.protocol.seeds for d in setup.protocol.degrees]
@@ -266,7 +272,7 @@ def early_stopping(setup: Setup, compute: bool, say: Callable[[str], None], *,
             heads = _selection(setup, dense, train, seed)["degrees"][str(degree)]["kept"]["cahp"]
             t0 = time.perf_counter()
             cell = recover_curve(dense, train, validation, test, heads, seed=seed, setup=setup, teacher=teacher,
-                                 reconstructed=reconstructed)
+                                 start=start)
             cell.update(seed=seed, degree=degree, wall_s=time.perf_counter() - t0)
             cells = _store(path, _es_key(seed, degree), cell)
             say(f"seed {seed} degree {degree}: {len(heads)} heads, test by epoch "
@@ -464,8 +470,9 @@ def run(setup: Setup, parts: tuple[str, ...], *, compute: bool, say: Callable[[s
                                             "lr": setup.lr}}
     if "early-stopping" in parts:
         payload["early_stopping"] = early_stopping(setup, compute, say)
-    if "reconstructed-start" in parts:
-        payload["reconstructed_start"] = early_stopping(setup, compute, say, reconstructed=True)
+    for part in STARTS:
+        if part in parts:
+            payload[part.replace("-", "_")] = early_stopping(setup, compute, say, start=part)
     if "budget" in parts:
         if compute:
             quality.dense_model(setup.base, setup.data_dir, setup.quality_cache, setup.protocol, setup.device, say)
@@ -507,7 +514,8 @@ def markdown(doc: dict[str, Any]) -> str:
             vals = ", ".join(f"{100 * s['point']['accuracy']:.2f}" for s in cell["stops"])
             lines.append(f"| {cell['seed']} | {cell['degree']} | {cell['heads_kept']} | {tests} | {vals} |")
         lines.append("")
-    lines += _start_lines(doc)
+    lines += _start_lines(doc, "reconstructed_start", "the attention refit alone")
+    lines += _start_lines(doc, "reconstructed_start_ffn", "the run's reconstruction: attention and feed-forward refit")
     for part in ("budget", "imbalanced"):
         runs = doc.get(part)
         if not runs:
@@ -528,17 +536,18 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _start_lines(doc: dict[str, Any]) -> list[str]:
-    """The ``reconstructed-start`` table: test accuracy after each epoch of the recovery that starts from the
-    reconstructed model, beside the one that starts from the pruned weights (``early-stopping``'s cell)."""
-    rs = doc.get("reconstructed_start")
+def _start_lines(doc: dict[str, Any], key: str, refit: str) -> list[str]:
+    """A reconstructed-start table (``key``): test accuracy after each epoch of the recovery that starts from the
+    reconstructed model (``refit`` says which reconstruction), beside the one that starts from the pruned
+    weights (``early-stopping``'s cell)."""
+    rs = doc.get(key)
     if not rs or not rs["cells"]:
         return []
     pruned_start = {(c["seed"], c["degree"]): c for c in (doc.get("early_stopping") or {}).get("cells", [])}
-    lines = ["## Recovery from the reconstructed model against recovery from the pruned weights", "",
+    lines = [f"## Recovery from the reconstructed model ({refit}) against recovery from the pruned weights", "",
              "The same never-stopped 3-epoch recovery (distillation) of CAHP's heads; test accuracy after epoch "
              "0 (before training), 1, 2, 3. `from pruned` is the early-stopping part's cell (`finetune`); "
-             "`from reconstructed` starts after the engine's reconstruction (`reconstruct+finetune`).", "",
+             f"`from reconstructed` starts after a reconstruction ({refit}; `reconstruct+finetune`).", "",
              "| seed | degree | heads | from pruned | from reconstructed | reconstruction s |",
              "|---|---|---|---|---|---|"]
     for cell in rs["cells"]:

@@ -54,11 +54,13 @@ from cahp_engine.models import heads_per_layer, load_classifier, prune_heads, sa
 from cahp_engine.recovery import (
     AuxiliaryLoss,
     Distillation,
+    ReconstructionOptions,
     TeacherLogits,
     TeacherRecord,
     TrainingRecipe,
     evaluate,
     finetune,
+    reconstruct,
     teacher_logits,
 )
 from cahp_engine.run._reconstruct import calibration_batches, reconstruct_pruned
@@ -358,12 +360,15 @@ def completed(found: dict[str, Any], dense: nn.Module, train: EncodedDataset, pr
 
 
 def reconstruct_as_a_run(dense: nn.Module, pruned: nn.Module, train: EncodedDataset, seed: int,
-                         device: torch.device) -> dict[str, Any]:
+                         device: torch.device, options: ReconstructionOptions | None = None) -> dict[str, Any]:
     """Reconstruct ``pruned`` in place against ``dense`` as a ``recovery: reconstruct+finetune`` run does (the
-    run's default options and calibration rows for ``seed``); its seconds, tokens, sentences and summary."""
+    run's options, or ``options``, and its calibration rows for ``seed``); its seconds, tokens, sentences
+    and summary."""
     start = time.perf_counter()
     config = PruningConfig(seed=seed, device=device.type)
-    refit = reconstruct_pruned(dense, pruned, calibration_batches(train, config, device), config)
+    batches = calibration_batches(train, config, device)
+    refit = (reconstruct_pruned(dense, pruned, batches, config) if options is None
+             else reconstruct(dense, pruned, batches, options, seed=seed))
     return {"seconds": time.perf_counter() - start, "tokens": refit.rows, "summary": refit.describe(),
             "sentences": min(config.reconstruction_rows, len(train))}
 

@@ -2,10 +2,11 @@
 family allows it, one layer at a time from the previous layer's output kept in memory.
 
 :func:`capture` runs a model (or, given a :class:`Call`, one layer alone) up to a sub-layer's output
-projection and hands back that projection's input and output and the residual the sub-layer's output is
-added to; :func:`capture_all` does it for every planned sub-layer in one whole pass (the dense model's
-targets). :func:`layer_calls` learns how the encoder calls each layer, checks that calling them one after
-another reproduces the model's own pass, and :func:`advance` moves the calls up a layer on refit weights.
+projection and hands back that projection's input and the residual the sub-layer's output is added to;
+:func:`capture_all` hands back every planned sub-layer's projection output and residual from one whole pass
+(the dense model's targets). :func:`layer_calls` learns how the encoder calls each layer, checks that
+calling them one after another reproduces the model's own pass, and :func:`advance` moves the calls up a
+layer on refit weights.
 """
 
 from __future__ import annotations
@@ -64,17 +65,18 @@ def _hook_residual(adapter: Any, layer: nn.Module, name: str, keep: Callable[[to
 
 @dataclass
 class Seen:
-    """What one pass saw at a sub-layer: its projection's input and output, and the residual it is added to."""
+    """What one pass saw at a sub-layer: its output projection's input, and the residual the sub-layer's
+    output is added to."""
 
     input: torch.Tensor | None = None
-    output: torch.Tensor | None = None
     residual: torch.Tensor | None = None
 
 
 def capture(model: nn.Module, adapter: Any, key: tuple[int, str], batch: Mapping[str, torch.Tensor],
             call: Call | None = None) -> Seen:
-    """One forward pass of ``model``, stopped after the output projection of sub-layer ``key`` (layer index,
-    ``"attention"`` or ``"ffn"``); with ``call``, a pass of that layer alone, called as the model would."""
+    """One forward pass of ``model``, stopped where the output projection of sub-layer ``key`` (layer index,
+    ``"attention"`` or ``"ffn"``) is called (the projection itself does not run); with ``call``, a pass of
+    that layer alone, called as the model would."""
     index, name = key
     layer = adapter.layers(model)[index]
     hooked = output_projection(adapter, layer, name)
@@ -85,13 +87,9 @@ def capture(model: nn.Module, adapter: Any, key: tuple[int, str], batch: Mapping
 
     def on_input(_m: nn.Module, args: tuple[Any, ...]) -> None:
         seen.input = args[0]
-
-    def on_output(_m: nn.Module, _args: tuple[Any, ...], output: torch.Tensor) -> None:
-        seen.output = output
         raise _Stop
 
-    handles = [_hook_residual(adapter, layer, name, on_residual),
-               hooked.register_forward_pre_hook(on_input), hooked.register_forward_hook(on_output)]
+    handles = [_hook_residual(adapter, layer, name, on_residual), hooked.register_forward_pre_hook(on_input)]
     try:
         if call is None:
             model(**model_inputs(model, batch))
@@ -137,25 +135,84 @@ class Calls:
         return None if template is None or hidden is None else template[self.layer].with_hidden(hidden)
 
 
-def _calls_of(model: nn.Module, layers: Sequence[nn.Module], batch: Mapping[str, torch.Tensor]) -> list[Call]:
-    """How ``model``'s encoder calls each of ``layers`` on ``batch``, from one pass."""
+def _calls_of(model: nn.Module, layers: Sequence[nn.Module], batch: Mapping[str, torch.Tensor],
+              through: Sequence[int] | None = None) -> tuple[list[Call], list[Any]]:
+    """How ``model``'s encoder calls each of ``layers`` on ``batch``, and what each layer returned, from one
+    pass. With ``through`` (per layer, the length of the tuple it returns, 0 for a bare tensor), the layers do
+    not run: each hands its hidden states straight back in that form, so the pass costs the embeddings and
+    the head alone, and only the calls' other arguments (masks, position embeddings) are worth reading."""
     seen: list[Call] = []
+    returned: list[Any] = []
 
     def on_layer(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         seen.append(Call(tuple(args), dict(kwargs)))
 
+    def on_return(_m: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+        returned.append(output)
+
     handles = [layer.register_forward_pre_hook(on_layer, with_kwargs=True) for layer in layers]
+    handles += [layer.register_forward_hook(on_return) for layer in layers]
+    if through is not None:
+        for layer, length in zip(layers, through, strict=True):
+            layer.forward = functools.partial(_hand_back, length)
     try:
         model(**model_inputs(model, batch))
     finally:
         for handle in handles:
             handle.remove()
-    return seen
+        if through is not None:
+            for layer in layers:
+                del layer.forward
+    return seen, returned
+
+
+def _hand_back(length: int, *args: Any, **kwargs: Any) -> Any:
+    """A layer that returns its hidden states unchanged, as a bare tensor (``length`` 0) or first of a tuple."""
+    hidden = Call(args, kwargs).hidden
+    return hidden if length == 0 else (hidden, *([None] * (length - 1)))
+
+
+def _returned_forms(returned: Sequence[Any]) -> list[int] | None:
+    """Per layer, the form :func:`_hand_back` must imitate (0: a tensor; n: an n-tuple of the hidden states
+    and Nones), or None when a layer returns anything else (attention weights, a cache)."""
+    forms = []
+    for output in returned:
+        if isinstance(output, torch.Tensor):
+            forms.append(0)
+        elif (isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor)
+              and all(item is None for item in output[1:])):
+            forms.append(len(output))
+        else:
+            return None
+    return forms
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two calls' arguments are the same values (tensors equal, containers item by item)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and (a is b or a == b)
 
 
 def _layer_output(layer: nn.Module, call: Call) -> torch.Tensor:
     out = layer(*call.args, **call.kwargs)
     return out[0] if isinstance(out, tuple) else out
+
+
+def _chains(layers: Sequence[nn.Module], seen: Sequence[Call]) -> bool:
+    """Whether calling ``layers`` one after another from the first call gives every later call's hidden states."""
+    call = seen[0]
+    for index, layer in enumerate(layers[:-1]):
+        want = seen[index + 1].hidden
+        call = seen[index + 1].with_hidden(_layer_output(layer, call))
+        if call.hidden.shape != want.shape or not torch.allclose(call.hidden, want, rtol=1e-4, atol=1e-5):
+            return False
+    return True
 
 
 def layer_calls(pruned: nn.Module, adapter: Any, batches: Sequence[Mapping[str, torch.Tensor]],
@@ -164,27 +221,35 @@ def layer_calls(pruned: nn.Module, adapter: Any, batches: Sequence[Mapping[str, 
     alone, from the previous layer's output kept in memory (``L`` layer passes in all for ``L`` layers)
     instead of the whole model up to it (about ``L^2 / 2``). What the encoder passes a layer besides its
     hidden states (masks, position embeddings, a layer's own attention window) comes from one pass of the
-    model per batch. None when calling the layers one after another does not give the hidden states of the
-    model's own pass (checked on the first batch): every system then runs the model from its embeddings."""
+    model per batch, with the layers handing their input straight back (embeddings and head only) once the
+    first batch has shown that this gives the same arguments as the model's own pass. None when calling
+    the layers one after another does not give the hidden states of the model's own pass (checked on the
+    first batch): every system then runs the model from its embeddings."""
     layers = adapter.layers(pruned)
     templates: list[list[Call] | None] = []
     hidden: list[torch.Tensor | None] = []
+    forms: list[int] | None = None
     checked = False
     for batch, rows in zip(batches, keep, strict=True):
         if not bool(rows.any()):
             templates.append(None)
             hidden.append(None)
             continue
-        seen = _calls_of(pruned, layers, batch)
+        if checked and forms is not None:
+            seen, _ = _calls_of(pruned, layers, batch, through=forms)
+        else:
+            seen, returned = _calls_of(pruned, layers, batch)
         if len(seen) != len(layers):
             return None
         if not checked:
-            call = seen[0]
-            for index, layer in enumerate(layers[:-1]):
-                want = seen[index + 1].hidden
-                call = seen[index + 1].with_hidden(_layer_output(layer, call))
-                if call.hidden.shape != want.shape or not torch.allclose(call.hidden, want, rtol=1e-4, atol=1e-5):
-                    return None
+            if not _chains(layers, seen):
+                return None
+            forms = _returned_forms(returned)
+            if forms is not None:
+                handed, _ = _calls_of(pruned, layers, batch, through=forms)
+                if not _same([(c.args, c.kwargs) for c in handed[:1] + [c.with_hidden(None) for c in handed[1:]]],
+                             [(c.args, c.kwargs) for c in seen[:1] + [c.with_hidden(None) for c in seen[1:]]]):
+                    forms = None
             checked = True
         hidden.append(seen[0].hidden)
         templates.append([c.with_hidden(None) for c in seen])

@@ -354,7 +354,8 @@ def _accumulate(refit: _Refit, index: int, name: str, cached: list[torch.Tensor 
             target = known.to(torch.float64)
         else:
             want = capture(dense, adapter, (index, name), batch)
-            target = rows_at(want.output, rows).to("cpu", torch.float64)
+            dense_projection = output_projection(adapter, adapter.layers(dense)[index], name)
+            target = rows_at(dense_projection(want.input), rows).to("cpu", torch.float64)
             if residual:
                 target = target + rows_at(want.residual, rows).to("cpu", torch.float64)
         if residual:

@@ -16,8 +16,8 @@ class LayerFit(JsonRecord):
 
     ``error_before`` and ``error_after`` are ``||output - target||^2 / ||target||^2`` over the
     calibration tokens, before and after the refit; ``ridge`` is the absolute ridge term used and
-    ``condition`` the Gram matrix's condition number before it (``ill_conditioned`` above 1e8: the
-    ridge term, not the rows, decided the unseen directions).
+    ``condition`` the Gram matrix's 1-norm condition number before it, as LAPACK estimates it
+    (``ill_conditioned`` above 1e8: the ridge term, not the rows, decided the unseen directions).
     """
 
     layer: int

@@ -62,6 +62,11 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     assert all(c["reconstruction"] is None for c in es["cells"])
     # the reconstructed start changes the model the recovery begins from
     assert all(a["loss_per_epoch"] != b["loss_per_epoch"] for a, b in zip(start["cells"], es["cells"], strict=True))
+    # the recorded part refits the attention alone; its -ffn twin starts from the run's reconstruction
+    ffn = payload["reconstructed_start_ffn"]
+    assert ffn["complete"] and len(ffn["cells"]) == 2
+    assert all("feed-forward" not in c["reconstruction"]["summary"] for c in start["cells"])
+    assert all("feed-forward residual" in c["reconstruction"]["summary"] for c in ffn["cells"])
     runs = payload["budget"]
     assert set(runs) == set(budget_study.BUDGET_RUNS)
     assert runs["knee"]["budget"] is None and runs["knee"]["wall_vs_knee"] == 1.0
@@ -74,7 +79,8 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     assert set(imbalanced) == set(budget_study.IMBALANCED_RUNS)
     text = budget_study.markdown({**payload, "date": "today", "command": "python -m studies budget"})
     assert "| p1.0 |" in text and "| d6-balanced |" in text and "patience1" in text and "best-of-3" in text
-    assert "Recovery from the reconstructed model" in text
+    assert "Recovery from the reconstructed model (the attention refit alone)" in text
+    assert "Recovery from the reconstructed model (the run's reconstruction" in text
 
     # The rerun computes nothing: every cell and run is in the cache.
     def refuse(*_args, **_kwargs):
@@ -85,6 +91,7 @@ def test_every_part_runs_and_a_rerun_resumes_from_the_cache(setup, monkeypatch):
     again = budget_study.run(setup, budget_study.PARTS, compute=True, say=said.append)
     assert again["early_stopping"]["cells"] == es["cells"] and again["budget"] == runs
     assert again["reconstructed_start"]["cells"] == start["cells"]
+    assert again["reconstructed_start_ffn"]["cells"] == ffn["cells"]
     # ... also from the record alone (another session: the cache of models and run directories is gone).
     shutil.rmtree(setup.cache)
     again = budget_study.run(setup, budget_study.PARTS, compute=True, say=said.append)

@@ -120,6 +120,16 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     "p1.0-fastest-reconstruct-ffn": {"max_accuracy_drop": 1.0, "budget_objective": "speed",
                                      "recovery": "reconstruct", "target_runtime": "pytorch", "target_batch": 32,
                                      "target_seq_len": 64},
+    # The budget judged after that reconstruction alone at the other two budgets, and at P = 1.0 on two more seeds
+    # (the seed draws the calibration rows and the selection's t-SNE embedding).
+    "p2.0-reconstruct-ffn": {"max_accuracy_drop": 2.0, "recovery": "reconstruct",
+                             "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p0.5-reconstruct-ffn": {"max_accuracy_drop": 0.5, "recovery": "reconstruct",
+                             "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p1.0-reconstruct-ffn-seed43": {"max_accuracy_drop": 1.0, "recovery": "reconstruct", "seed": 43,
+                                    "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
+    "p1.0-reconstruct-ffn-seed44": {"max_accuracy_drop": 1.0, "recovery": "reconstruct", "seed": 44,
+                                    "budget_strategies": ("cahp", "salience", "cahp-layer-salience")},
     # The fastest model within the budget: a bisection over speed targets (PyTorch fp32, batch 32, 64 tokens),
     # heads and feed-forward neurons cut, judged after reconstruction; the chosen one fine-tuned, or not.
     "p1.0-fastest": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",

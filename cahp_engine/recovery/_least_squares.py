@@ -2,7 +2,8 @@
 
 One :class:`NormalEquations` per refit projection gathers ``X^T X``, ``X^T Y`` and ``||Y||^2`` over
 the calibration rows (``X``: the projection's input with a column of ones for the bias; ``Y``: what the
-projection should output), so the rows never have to be held at once. Two solutions read the same sums:
+projection should output), so the rows never have to be held at once; ``X^T X`` is symmetric and only its
+upper triangle is summed. Two solutions read the same sums, both by Cholesky:
 
 - :func:`solve_ridge` refits the whole projection, shrunk towards its current weights:
   ``(X^T X + lambda I) W = X^T Y + lambda W0``;
@@ -40,7 +41,8 @@ class Solution:
     ridge : float
         The absolute ridge term ``lambda`` the solution used.
     condition : float
-        Condition number of the system's Gram matrix before the ridge term (1e300 when singular).
+        The 1-norm condition number of the system's Gram matrix before the ridge term, as LAPACK
+        estimates it (1e300 when singular).
     """
 
     weight: torch.Tensor
@@ -173,8 +175,12 @@ def solve_ridge(system: NormalEquations, weight: torch.Tensor, bias: torch.Tenso
     answer = _solve_spd(gram + lam * torch.eye(k, dtype=torch.float64), cross + lam * start)
     new_weight = answer[: weight.shape[1]].T.contiguous()
     new_bias = answer[-1].contiguous() if bias is not None else torch.zeros(weight.shape[0], dtype=torch.float64)
+    # The answer's own error without another product with G: G A = C + lambda (A0 - A), so
+    # ||X A - Y||^2 = ||Y||^2 - 2 <A, C> + <A, G A> = ||Y||^2 - <A, C> + lambda <A, A0 - A>.
+    residual = (system.target_norm - float((answer * cross).sum()) + lam * float((answer * (start - answer)).sum()))
     return Solution(weight=new_weight, bias=new_bias, error_before=system.error(weight, bias),
-                    error_after=system.error(new_weight, new_bias), ridge=lam, condition=_condition(gram))
+                    error_after=max(residual, 0.0) / max(system.target_norm, 1e-300), ridge=lam,
+                    condition=_condition(gram))
 
 
 def solve_scales(system: NormalEquations, weight: torch.Tensor, bias: torch.Tensor | None, *, unit: int,

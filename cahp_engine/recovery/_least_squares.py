@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from scipy.linalg import lapack
 
-#: A system whose Gram matrix has a larger condition number (largest over smallest eigenvalue) is
+#: A system whose Gram matrix has a larger condition number (1-norm, LAPACK's estimate) is
 #: ill-conditioned: its least-squares answer would follow the noise of the calibration rows, and only
 #: the ridge term keeps it bounded.
 ILL_CONDITIONED = 1e8
@@ -128,8 +128,9 @@ def _add_upper_gram(upper: torch.Tensor, x: torch.Tensor) -> None:
 
 def _condition(matrix: torch.Tensor) -> float:
     """The 1-norm condition number of a symmetric positive semi-definite ``matrix``, as LAPACK estimates it
-    from a Cholesky factor (``dpocon``; within a small factor of the exact one, and between ``1/n`` and ``n``
-    times the 2-norm one); 1e300 when the factor does not exist (singular to working precision)."""
+    from a Cholesky factor (``dpocon``; seldom below the exact figure by more than a factor of 3, which itself
+    lies between the 2-norm figure and ``n`` times it); 1e300 when the factor does not exist (singular to
+    working precision)."""
     array = matrix.numpy()
     norm = float(np.abs(array).sum(axis=0).max())
     if not norm > 0:

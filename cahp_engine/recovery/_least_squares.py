@@ -205,8 +205,9 @@ def solve_scales(system: NormalEquations, weight: torch.Tensor, bias: torch.Tens
     b0 = torch.zeros(w0.shape[0], dtype=torch.float64) if bias is None else bias.to(torch.float64)
     inputs = w0.shape[1]
     units = inputs // unit
-    xx = system.gram[:inputs, :inputs]
-    xsum = system.gram[:inputs, -1]  # sum of each input column over the rows
+    full = system.gram  # built from the upper triangle on each read: read once
+    xx = full[:inputs, :inputs]
+    xsum = full[:inputs, -1]  # sum of each input column over the rows
     gram = (xx * (w0.T @ w0)).reshape(units, unit, units, unit).sum(dim=(1, 3))
     rhs_cols = (w0.T * (system.cross[:inputs] - xsum[:, None] * b0[None, :])).sum(dim=1)
     rhs = rhs_cols.reshape(units, unit).sum(dim=1)

@@ -68,15 +68,16 @@ def test_reconstruct_then_finetune_trains_from_the_reconstructed_weights(inputs,
     assert "teacher" in report.timings_s and "reconstruction" in report.timings_s
 
 
-def test_finetune_alone_is_the_default_and_has_no_reconstruction(inputs, tmp_path: Path) -> None:
-    report, _, _ = _run(inputs, tmp_path / "out")
+def test_finetune_alone_has_no_reconstruction(inputs, tmp_path: Path) -> None:
+    report, _, _ = _run(inputs, tmp_path / "out", recovery="finetune")
     assert report.config.recovery == "finetune" and report.reconstruction is None
     assert "reconstruction" not in report.timings_s
     assert json.loads((tmp_path / "out" / "report.json").read_text())["reconstruction"] is None
 
 
 def test_the_modes_skip_the_stages_they_do_not_run() -> None:
-    assert "reconstruction" in skipped_stages(PruningConfig())
+    assert PruningConfig().recovery == "reconstruct+finetune"  # the default, by measurement (docs/performance.md)
+    assert "reconstruction" in skipped_stages(PruningConfig(recovery="finetune"))
     only = skipped_stages(PruningConfig(recovery="reconstruct"))
     assert "recovery" in only and "teacher" in only and "reconstruction" not in only
     both = skipped_stages(PruningConfig(recovery="reconstruct+finetune"))

@@ -331,7 +331,8 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
         args += {"fastest_without_budget": ["--recovery", "reconstruct"],
                  "fastest_with_target": [*budget, "--target-speedup", "2"],
                  "fastest_with_heads": [*budget, "--heads-to-keep", "4"],
-                 "fastest_finetune": ["--max-accuracy-drop", "1", "--recovery", "finetune"]}[case] + ["--budget-objective", "speed"]
+                 "fastest_finetune": ["--max-accuracy-drop", "1", "--recovery", "finetune"]}[case] + [
+                     "--budget-objective", "speed"]
     elif case.startswith("target_"):
         speedup = {"target_below_one": "0.5", "target_and_heads": "2", "target_unreachable": "500"}[case]
         args += ["--target-speedup", speedup] + (["--heads-to-keep", "4"] if case == "target_and_heads" else [])

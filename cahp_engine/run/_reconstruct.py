@@ -16,7 +16,8 @@ from torch import nn
 
 from cahp_engine.config import PruningConfig
 from cahp_engine.data import TrainRows, draw_subset, iterate_batches, length_grouped_batches, take_rows
-from cahp_engine.errors import UnsupportedModelError
+from cahp_engine.errors import InvalidInputError, UnsupportedModelError
+from cahp_engine.models import get_adapter
 from cahp_engine.progress import CancelFn
 from cahp_engine.recovery import Reconstruction, ReconstructionOptions, reconstruct, unsupported_reason
 
@@ -39,29 +40,44 @@ def judges_budget(config: PruningConfig) -> bool:
     return config.budget_search == "judged" or (config.budget_search == "auto" and reconstructs(config))
 
 
-def check_reconstruction(model: nn.Module, config: PruningConfig) -> None:
-    """Refuse, before any work, a reconstructing mode that ``model``'s family cannot run (the reason said)."""
+def check_reconstruction(model: nn.Module, config: PruningConfig, rows: TrainRows | None = None) -> None:
+    """Refuse, before any work, a reconstructing mode that ``model``'s family cannot run (the reason said), or
+    whose calibration tokens from ``rows`` are fewer than a layer that keeps all its heads has unknowns."""
     judged = config.max_accuracy_drop is not None and judges_budget(config)
     if not reconstructs(config) and not judged:
         return
+    what = (f"`recovery` {config.recovery!r}" if reconstructs(config) else
+            "`budget_search` 'judged' scores candidates after reconstruction, which")
+    instead = "use `recovery` 'finetune'" if reconstructs(config) else "use `budget_search` 'halving'"
     reason = unsupported_reason(model, ReconstructionOptions())
-    if reason is None:
+    if reason is not None:
+        raise UnsupportedModelError(f"{what} cannot run on this model: {reason}; {instead}")
+    if rows is None:
         return
-    if reconstructs(config):
-        raise UnsupportedModelError(f"`recovery` {config.recovery!r} cannot run on this model: {reason}; "
-                                    "use `recovery` 'finetune'")
-    raise UnsupportedModelError(f"`budget_search` 'judged' scores candidates after reconstruction, which cannot run "
-                                f"on this model: {reason}; use `budget_search` 'halving'")
+    adapter = get_adapter(model)
+    needed = adapter.num_heads(model.config) * adapter.head_dim(model.config) + 1
+    drawn = _calibration_rows(rows, config)
+    tokens = int(take_rows(rows, drawn).lengths.sum())
+    if tokens < needed:
+        raise InvalidInputError(
+            f"{what} needs at least {needed} calibration tokens (the unknowns per output of a layer that keeps all "
+            f"its heads), and the {len(drawn)} training rows it draws (`reconstruction_rows` "
+            f"{config.reconstruction_rows}, at least one per class) hold {tokens}; give more or longer training rows, "
+            f"or {instead}")
 
 
 def calibration_batches(rows: TrainRows, config: PruningConfig,
                         device: torch.device | str = "cpu") -> list[dict[str, torch.Tensor]]:
     """``config.reconstruction_rows`` training rows drawn with the seed (stratified), in batches by length."""
-    count = min(config.reconstruction_rows, len(rows))
-    picked = draw_subset(len(rows), count, seed=config.seed, labels=np.asarray(rows.labels))
-    data = take_rows(rows, picked)
+    data = take_rows(rows, _calibration_rows(rows, config))
     batches = length_grouped_batches(data.lengths, np.arange(len(data)), CALIBRATION_BATCH)
     return list(iterate_batches(data, batches, device))
+
+
+def _calibration_rows(rows: TrainRows, config: PruningConfig) -> np.ndarray:
+    """The indices of the ``config.reconstruction_rows`` training rows a reconstruction draws (stratified)."""
+    count = min(config.reconstruction_rows, len(rows))
+    return draw_subset(len(rows), count, seed=config.seed, labels=np.asarray(rows.labels))
 
 
 #: What a run refits, layer by layer: the attention output projection, then the feed-forward output

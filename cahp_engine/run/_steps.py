@@ -158,7 +158,7 @@ def load(run: RunContext, request: RunRequest) -> Inputs:
         rows = LazyEncodedDataset(loaded.tokenizer, train, max_length=config.max_length)
         evaluation = encode(loaded.tokenizer, splits.eval, max_length=config.max_length)
         validate_inputs(loaded.model, rows, config)
-        check_reconstruction(loaded.model, config)
+        check_reconstruction(loaded.model, config, rows)
         check_target_reachable(loaded.model, config)
         run.say(f"{len(rows)} training and {len(evaluation)} evaluation samples, {rows.num_classes} classes; "
                 f"{loaded.family} model with {loaded.num_layers}x{loaded.num_heads} heads on {device}")

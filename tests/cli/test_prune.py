@@ -331,7 +331,8 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path, case, message):
         args += {"fastest_without_budget": ["--recovery", "reconstruct"],
                  "fastest_with_target": [*budget, "--target-speedup", "2"],
                  "fastest_with_heads": [*budget, "--heads-to-keep", "4"],
-                 "fastest_finetune": ["--max-accuracy-drop", "1"]}[case] + ["--budget-objective", "speed"]
+                 "fastest_finetune": ["--max-accuracy-drop", "1", "--recovery", "finetune"]}[case] + [
+                     "--budget-objective", "speed"]
     elif case.startswith("target_"):
         speedup = {"target_below_one": "0.5", "target_and_heads": "2", "target_unreachable": "500"}[case]
         args += ["--target-speedup", speedup] + (["--heads-to-keep", "4"] if case == "target_and_heads" else [])
@@ -408,7 +409,7 @@ def test_a_missed_budget_exits_1_and_leaves_the_candidates_report(tmp_path):
     data = write_dataset(tmp_path / "data", n_train=150)
     out = tmp_path / "out"
     proc = cahp(str(model), str(data), "-o", str(out), "--dense-finetune", "never", "--untrained-dense", "warn",
-                "--epochs", "1",
+                "--epochs", "1", "--recovery", "finetune",
                 "--max-accuracy-drop", "0", "--budget-metric", "macro_f1", "--stability-shards", "0",
                 "--export", "none", "--name", "fragile-pruned", "--label", "git/commit=4f2c9e1", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr

@@ -324,7 +324,7 @@ def test_the_paper_protocol_reads_no_validation_split(tmp_path, model_dir):
 def test_a_budget_search_bisects_the_ladder_and_returns_the_smallest_candidate(tmp_path, model_dir,
                                                                                guard_evaluation):
     data = _dataset(tmp_path / "data", {"train": (150, 0), "test": (45, 1)})
-    config = PruningConfig(**FAST, max_accuracy_drop=100.0, budget_screen_epochs=0.5)
+    config = PruningConfig(**FAST, max_accuracy_drop=100.0, budget_screen_epochs=0.5, recovery="finetune")
     report = run_pruning(RunRequest(model_ref=str(model_dir), dataset_ref=str(data), output_dir=tmp_path / "out",
                                     config=config))
     assert guard_evaluation["calls"] == 1
@@ -363,7 +363,7 @@ def test_a_budget_nobody_meets_halves_each_round_and_records_every_candidate(tmp
     data = _dataset(tmp_path / "data", {"train": (150, 1), "validation": (60, 2), "test": (45, 3)})
     out = tmp_path / "out"
     config = PruningConfig(**{**FAST, "epochs": 3, "dense_finetune": "never", "untrained_dense": "warn"},
-                           max_accuracy_drop=5.0,
+                           max_accuracy_drop=5.0, recovery="finetune",
                            budget_metric="macro_f1")
     with pytest.raises(AccuracyBudgetError, match="no candidate kept validation macro_f1 within 5 points") as err:
         run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=out, config=config))

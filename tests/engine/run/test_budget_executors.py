@@ -95,7 +95,7 @@ def test_probes_split_the_interval_evenly_and_one_is_bisection() -> None:
 @pytest.mark.parametrize("parallel", [1, 2])
 def test_the_answer_is_the_same_whoever_runs_the_candidates_and_in_whatever_order(inputs, tmp_path, parallel):
     config = PruningConfig(**{**FAST, "epochs": 3}, max_accuracy_drop=1.0, budget_parallel=parallel,
-                           budget_screen_epochs=0.5)
+                           budget_screen_epochs=0.5, recovery="finetune")
     here = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "here", config=config))
     pool = OnDisk(tmp_path / "pieces")
     there = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "there", config=config),
@@ -111,7 +111,8 @@ def test_the_answer_is_the_same_whoever_runs_the_candidates_and_in_whatever_orde
 
 
 def test_a_k_ary_search_tries_several_head_counts_per_round(inputs, tmp_path):
-    config = PruningConfig(**FAST, max_accuracy_drop=100.0, budget_parallel=3, budget_screen_epochs=0.5)
+    config = PruningConfig(**FAST, max_accuracy_drop=100.0, budget_parallel=3, budget_screen_epochs=0.5,
+                           recovery="finetune")
     report = run_pruning(RunRequest(*inputs, output_dir=tmp_path / "out", config=config))
     b = report.budget
     rounds = sorted({c.round for c in b.candidates})

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cahp_engine.config import PruningConfig
-from cahp_engine.errors import ConfigError
+from cahp_engine.errors import ConfigError, InvalidInputError
 from cahp_engine.models import load_pruned
 from cahp_engine.progress import skipped_stages
 from cahp_engine.recovery import Reconstruction, evaluate
@@ -68,15 +68,33 @@ def test_reconstruct_then_finetune_trains_from_the_reconstructed_weights(inputs,
     assert "teacher" in report.timings_s and "reconstruction" in report.timings_s
 
 
-def test_finetune_alone_is_the_default_and_has_no_reconstruction(inputs, tmp_path: Path) -> None:
-    report, _, _ = _run(inputs, tmp_path / "out")
+def test_finetune_alone_has_no_reconstruction(inputs, tmp_path: Path) -> None:
+    report, _, _ = _run(inputs, tmp_path / "out", recovery="finetune")
     assert report.config.recovery == "finetune" and report.reconstruction is None
     assert "reconstruction" not in report.timings_s
     assert json.loads((tmp_path / "out" / "report.json").read_text())["reconstruction"] is None
 
 
+def test_too_few_calibration_tokens_are_refused_before_any_work(tmp_path: Path) -> None:
+    # The default mode reconstructs. A layer of 8 heads x 8 dimensions that keeps its heads has 65 unknowns per
+    # output; one row per class of at most 16 tokens each cannot pin them down.
+    make_classifier("bert", layers=2, heads=8, num_labels=3, seed=2).save_pretrained(tmp_path / "base")
+    make_tokenizer().save_pretrained(tmp_path / "base")
+    data = write_three_class_dataset(tmp_path / "data", {"train": (90, 0), "test": (45, 1)})
+    stages: list[str] = []
+    config = PruningConfig(**{**FAST, "heads_to_keep": 3, "reconstruction_rows": 1})
+    with pytest.raises(InvalidInputError, match=r"`recovery` 'reconstruct\+finetune' needs at least 65 calibration "
+                                                r"tokens .*the 3 training rows it draws \(`reconstruction_rows` 1, "
+                                                r"at least one per class\) hold \d+; give more or longer training "
+                                                r"rows, or use `recovery` 'finetune'"):
+        run_pruning(RunRequest(model_ref=str(tmp_path / "base"), dataset_ref=str(data), output_dir=tmp_path / "out",
+                               config=config), RunHooks(progress=lambda stage, _fraction: stages.append(stage)))
+    assert not {"dense_finetune", "signatures"} & set(stages)  # refused before any work
+
+
 def test_the_modes_skip_the_stages_they_do_not_run() -> None:
-    assert "reconstruction" in skipped_stages(PruningConfig())
+    assert PruningConfig().recovery == "reconstruct+finetune"  # the default, by measurement (docs/performance.md)
+    assert "reconstruction" in skipped_stages(PruningConfig(recovery="finetune"))
     only = skipped_stages(PruningConfig(recovery="reconstruct"))
     assert "recovery" in only and "teacher" in only and "reconstruction" not in only
     both = skipped_stages(PruningConfig(recovery="reconstruct+finetune"))

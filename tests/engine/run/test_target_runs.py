@@ -126,8 +126,8 @@ def test_an_unreachable_target_at_the_p95_length_names_the_bound_at_any_length(t
      "`budget_objective` 'speed' looks for the fastest model within an accuracy budget; set `max_accuracy_drop`"),
     ({"budget_objective": "speed", "max_accuracy_drop": 1.0, "recovery": "reconstruct", "target_flops": 0.5},
      "`budget_objective` 'speed' searches for the speed target and `target_flops` fixes it"),
-    ({"budget_objective": "speed", "max_accuracy_drop": 1.0}, "judges its candidates after layer-wise "
-                                                              "reconstruction; set `recovery`"),
+    ({"budget_objective": "speed", "max_accuracy_drop": 1.0, "recovery": "finetune"},
+     "judges its candidates after layer-wise reconstruction; set `recovery`"),
     ({"target_speedup": 2.0, "target_flops": 0.5}, "`target_speedup` and `target_flops` each set the size"),
     ({"target_runtime": "tensorrt"}, "`target_runtime` must be one of pytorch, ort-fp32, ort-int8, got 'tensorrt'"),
     ({"target_seq_len": "p90"}, "`target_seq_len` must be an integer between 1 and 8192 or 'p95', got 'p90'"),

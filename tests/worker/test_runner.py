@@ -294,10 +294,10 @@ def test_a_missed_accuracy_budget_fails_the_job_and_keeps_the_candidates_report(
 ) -> None:
     dataset_uri = f"file://{write_tiny_dataset(local_root / 'data150', train=150, test=30)}"
     # A dense model whose heads cancel each other's offsets, trained on the same rows: every pruned
-    # copy answers one class, so no candidate is within 0 points.
+    # copy answers one class after fine-tuning alone, so no candidate is within 0 points.
     model_uri = f"file://{write_fragile_model(local_root / 'fragile', train_rows=150, train_seed=1)}"
     job_id = _submit(client, auth, job_body(model_uri, dataset_uri, dense_finetune="never", untrained_dense="warn",
-                                            epochs=1,
+                                            epochs=1, recovery="finetune",
                                             max_accuracy_drop=0.0, budget_metric="macro_f1", stability_shards=0))
     assert execute_job(job_id=job_id, context=context) is Outcome.failed
     job = _job(client, auth, job_id)

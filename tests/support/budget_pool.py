@@ -9,8 +9,10 @@ from sqlalchemy import text
 from tests.support.helpers import write_split, write_tiny_model
 from tests.support.stack import Stack
 
-#: A budget job on the tiny model whose pieces last long enough to be seen running anywhere.
+#: A budget job on the tiny model whose pieces last long enough to be seen running anywhere: fine-tuning
+#: alone, so every candidate of the successive-halving search is a piece a worker can take.
 BUDGET_PARAMS: dict[str, Any] = {
+    "recovery": "finetune",
     "dense_finetune": "always", "dense_epochs": 4, "dense_lr": 2e-3, "lr": 5e-4, "batch_size": 2, "epochs": 48,
     "eval_steps": 75 * 24, "max_accuracy_drop": 3.0, "budget_screen_epochs": 24.0, "budget_parallel": 2,
     "resolution": 6, "signature_samples": "all", "calibration_fraction": 1.0, "stability_shards": 0,

@@ -76,13 +76,13 @@ def test_finetune_alone_has_no_reconstruction(inputs, tmp_path: Path) -> None:
 
 
 def test_too_few_calibration_tokens_are_refused_before_any_work(tmp_path: Path) -> None:
-    # The default mode reconstructs. A layer of 8 heads x 8 dimensions that keeps its heads has 65 unknowns per
+    # A layer of 8 heads x 8 dimensions that keeps its heads has 65 unknowns per
     # output; one row per class of at most 16 tokens each cannot pin them down.
     make_classifier("bert", layers=2, heads=8, num_labels=3, seed=2).save_pretrained(tmp_path / "base")
     make_tokenizer().save_pretrained(tmp_path / "base")
     data = write_three_class_dataset(tmp_path / "data", {"train": (90, 0), "test": (45, 1)})
     stages: list[str] = []
-    config = PruningConfig(**{**FAST, "heads_to_keep": 3, "reconstruction_rows": 1})
+    config = PruningConfig(**{**FAST, "heads_to_keep": 3, "reconstruction_rows": 1, "recovery": "reconstruct+finetune"})
     with pytest.raises(InvalidInputError, match=r"`recovery` 'reconstruct\+finetune' needs at least 65 calibration "
                                                 r"tokens .*the 3 training rows it draws \(`reconstruction_rows` 1, "
                                                 r"at least one per class\) hold \d+; give more or longer training "
@@ -93,7 +93,7 @@ def test_too_few_calibration_tokens_are_refused_before_any_work(tmp_path: Path) 
 
 
 def test_the_modes_skip_the_stages_they_do_not_run() -> None:
-    assert PruningConfig().recovery == "reconstruct+finetune"  # the default, by measurement (docs/performance.md)
+    assert PruningConfig().recovery == "finetune"
     assert "reconstruction" in skipped_stages(PruningConfig(recovery="finetune"))
     only = skipped_stages(PruningConfig(recovery="reconstruct"))
     assert "recovery" in only and "teacher" in only and "reconstruction" not in only

@@ -89,7 +89,7 @@ def _cell(dense: torch.nn.Module, pruned: torch.nn.Module, *, context: dict[str,
         # The same cut refit with the feed-forward block's own output as the target instead of its sum with
         # the residual: what the run did before it matched the sum.
         block = copy.deepcopy(pruned)
-        options = dataclasses.replace(reconstruction_options(block), ffn_target="block")
+        options = dataclasses.replace(reconstruction_options(block, context["config"]), ffn_target="block")
         rebuilt = reconstruct(dense, block, context["batches"], options, seed=context["config"].seed)
         fields["reconstructed_ffn_block"] = _scores(block, context["test"])
         fields["reconstruction_ffn_block"] = rebuilt.describe()

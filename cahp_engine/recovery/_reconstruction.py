@@ -66,9 +66,11 @@ from cahp_engine.recovery._reconstruction_records import LayerFit, Reconstructio
 Sublayer = Literal["attention", "ffn"]
 Method = Literal["ridge", "scales"]
 Target = Literal["residual", "block"]
+Shortfall = Literal["refuse", "skip"]
 SUBLAYERS: tuple[str, ...] = get_args(Sublayer)
 METHODS: tuple[str, ...] = get_args(Method)
 TARGETS: tuple[str, ...] = get_args(Target)
+SHORTFALLS: tuple[str, ...] = get_args(Shortfall)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,11 @@ class ReconstructionOptions:
         The ridge term relative to the system's mean diagonal (> 0).
     max_rows : int or None
         Calibration tokens used per system, drawn at random with the seed when the batches hold more.
+    short : {"refuse", "skip"}
+        What a system with more unknowns than calibration tokens does: ``refuse`` raises before any
+        work (the message names the tokens needed); ``skip`` leaves that projection as pruned, with a
+        note, and refits the others (for a run that fine-tunes afterwards, which recovers the rest).
+        A feed-forward block that kept every neuron lost nothing and is skipped either way.
     """
 
     sublayers: tuple[str, ...] = ("attention",)
@@ -98,11 +105,13 @@ class ReconstructionOptions:
     ffn_target: str = "block"
     alpha: float = 1e-2
     max_rows: int | None = None
+    short: str = "refuse"
 
     def __post_init__(self) -> None:
         if not self.sublayers or any(s not in SUBLAYERS for s in self.sublayers):
             raise InvalidInputError(f"`sublayers` must be a non-empty tuple of {SUBLAYERS}, got {self.sublayers!r}")
-        for name, allowed in (("method", METHODS), ("target", TARGETS), ("ffn_target", TARGETS)):
+        for name, allowed in (("method", METHODS), ("target", TARGETS), ("ffn_target", TARGETS),
+                              ("short", SHORTFALLS)):
             if getattr(self, name) not in allowed:
                 raise InvalidInputError(f"`{name}` must be one of {allowed}, got {getattr(self, name)!r}")
         if not self.alpha > 0:
@@ -162,8 +171,8 @@ def reconstruct(
     UnsupportedModelError
         Before any work, when the family cannot be reconstructed (:func:`unsupported_reason`).
     InvalidInputError
-        When a layer's system has more unknowns than calibration tokens (the message names the rows
-        needed), or when the two models do not match.
+        When a layer's system has more unknowns than calibration tokens and ``options.short`` is
+        ``refuse`` (the message names the rows needed), or when the two models do not match.
 
     References
     ----------
@@ -185,8 +194,8 @@ def reconstruct(
     rows = int(sum(int(k.sum()) for k in keep))
     head_dim = adapter.head_dim(pruned.config)
     plan = [(i, name) for i in range(len(adapter.layers(pruned))) for name in options.sublayers]
-    refit, notes = _without_whole_blocks_short_of_rows(_Refit(dense, pruned, adapter, plan, batches, keep, options),
-                                                       rows)
+    refit, notes = _without_systems_short_of_rows(_Refit(dense, pruned, adapter, plan, batches, keep, options),
+                                                  rows, head_dim)
     _check_rows(refit, rows, head_dim, texts=int(sum(int(k.any(dim=1).sum()) for k in keep)))
     fits: list[LayerFit] = []
     dense_training, pruned_training = dense.training, pruned.training
@@ -228,28 +237,43 @@ def reconstruct(
                           ffn_target=options.ffn_target if "ffn" in options.sublayers else None)
 
 
-def _without_whole_blocks_short_of_rows(refit: _Refit, rows: int) -> tuple[_Refit, list[str]]:
-    """``refit`` without the feed-forward systems of blocks that kept every neuron and have fewer calibration
-    tokens than unknowns, with a note naming them: such a block needs no refit (it lost nothing), so too few
-    rows leave it as trained instead of refusing the reconstruction, as they would for a block with
-    neurons cut."""
-    adapter = refit.adapter
-    kept, short, needs = [], [], 0
+def _without_systems_short_of_rows(refit: _Refit, rows: int, head_dim: int) -> tuple[_Refit, list[str]]:
+    """``refit`` without the systems that have fewer calibration tokens than unknowns and can be left as they
+    are, with a note naming them: the feed-forward systems of blocks that kept every neuron (they lost
+    nothing, so they stay as trained), and, when ``options.short`` is ``skip``, every other such system (it
+    stays as pruned, for the fine-tuning that follows to recover)."""
+    adapter, options = refit.adapter, refit.options
+    kept: list[tuple[int, str]] = []
+    whole: list[int] = []
+    cut: list[tuple[int, str]] = []
+    needs = {"whole": 0, "cut": 0}
     for index, name in refit.plan:
         projection = output_projection(adapter, adapter.layers(refit.pruned)[index], name)
-        whole = name == "ffn" and projection.in_features == output_projection(
-            adapter, adapter.layers(refit.dense)[index], name).in_features
-        needed = _unknowns(projection, refit.options, 1)
-        if whole and rows < needed:
-            short.append(index)
-            needs = max(needs, needed)
-            continue
-        kept.append((index, name))
-    if not short:
+        needed = _unknowns(projection, options, head_dim if name == "attention" else 1)
+        if not projection.in_features or rows >= needed:
+            kept.append((index, name))
+        elif name == "ffn" and projection.in_features == output_projection(
+                adapter, adapter.layers(refit.dense)[index], name).in_features:
+            whole.append(index)
+            needs["whole"] = max(needs["whole"], needed)
+        elif options.short == "skip":
+            cut.append((index, name))
+            needs["cut"] = max(needs["cut"], needed)
+        else:
+            kept.append((index, name))  # refused by _check_rows, with the tokens it needs
+    notes = []
+    if whole:
+        notes.append(f"the feed-forward blocks of layer(s) {', '.join(map(str, whole))} keep all their neurons and "
+                     f"their refit needs {needs['whole']} calibration tokens, got {rows}: left as trained")
+    if cut:
+        named = " and ".join(f"the {label} refit of layer(s) {', '.join(str(i) for i, n in cut if n == name)}"
+                             for name, label in (("attention", "attention"), ("ffn", "feed-forward"))
+                             if any(n == name for _, n in cut))
+        notes.append(f"{named} need up to {needs['cut']} calibration tokens, got {rows}: left as pruned for "
+                     f"fine-tuning to recover; more calibration texts (`reconstruction_rows`) would refit them")
+    if not notes:
         return refit, []
-    note = (f"the feed-forward blocks of layer(s) {', '.join(map(str, short))} keep all their neurons and their "
-            f"refit needs {needs} calibration tokens, got {rows}: left as trained")
-    return dataclasses.replace(refit, plan=kept), [note]
+    return dataclasses.replace(refit, plan=kept), notes
 
 
 def _wants_residual(options: ReconstructionOptions, name: str) -> bool:

@@ -8,6 +8,7 @@ search judges first).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,8 +42,10 @@ def judges_budget(config: PruningConfig) -> bool:
 
 
 def check_reconstruction(model: nn.Module, config: PruningConfig, rows: TrainRows | None = None) -> None:
-    """Refuse, before any work, a reconstructing mode that ``model``'s family cannot run (the reason said), or
-    whose calibration tokens from ``rows`` are fewer than a layer that keeps all its heads has unknowns."""
+    """Refuse, before any work, a reconstructing mode that ``model``'s family cannot run (the reason said), or,
+    under ``recovery`` reconstruct (the reconstruction is the model delivered), one whose calibration tokens
+    from ``rows`` are fewer than a layer that keeps all its heads has unknowns. A run that fine-tunes
+    afterwards goes on: its reconstruction leaves the systems short of tokens as pruned, and says so."""
     judged = config.max_accuracy_drop is not None and judges_budget(config)
     if not reconstructs(config) and not judged:
         return
@@ -52,7 +55,7 @@ def check_reconstruction(model: nn.Module, config: PruningConfig, rows: TrainRow
     reason = unsupported_reason(model, ReconstructionOptions())
     if reason is not None:
         raise UnsupportedModelError(f"{what} cannot run on this model: {reason}; {instead}")
-    if rows is None:
+    if rows is None or finetunes(config):
         return
     adapter = get_adapter(model)
     needed = adapter.num_heads(model.config) * adapter.head_dim(model.config) + 1
@@ -87,11 +90,14 @@ def _calibration_rows(rows: TrainRows, config: PruningConfig) -> np.ndarray:
 RUN_RECONSTRUCTION = ReconstructionOptions(sublayers=("attention", "ffn"), ffn_target="residual")
 
 
-def reconstruction_options(pruned: nn.Module) -> ReconstructionOptions:
+def reconstruction_options(pruned: nn.Module, config: PruningConfig) -> ReconstructionOptions:
     """The run's options for reconstructing ``pruned``: :data:`RUN_RECONSTRUCTION`, or the
     attention refit alone when the family's feed-forward output projection cannot be refit (cahp cuts
-    neurons only where it can, so that refit would only have refined blocks that lost nothing)."""
-    return RUN_RECONSTRUCTION if unsupported_reason(pruned, RUN_RECONSTRUCTION) is None else ReconstructionOptions()
+    neurons only where it can, so that refit would only have refined blocks that lost nothing). When the
+    run fine-tunes afterwards, a system with fewer calibration tokens than unknowns is left as pruned
+    (``short`` skip, with a note) instead of failing the run."""
+    options = RUN_RECONSTRUCTION if unsupported_reason(pruned, RUN_RECONSTRUCTION) is None else ReconstructionOptions()
+    return dataclasses.replace(options, short="skip") if finetunes(config) else options
 
 
 def reconstruct_pruned(dense: nn.Module, pruned: nn.Module, batches: Sequence[dict[str, torch.Tensor]],
@@ -99,5 +105,5 @@ def reconstruct_pruned(dense: nn.Module, pruned: nn.Module, batches: Sequence[di
     """The run's reconstruction of ``pruned`` (in place) against ``dense``, with :func:`reconstruction_options`
     and the run's seed; the run's own stage, which reports its progress, calls
     :func:`cahp_engine.recovery.reconstruct` with the same."""
-    return reconstruct(dense, pruned, batches, reconstruction_options(pruned), seed=config.seed,
+    return reconstruct(dense, pruned, batches, reconstruction_options(pruned, config), seed=config.seed,
                        should_cancel=should_cancel)

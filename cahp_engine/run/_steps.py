@@ -270,7 +270,8 @@ def reconstruct_layers(run: RunContext, *, dense: nn.Module, pruned: nn.Module, 
     """Layer-wise reconstruction of ``pruned`` against ``dense`` (in place), in its own stage."""
     with run.monitor.stage("reconstruction"):
         batches = calibration_batches(rows, run.config, run.device)
-        result = reconstruct(dense, pruned, batches, reconstruction_options(pruned), seed=run.config.seed,
+        result = reconstruct(dense, pruned, batches, reconstruction_options(pruned, run.config),
+                             seed=run.config.seed,
                              progress=lambda done, total: run.overall("reconstruction", done / total),
                              should_cancel=run.should_cancel)
     run.say(result.describe())

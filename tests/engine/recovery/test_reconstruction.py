@@ -4,6 +4,7 @@ deterministic, refuses what it cannot solve, and survives save, load, ONNX and i
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -244,8 +245,12 @@ def test_a_model_whose_projection_is_not_linear_is_refused_with_the_reason_befor
     assert unsupported_reason(pruned, ReconstructionOptions()) is None  # the attention refit still can
     check_reconstruction(pruned, PruningConfig(recovery="reconstruct"))
     # A run that removed heads only refits the attention alone there (the feed-forward refit only refines).
-    assert reconstruction_options(pruned) == ReconstructionOptions()
-    assert reconstruction_options(_pruned(dense)) == RUN_RECONSTRUCTION
+    alone = PruningConfig(recovery="reconstruct")
+    assert reconstruction_options(pruned, alone) == ReconstructionOptions()
+    assert reconstruction_options(_pruned(dense), alone) == RUN_RECONSTRUCTION
+    # A run that fine-tunes afterwards leaves a system short of calibration tokens as pruned instead of failing.
+    assert reconstruction_options(_pruned(dense), PruningConfig()) == dataclasses.replace(RUN_RECONSTRUCTION,
+                                                                                          short="skip")
 
 
 def test_the_dense_targets_kept_from_one_pass_give_the_same_refit_as_a_pass_per_layer(monkeypatch) -> None:
@@ -259,6 +264,31 @@ def test_the_dense_targets_kept_from_one_pass_give_the_same_refit_as_a_pass_per_
     reconstruct(dense, per_layer, _batches(), both)
     for a, b in zip(cached.state_dict().values(), per_layer.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_skipping_systems_short_of_rows_leaves_them_as_pruned_refits_the_rest_and_says_so() -> None:
+    # Two texts hold fewer tokens than layer 2's attention refit has unknowns (3 heads of 8 dimensions and a
+    # bias); under `short` skip that system stays as pruned and is named, and the layers that fit are refit.
+    dense = _dense("bert")
+    pruned = _pruned(dense)
+    batches = [collate(_rows(4, 2), np.arange(2))]
+    tokens = int(batches[0]["attention_mask"].sum())
+    unknowns = {i: layer.attention.output.dense.in_features + 1 for i, layer in enumerate(pruned.bert.encoder.layer)}
+    short = sorted(i for i, n in unknowns.items() if n > tokens)
+    assert short and len(short) < len(unknowns)  # some layers fit, some do not
+    before = {i: pruned.bert.encoder.layer[i].attention.output.dense.weight.clone() for i in unknowns}
+    result = reconstruct(dense, pruned, batches, ReconstructionOptions(short="skip"))
+    assert sorted(f.layer for f in result.fits) == sorted(set(unknowns) - set(short))
+    assert all(f.error_after < f.error_before for f in result.fits)
+    for i in unknowns:
+        unchanged = torch.equal(pruned.bert.encoder.layer[i].attention.output.dense.weight, before[i])
+        assert unchanged == (i in short)
+    assert [note for note in result.notes if "ill-conditioned" not in note] == [
+        f"the attention refit of layer(s) {', '.join(map(str, short))} need up to {max(unknowns[i] for i in short)} "
+        f"calibration tokens, got {tokens}: left as pruned for fine-tuning to recover; more calibration texts "
+        f"(`reconstruction_rows`) would refit them"]
+    with pytest.raises(InvalidInputError, match="`short` must be one of"):
+        ReconstructionOptions(short="ignore")
 
 
 def test_whole_feed_forward_blocks_short_of_rows_are_left_as_trained_and_said() -> None:

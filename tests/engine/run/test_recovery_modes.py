@@ -75,25 +75,45 @@ def test_finetune_alone_has_no_reconstruction(inputs, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / "report.json").read_text())["reconstruction"] is None
 
 
-def test_too_few_calibration_tokens_are_refused_before_any_work(tmp_path: Path) -> None:
-    # A layer of 8 heads x 8 dimensions that keeps its heads has 65 unknowns per
-    # output; one row per class of at most 16 tokens each cannot pin them down.
-    make_classifier("bert", layers=2, heads=8, num_labels=3, seed=2).save_pretrained(tmp_path / "base")
-    make_tokenizer().save_pretrained(tmp_path / "base")
-    data = write_three_class_dataset(tmp_path / "data", {"train": (90, 0), "test": (45, 1)})
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> tuple[Path, Path]:
+    # A layer of 8 heads x 8 dimensions has up to 65 unknowns per output; one row per class of at most 16
+    # tokens each (`reconstruction_rows` 1) cannot pin them down.
+    root = tmp_path_factory.mktemp("wide")
+    make_classifier("bert", layers=2, heads=8, num_labels=3, seed=2).save_pretrained(root / "base")
+    make_tokenizer().save_pretrained(root / "base")
+    return root / "base", write_three_class_dataset(root / "data", {"train": (90, 0), "test": (45, 1)})
+
+
+def test_too_few_calibration_tokens_for_reconstruction_alone_are_refused_before_any_work(wide, tmp_path: Path) -> None:
     stages: list[str] = []
-    config = PruningConfig(**{**FAST, "heads_to_keep": 3, "reconstruction_rows": 1, "recovery": "reconstruct+finetune"})
-    with pytest.raises(InvalidInputError, match=r"`recovery` 'reconstruct\+finetune' needs at least 65 calibration "
+    config = PruningConfig(**{**FAST, "heads_to_keep": 3, "reconstruction_rows": 1, "recovery": "reconstruct"})
+    with pytest.raises(InvalidInputError, match=r"`recovery` 'reconstruct' needs at least 65 calibration "
                                                 r"tokens .*the 3 training rows it draws \(`reconstruction_rows` 1, "
                                                 r"at least one per class\) hold \d+; give more or longer training "
                                                 r"rows, or use `recovery` 'finetune'"):
-        run_pruning(RunRequest(model_ref=str(tmp_path / "base"), dataset_ref=str(data), output_dir=tmp_path / "out",
+        run_pruning(RunRequest(model_ref=str(wide[0]), dataset_ref=str(wide[1]), output_dir=tmp_path / "out",
                                config=config), RunHooks(progress=lambda stage, _fraction: stages.append(stage)))
     assert not {"dense_finetune", "signatures"} & set(stages)  # refused before any work
 
 
+def test_a_run_that_fine_tunes_leaves_the_layers_short_of_tokens_as_pruned_and_says_so(wide, tmp_path: Path) -> None:
+    # The default mode reconstructs, then fine-tunes: with too few calibration tokens for the layers it
+    # cut, it refits none of them, says which and why, and the fine-tuning recovers the model.
+    report, lines, _ = _run(wide, tmp_path / "out", heads_to_keep=12, reconstruction_rows=1, recovery_loss="ce")
+    assert report.config.recovery == "reconstruct+finetune"
+    rebuilt = report.reconstruction
+    assert rebuilt is not None and rebuilt.fits == () and report.recovery.steps > 0
+    short = [note for note in rebuilt.notes if "left as pruned" in note]
+    assert len(short) == 1 and short[0].startswith("the attention refit of layer(s) 0, 1 need up to ")
+    assert f"calibration tokens, got {rebuilt.rows}: left as pruned for fine-tuning to recover" in short[0]
+    assert short[0] in lines and "reconstruction" in report.timings_s
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert short[0] in written["reconstruction"]["notes"]
+
+
 def test_the_modes_skip_the_stages_they_do_not_run() -> None:
-    assert PruningConfig().recovery == "finetune"
+    assert PruningConfig().recovery == "reconstruct+finetune"  # the default, by measurement (docs/performance.md)
     assert "reconstruction" in skipped_stages(PruningConfig(recovery="finetune"))
     only = skipped_stages(PruningConfig(recovery="reconstruct"))
     assert "recovery" in only and "teacher" in only and "reconstruction" not in only

@@ -44,6 +44,7 @@ import copy
 import csv
 import dataclasses
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -140,6 +141,11 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     # record is the search that judged on reconstructed scores alone).
     "p1.0-fastest-probed": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",
                             "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
+    # Whole jobs once a run's reconstruction refit the feed-forward blocks too: reconstruction alone, the default
+    # recovery (reconstruction, then the knee run's epochs), and the knee run again beside them (the same load).
+    "reconstruct-ffn": {"recovery": "reconstruct"},
+    "reconstruct+finetune-ffn": {"recovery": "reconstruct+finetune"},
+    "knee-beside-ffn": {"recovery": "finetune"},
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016
@@ -341,11 +347,14 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
         directory, recorded = setup.cache / folder / name, _recorded(setup, folder, name)
         report = _read(recorded)
         if report is None and compute and _ours(setup, name):
+            # `recovery` finetune, the paper's and the default when the first runs were recorded: a run that
+            # recovers otherwise names its mode.
             config = PruningConfig(**{"dense_finetune": "never", "export": "none", "seed": 42, "epochs": setup.epochs,
                                       "lr": setup.lr, "early_stopping_patience": setup.patience,
-                                      "device": setup.device.type, **setup.run_overrides, **changes})
+                                      "recovery": "finetune", "device": setup.device.type, **setup.run_overrides,
+                                      **changes})
             say(f"{folder}/{name}: {changes or 'the knee'}")
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             try:
                 run_pruning(RunRequest(model_ref=str(model), dataset_ref=str(data), output_dir=directory,
                                        config=config, dataset_options=DatasetOptions(eval_split="test"),
@@ -355,6 +364,10 @@ def whole_runs(setup: Setup, runs: dict[str, dict[str, Any]], *, model: Path, da
                 say(f"  [{name}] {exc}")
             report = _read(directory / "report.json")
             if report is not None:
+                # The process's CPU seconds (every thread) and the machine's load: wall seconds of runs recorded
+                # under different loads do not compare, CPU seconds of one-thread runs nearly do.
+                report["study"] = {"cpu_s": time.process_time() - cpu0, "load_average": list(os.getloadavg()),
+                                   "torch_threads": torch.get_num_threads()}
                 quality._write_json(recorded, report)
             say(f"{folder}/{name}: done in {time.perf_counter() - t0:.0f} s")
         if report is not None:
@@ -393,6 +406,7 @@ def _run_summary(report: dict[str, Any]) -> dict[str, Any]:
         "recall": None if pruned is None else pruned["recall"],
         "dense_recall": metrics["dense"]["recall"],
         "wall_time_s": report.get("wall_time_s") or sum(report["timings_s"].values()),
+        "cpu_s": (report.get("study") or {}).get("cpu_s"),
         "timings_s": report["timings_s"],
         "recovery_epochs": None if pruned is None else report["recovery"]["epochs"],
         "warnings": report["warnings"],
@@ -531,17 +545,18 @@ def markdown(doc: dict[str, Any]) -> str:
         if not runs:
             continue
         lines += [f"## {part}", "", "| run | status | heads | test accuracy (dense) | macro-F1 | strategy (margin) | "
-                  "epochs | wall s (x knee) | warnings |", "|---|---|---|---|---|---|---|---|---|"]
+                  "epochs | wall s (x knee) | CPU s | warnings |", "|---|---|---|---|---|---|---|---|---|---|"]
         for name, r in runs.items():
             b = r["budget"] or {}
             acc = "–" if r["accuracy"] is None else f"{100 * r['accuracy']:.2f} ({100 * r['dense_accuracy']:.2f})"
             f1 = "–" if r["macro_f1"] is None else f"{100 * r['macro_f1']:.2f}"
             margin = "" if b.get("strategy_margin") is None else f" ({b['strategy_margin']:+.2f})"
             ratio = "" if r["wall_vs_knee"] is None else f" (x{r['wall_vs_knee']:.2f})"
+            cpu = "–" if r.get("cpu_s") is None else f"{r['cpu_s']:.0f}"
             lines.append(f"| {name} | {r['status']} | {r['heads_kept']} | {acc} | {f1} | "
                          f"{b.get('chosen_strategy') or '–'}{margin} | "
                          f"{b.get('epochs_trained', r['recovery_epochs'])} | "
-                         f"{r['wall_time_s']:.0f}{ratio} | {len(r['warnings'])} |")
+                         f"{r['wall_time_s']:.0f}{ratio} | {cpu} | {len(r['warnings'])} |")
         lines.append("")
     return "\n".join(lines)
 

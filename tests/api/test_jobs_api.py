@@ -79,7 +79,7 @@ def test_submit_records_a_queued_job_and_enqueues_only_its_id(
          "for the fastest model within the budget leave `target_speedup` unset and set `budget_objective` to 'speed'"),
         ({"budget_objective": "speed", "max_accuracy_drop": 1.0, "recovery": "reconstruct", "heads_to_keep": 4},
          "invalid_config", "`max_accuracy_drop` searches for the head count and `heads_to_keep` fixes it"),
-        ({"budget_objective": "speed", "max_accuracy_drop": 1.0}, "invalid_config",
+        ({"budget_objective": "speed", "max_accuracy_drop": 1.0, "recovery": "finetune"}, "invalid_config",
          "judges its candidates after layer-wise reconstruction; set `recovery` to 'reconstruct'"),
         ({"budget_objective": "fastest"}, "invalid_request", "budget_objective"),
         ({"target_runtime": "tensorrt"}, "invalid_request", "target_runtime"),

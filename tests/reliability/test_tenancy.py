@@ -142,9 +142,11 @@ def test_a_cancelled_backlog_of_one_key_does_not_stand_before_another_keys_job(s
     stack.wait_ready(worker)
     done = stack.wait_row(mine, lambda r: r["status"] in TERMINAL, timeout=300, what="A's job to end")
     assert done["status"] == "succeeded", done
-    # The first message the worker took (a cancelled job's) started A's job: nothing was drained first.
+    # The first message the worker took (a cancelled job's) started A's job: nothing was drained first. The
+    # row says succeeded before Celery logs the task's return: wait for that line.
+    wait_for(lambda: "succeeded" in _task_results(worker.output()), timeout=60, what="the task's result in the log",
+             log=worker.log)
     results = _task_results(worker.output())
-    assert "succeeded" in results, worker.output()[-3000:]
     assert results.index("succeeded") == 0, results[:10]
     stop(worker.process, grace_s=10)
     stack.workers.remove(worker)

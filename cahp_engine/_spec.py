@@ -225,7 +225,7 @@ SETTINGS: tuple[Setting, ...] = (
             "floor on the class variances before the Bhattacharyya distance", group="selection"),
     Setting("stability_shards", 5, OffOr(Interval("integer", 2, 20)),
             "leave-one-shard-out reruns for the stability measure; 0 turns it off", group="selection"),
-    Setting("recovery", "reconstruct+finetune", Options(RECOVERY_MODES),
+    Setting("recovery", "finetune", Options(RECOVERY_MODES),
             "finetune: recovery epochs of gradient training; reconstruct: refit each layer's attention and "
             "feed-forward output projections by least squares to match the dense layer (seconds, no training); "
             "reconstruct+finetune: reconstruct, then fine-tune from the refit weights", group="fine-tuning"),

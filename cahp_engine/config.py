@@ -124,11 +124,11 @@ class PruningConfig:
         K: the signature and calibration samples are accumulated in K disjoint stratified shards,
         and the cheap stages are rerun leaving one shard out each time to measure how stable the
         selection is (``selection.stability`` of the report). 0 turns the measure off.
-    recovery : {"finetune", "reconstruct", "reconstruct+finetune"}, default "reconstruct+finetune"
+    recovery : {"finetune", "reconstruct", "reconstruct+finetune"}, default "finetune"
         ``finetune``: ``epochs`` of recovery fine-tuning from the pruned weights. ``reconstruct``: layer-wise
         reconstruction (:func:`cahp_engine.recovery.reconstruct`), no gradient training.
-        ``reconstruct+finetune``: reconstruction, then the fine-tuning from its weights (the default: on SST-5
-        it ended above ``finetune`` after the same epochs, docs/performance.md).
+        ``reconstruct+finetune``: reconstruction, then the fine-tuning from its weights (on SST-5, level with
+        ``finetune`` within the noise: ahead in the study's cells, behind in whole jobs; docs/performance.md).
     reconstruction_rows : int >= 1, default 512
         Training sentences (drawn with the seed) whose tokens calibrate the reconstruction.
     epochs, lr, warmup_ratio, weight_decay, max_grad_norm

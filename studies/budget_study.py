@@ -146,6 +146,10 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     "reconstruct-ffn": {"recovery": "reconstruct"},
     "reconstruct+finetune-ffn": {"recovery": "reconstruct+finetune"},
     "knee-beside-ffn": {"recovery": "finetune"},
+    **{f"{name}-seed{seed}": {**settings, "seed": seed} for seed in (43, 44) for name, settings in (
+        ("reconstruct-ffn", {"recovery": "reconstruct"}),
+        ("reconstruct+finetune-ffn", {"recovery": "reconstruct+finetune"}),
+        ("knee-beside-ffn", {"recovery": "finetune"}))},
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016

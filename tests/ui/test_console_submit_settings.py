@@ -70,7 +70,7 @@ def test_the_job_made_by_the_form_carries_the_strategy_recovery_and_speed_target
     _fill_inputs(watched, live)
     page = watched.page
     page.get_by_label("Head-selection strategy").select_option("cahp-layer-salience")
-    page.get_by_label("Recovery", exact=True).select_option("finetune")  # not the default
+    page.get_by_label("Recovery", exact=True).select_option("reconstruct+finetune")
     page.get_by_label("Target speed-up").fill("1.5")
     page.locator("summary", has_text="More settings").click()
     page.get_by_label("Any other cahp prune setting").fill(EXTRA)
@@ -78,12 +78,12 @@ def test_the_job_made_by_the_form_carries_the_strategy_recovery_and_speed_target
     expect(page).to_have_url(re.compile(r"/ui/jobs/[0-9a-f]+$"))
     job = live.job(page.url.rsplit("/", 1)[1])
     assert job["params"]["strategy"] == "cahp-layer-salience"
-    assert job["params"]["recovery"] == "finetune"
+    assert job["params"]["recovery"] == "reconstruct+finetune"
     assert job["params"]["target_speedup"] == 1.5
     assert job["params"]["max_accuracy_drop"] is None  # left empty: none
     assert job["params"]["dense_finetune"] == "never"
     expect(page.locator("[data-field=params] summary")).to_contain_text(
-        "strategy cahp-layer-salience, recovery finetune")
+        "strategy cahp-layer-salience, recovery reconstruct+finetune")
     watched.shot("submitted-settings")
 
 

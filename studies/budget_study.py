@@ -141,15 +141,12 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     # record is the search that judged on reconstructed scores alone).
     "p1.0-fastest-probed": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",
                             "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
-    # Whole jobs once a run's reconstruction refit the feed-forward blocks too: reconstruction alone, the default
-    # recovery (reconstruction, then the knee run's epochs), and the knee run again beside them (the same load).
-    "reconstruct-ffn": {"recovery": "reconstruct"},
-    "reconstruct+finetune-ffn": {"recovery": "reconstruct+finetune"},
-    "knee-beside-ffn": {"recovery": "finetune"},
-    **{f"{name}-seed{seed}": {**settings, "seed": seed} for seed in (43, 44) for name, settings in (
-        ("reconstruct-ffn", {"recovery": "reconstruct"}),
-        ("reconstruct+finetune-ffn", {"recovery": "reconstruct+finetune"}),
-        ("knee-beside-ffn", {"recovery": "finetune"}))},
+    # Whole jobs once a run's reconstruction refit the feed-forward blocks too, seeds 42 (no suffix), 43 and 44:
+    # reconstruction alone, reconstruction then the knee run's epochs, and the knee run again beside them (the
+    # same load).
+    **{name + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed} for seed in (42, 43, 44)
+       for name, mode in (("reconstruct-ffn", "reconstruct"), ("reconstruct+finetune-ffn", "reconstruct+finetune"),
+                          ("knee-beside-ffn", "finetune"))},
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016

@@ -244,9 +244,8 @@ def _without_systems_short_of_rows(refit: _Refit, rows: int, head_dim: int) -> t
     stays as pruned, for the fine-tuning that follows to recover)."""
     adapter, options = refit.adapter, refit.options
     kept: list[tuple[int, str]] = []
-    whole: list[int] = []
-    cut: list[tuple[int, str]] = []
-    needs = {"whole": 0, "cut": 0}
+    whole: list[tuple[int, int]] = []  # (layer, unknowns) of feed-forward blocks that kept every neuron
+    cut: list[tuple[int, str, int]] = []  # (layer, sublayer, unknowns) of the other short systems, under skip
     for index, name in refit.plan:
         projection = output_projection(adapter, adapter.layers(refit.pruned)[index], name)
         needed = _unknowns(projection, options, head_dim if name == "attention" else 1)
@@ -254,23 +253,23 @@ def _without_systems_short_of_rows(refit: _Refit, rows: int, head_dim: int) -> t
             kept.append((index, name))
         elif name == "ffn" and projection.in_features == output_projection(
                 adapter, adapter.layers(refit.dense)[index], name).in_features:
-            whole.append(index)
-            needs["whole"] = max(needs["whole"], needed)
+            whole.append((index, needed))
         elif options.short == "skip":
-            cut.append((index, name))
-            needs["cut"] = max(needs["cut"], needed)
+            cut.append((index, name, needed))
         else:
             kept.append((index, name))  # refused by _check_rows, with the tokens it needs
     notes = []
     if whole:
-        notes.append(f"the feed-forward blocks of layer(s) {', '.join(map(str, whole))} keep all their neurons and "
-                     f"their refit needs {needs['whole']} calibration tokens, got {rows}: left as trained")
+        notes.append(f"the feed-forward blocks of layer(s) {', '.join(str(i) for i, _ in whole)} keep all their "
+                     f"neurons and their refit needs {max(n for _, n in whole)} calibration tokens, got {rows}: "
+                     "left as trained")
     if cut:
-        named = " and ".join(f"the {label} refit of layer(s) {', '.join(str(i) for i, n in cut if n == name)}"
-                             for name, label in (("attention", "attention"), ("ffn", "feed-forward"))
-                             if any(n == name for _, n in cut))
-        notes.append(f"{named} need up to {needs['cut']} calibration tokens, got {rows}: left as pruned for "
-                     f"fine-tuning to recover; more calibration texts (`reconstruction_rows`) would refit them")
+        labels = {"attention": "attention", "ffn": "feed-forward"}
+        named = " and ".join(f"the {label} refit of layer(s) {', '.join(str(i) for i, n, _ in cut if n == name)}"
+                             for name, label in labels.items() if any(n == name for _, n, _ in cut))
+        notes.append(f"{named} need up to {max(n for _, _, n in cut)} calibration tokens, got {rows}: left as "
+                     f"pruned for fine-tuning to recover; more calibration texts (`reconstruction_rows`) would "
+                     "refit them")
     if not notes:
         return refit, []
     return dataclasses.replace(refit, plan=kept), notes

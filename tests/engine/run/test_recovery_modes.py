@@ -21,12 +21,16 @@ from tests.support.recovery import FAST, encoded_texts, write_three_class_datase
 from tests.support.tiny_models import make_classifier, make_tokenizer
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("modes")
-    make_classifier("bert", layers=2, heads=4, num_labels=3, seed=2).save_pretrained(root / "base")
+def _model_and_data(root: Path, heads: int) -> tuple[Path, Path]:
+    """A tiny real BERT of 2 layers x ``heads`` heads of 8 dimensions, and a three-class dataset."""
+    make_classifier("bert", layers=2, heads=heads, num_labels=3, seed=2).save_pretrained(root / "base")
     make_tokenizer().save_pretrained(root / "base")
     return root / "base", write_three_class_dataset(root / "data", {"train": (90, 0), "test": (45, 1)})
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> tuple[Path, Path]:
+    return _model_and_data(tmp_path_factory.mktemp("modes"), heads=4)
 
 
 def _run(inputs: tuple[Path, Path], out: Path, **changes):
@@ -79,10 +83,7 @@ def test_finetune_alone_has_no_reconstruction(inputs, tmp_path: Path) -> None:
 def wide(tmp_path_factory) -> tuple[Path, Path]:
     # A layer of 8 heads x 8 dimensions has up to 65 unknowns per output; one row per class of at most 16
     # tokens each (`reconstruction_rows` 1) cannot pin them down.
-    root = tmp_path_factory.mktemp("wide")
-    make_classifier("bert", layers=2, heads=8, num_labels=3, seed=2).save_pretrained(root / "base")
-    make_tokenizer().save_pretrained(root / "base")
-    return root / "base", write_three_class_dataset(root / "data", {"train": (90, 0), "test": (45, 1)})
+    return _model_and_data(tmp_path_factory.mktemp("wide"), heads=8)
 
 
 def test_too_few_calibration_tokens_for_reconstruction_alone_are_refused_before_any_work(wide, tmp_path: Path) -> None:

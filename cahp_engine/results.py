@@ -267,8 +267,10 @@ class BudgetRecord(JsonRecord):
         whole recovery, which starts again from its reconstructed weights.
     cost_vs_single_run : float or None
         ``(search_seconds + final_recovery_seconds) / single`` where ``single`` is ``epochs`` at the
-        candidates' median seconds per epoch: what the budget cost against one recovery at a knee. The
-        fastest-target search: ``single`` is the chosen target's recovery (None with no fine-tuning).
+        candidates' median seconds per epoch: what the budget cost against one recovery at a knee. Under
+        ``recovery`` reconstruct (nothing fine-tuned), ``single`` is the candidates' median seconds (one
+        candidate's pruning, reconstruction and scoring: a reconstruct run's recovery). The fastest-target search
+        that fine-tunes: ``single`` is the chosen target's recovery. None when nothing was scored.
     skipped : tuple of SkippedCandidate
         Judged after reconstruction: the ladder's candidates the search's bisection never scored, with
         why (``candidates`` holds the scored ones, in the order scored: the search's path).

@@ -141,10 +141,10 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     # record is the search that judged on reconstructed scores alone).
     "p1.0-fastest-probed": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",
                             "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
-    # Whole jobs once a run's reconstruction refit the feed-forward blocks too, seeds 42 (no suffix), 43 and 44:
+    # Whole jobs once a run's reconstruction refit the feed-forward blocks too, seeds 42 (no suffix) to 46:
     # reconstruction alone, reconstruction then the knee run's epochs, and the knee run again beside them (the
     # same load).
-    **{name + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed} for seed in (42, 43, 44)
+    **{name + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed} for seed in range(42, 47)
        for name, mode in (("reconstruct-ffn", "reconstruct"), ("reconstruct+finetune-ffn", "reconstruct+finetune"),
                           ("knee-beside-ffn", "finetune"))},
 }

@@ -328,7 +328,11 @@ def _budget_lines(report: RunReport) -> list[str]:
         margin = "" if b.strategy_margin is None else (
             f", {b.strategy_margin:+.2f} points against the other strategies at that head count")
         lines.append(f"    chosen: {b.chosen} heads by {b.chosen_strategy}{margin}")
-    if b.cost_vs_single_run is not None:
+    if b.cost_vs_single_run is not None and b.epochs_trained == 0:
+        lines.append(f"    {len(b.candidates)} candidates scored after reconstruction, none fine-tuned; search "
+                     f"{b.search_seconds:.1f} s = x{b.cost_vs_single_run:.2f} one candidate's reconstruction and "
+                     "scoring (a single run's recovery)")
+    elif b.cost_vs_single_run is not None:
         lines.append(f"    {len(b.candidates)} candidates, {b.epochs_trained:g} recovery epochs in all; search "
                      f"{b.search_seconds:.1f} s + the chosen one's last epochs {b.final_recovery_seconds:.1f} s "
                      f"= x{b.cost_vs_single_run:.2f} a single run's recovery")

@@ -376,6 +376,9 @@ def budget_record(inputs: SearchInputs, validation: ValidationData, steps: list[
     chose."""
     config, per_epoch, candidates = inputs.config, summary.per_epoch, summary.candidates
     single = statistics.median(per_epoch) * float(config.epochs) if per_epoch else None
+    if config.recovery == "reconstruct" and not per_epoch:
+        # No fine-tuning: one run's recovery is one candidate's pruning, reconstruction and scoring.
+        single = statistics.median([c.seconds for c in candidates]) if candidates else None
     spent = summary.search_s + summary.final_s
     return BudgetRecord(
         max_accuracy_drop=float(config.max_accuracy_drop or 0.0), metric=config.budget_metric, split=validation.split,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -294,6 +295,18 @@ def test_a_run_records_its_path_and_what_it_skipped_and_is_deterministic(run_inp
     assert any(line.startswith("scoring about ") for line in lines)
     written = json.loads((tmp_path / "a" / "report.json").read_text())
     assert written["budget"]["skipped"][0]["reason"] == budget.skipped[0].reason
+    # Nothing fine-tuned: the search is priced in candidates, one candidate's reconstruction and scoring being what
+    # one `reconstruct` run's recovery costs; the search scored every candidate, so it is at least half of them.
+    single = statistics.median(c.seconds for c in budget.candidates)
+    assert budget.epochs_trained == 0 and budget.final_recovery_seconds == 0
+    assert budget.cost_vs_single_run == pytest.approx(budget.search_seconds / single)
+    assert budget.cost_vs_single_run >= len(budget.candidates) / 2
+    assert written["budget"]["cost_vs_single_run"] == pytest.approx(budget.cost_vs_single_run)
+    from app.cli.prune import format_summary
+
+    assert (f"    {len(budget.candidates)} candidates scored after reconstruction, none fine-tuned; search "
+            f"{budget.search_seconds:.1f} s = x{budget.cost_vs_single_run:.2f} one candidate's reconstruction and "
+            "scoring (a single run's recovery)") in format_summary(report, tmp_path / "a").splitlines()
     again, _ = _run(run_inputs, tmp_path / "b")
     assert _path(again) == _path(report) and again.budget.chosen == budget.chosen
 

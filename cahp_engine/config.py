@@ -128,7 +128,7 @@ class PruningConfig:
         ``finetune``: ``epochs`` of recovery fine-tuning from the pruned weights. ``reconstruct``: layer-wise
         reconstruction (:func:`cahp_engine.recovery.reconstruct`), no gradient training.
         ``reconstruct+finetune``: reconstruction, then the fine-tuning from its weights (on SST-5, level with
-        ``finetune`` within the noise: ahead in the study's cells, behind in whole jobs; docs/performance.md).
+        ``finetune`` within the noise: ahead in the study's cells, level in whole jobs; docs/performance.md).
     reconstruction_rows : int >= 1, default 512
         Training sentences (drawn with the seed) whose tokens calibrate the reconstruction.
     epochs, lr, warmup_ratio, weight_decay, max_grad_norm

@@ -147,6 +147,11 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     **{name + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed} for seed in range(42, 47)
        for name, mode in (("reconstruct-ffn", "reconstruct"), ("reconstruct+finetune-ffn", "reconstruct+finetune"),
                           ("knee-beside-ffn", "finetune"))},
+    # The same three jobs at the knee of degree 6 (12-14 heads), seeds 42 and 43.
+    **{name + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed, "poly_degree": 6}
+       for seed in (42, 43) for name, mode in (("reconstruct-ffn-d6", "reconstruct"),
+                                               ("reconstruct+finetune-ffn-d6", "reconstruct+finetune"),
+                                               ("knee-beside-ffn-d6", "finetune"))},
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016

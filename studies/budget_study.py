@@ -83,6 +83,16 @@ STARTS: dict[str, tuple[str, ReconstructionOptions | None]] = {
 #: Early stopping's settings compared (patience 0 is the paper's fixed epochs).
 PATIENCES = (0, 1, 2)
 #: The budget runs: name -> the settings that differ from the knee run's.
+def _whole_jobs(seeds: Any, suffix: str = "", **settings: Any) -> dict[str, dict[str, Any]]:
+    """Per seed, reconstruction alone, reconstruction then the knee run's epochs, and the knee run again beside them
+    (the same load): ``reconstruct-ffn``, ``reconstruct+finetune-ffn``, ``knee-beside-ffn``, then ``suffix``, then
+    ``-seedN`` for every seed but 42."""
+    modes = (("reconstruct-ffn", "reconstruct"), ("reconstruct+finetune-ffn", "reconstruct+finetune"),
+             ("knee-beside-ffn", "finetune"))
+    return {name + suffix + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed, **settings}
+            for seed in seeds for name, mode in modes}
+
+
 BUDGET_RUNS: dict[str, dict[str, Any]] = {
     "knee": {},
     "p1.0": {"max_accuracy_drop": 1.0},
@@ -141,17 +151,10 @@ BUDGET_RUNS: dict[str, dict[str, Any]] = {
     # record is the search that judged on reconstructed scores alone).
     "p1.0-fastest-probed": {"max_accuracy_drop": 1.0, "budget_objective": "speed", "recovery": "reconstruct+finetune",
                             "target_runtime": "pytorch", "target_batch": 32, "target_seq_len": 64},
-    # Whole jobs once a run's reconstruction refit the feed-forward blocks too, seeds 42 (no suffix) to 46:
-    # reconstruction alone, reconstruction then the knee run's epochs, and the knee run again beside them (the
-    # same load).
-    **{name + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed} for seed in range(42, 47)
-       for name, mode in (("reconstruct-ffn", "reconstruct"), ("reconstruct+finetune-ffn", "reconstruct+finetune"),
-                          ("knee-beside-ffn", "finetune"))},
-    # The same three jobs at the knee of degree 6 (12-14 heads), seeds 42 and 43.
-    **{name + ("" if seed == 42 else f"-seed{seed}"): {"recovery": mode, "seed": seed, "poly_degree": 6}
-       for seed in (42, 43) for name, mode in (("reconstruct-ffn-d6", "reconstruct"),
-                                               ("reconstruct+finetune-ffn-d6", "reconstruct+finetune"),
-                                               ("knee-beside-ffn-d6", "finetune"))},
+    # Whole jobs once a run's reconstruction refit the feed-forward blocks too, seeds 42 to 46, and at the knee of
+    # degree 6 (12-14 heads) seeds 42 and 43.
+    **_whole_jobs(range(42, 47)),
+    **_whole_jobs((42, 43), "-d6", poly_degree=6),
 }
 #: The rare-class copy: class 0 keeps this share of the training rows.
 RARE_SHARE = 0.016

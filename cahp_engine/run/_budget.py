@@ -58,6 +58,7 @@ from cahp_engine.run._candidates import (
 )
 from cahp_engine.run._executors import CandidateExecutor, InTurn, finish_candidate
 from cahp_engine.run._holdout import ValidationData
+from cahp_engine.run._reconstruct import finetunes
 from cahp_engine.selection import HeadAnalysis, Selection, choose
 
 __all__ = ["BudgetOutcome", "LadderStep", "budget_warnings", "failure_message", "ladder", "probes", "search"]
@@ -376,7 +377,7 @@ def budget_record(inputs: SearchInputs, validation: ValidationData, steps: list[
     chose."""
     config, per_epoch, candidates = inputs.config, summary.per_epoch, summary.candidates
     single = statistics.median(per_epoch) * float(config.epochs) if per_epoch else None
-    if config.recovery == "reconstruct" and not per_epoch:
+    if not finetunes(config) and not per_epoch:
         # No fine-tuning: one run's recovery is one candidate's pruning, reconstruction and scoring.
         single = statistics.median([c.seconds for c in candidates]) if candidates else None
     spent = summary.search_s + summary.final_s

@@ -47,7 +47,7 @@ PINNED_ENV: dict[str, str] = {
 FILES = ("report.json", "head_map.json", "mss_curve.json", "selections.json")
 #: Settings of the golden run: one recovery epoch, a short dense fine-tuning so its record is filled,
 #: degree 3 so the chosen knee is not the default degree's, two timed latency passes; the recovery the
-#: files were made with (fine-tuning from the pruned weights, named).
+#: files were made with, named though it is the default (fine-tuning from the pruned weights).
 CONFIG: dict[str, Any] = {
     "poly_degree": 3,
     "recovery": "finetune",
